@@ -1,0 +1,158 @@
+"""GPU catalog: peak dense FLOP/s per precision, memory capacity and memory bandwidth.
+
+Every figure is a vendor datasheet number (dense math, no 2:4 sparsity) and each entry
+says where it came from. These are *peaks*: achieved fractions (MFU, bandwidth
+efficiency) live in the hardware profiles, not here.
+
+Units: ``peak_tflops`` in TFLOP/s (1e12 FLOP/s), ``mem_gib`` in GiB (2**30 bytes; HBM
+stacks are sized in binary units, so "80 GB" parts hold 80 GiB, e.g. nvidia-smi shows
+81920 MiB on an A100 80GB), ``mem_bw_GBps`` in GB/s (1e9 bytes/s).
+"""
+from __future__ import annotations
+
+import dataclasses
+import types
+from dataclasses import dataclass
+from typing import Mapping
+
+from costmodel.errors import InputError
+
+PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "fp8")
+
+# When a device lacks a precision's math units, the framework runs that precision on the
+# next-best units. Each chain ends at fp32, which every spec must have.
+# - fp8 without fp8 tensor cores (A100, V100, MI250X): frameworks keep the GEMM in bf16/fp16.
+# - bf16 on V100: Volta tensor cores have fp16 only, and bf16 models are trained there in
+#   fp16 mixed precision, so bf16 runs at the fp16 tensor-core rate (125 TFLOP/s).
+# - tf32 on devices without TF32 units (V100, MI250X, CPU) is plain fp32 math.
+_FALLBACK = {
+    "fp8": ("fp8", "bf16", "fp16", "fp32"),
+    "bf16": ("bf16", "fp16", "fp32"),
+    "fp16": ("fp16", "bf16", "fp32"),
+    "tf32": ("tf32", "fp32"),
+    "fp32": ("fp32",),
+}
+
+_OVERRIDABLE = ("peak_tflops", "mem_gib", "mem_bw_GBps")
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    """One accelerator model. Immutable and hashable (``peak_tflops`` is a read-only view)."""
+
+    name: str
+    peak_tflops: Mapping[str, float]  # dense TFLOP/s per precision; must contain 'fp32'
+    mem_gib: float  # device memory capacity, GiB
+    mem_bw_GBps: float  # device memory bandwidth, GB/s (1e9 bytes/s)
+    source: str  # datasheet citation
+
+    def __post_init__(self) -> None:
+        peaks = dict(self.peak_tflops)
+        unknown = sorted(set(peaks) - set(PRECISIONS))
+        if unknown:
+            raise InputError(None, "peak_tflops", f"unknown precision {unknown[0]!r} for {self.name}; "
+                             f"allowed: {', '.join(PRECISIONS)}")
+        if "fp32" not in peaks:
+            raise InputError(None, "peak_tflops.fp32", f"{self.name} needs an fp32 peak (the fallback of every precision)")
+        for key, value in peaks.items():
+            if not value > 0:
+                raise InputError(None, f"peak_tflops.{key}", f"must be > 0, got {value!r}")
+        for field in ("mem_gib", "mem_bw_GBps"):
+            if not getattr(self, field) > 0:
+                raise InputError(None, field, f"must be > 0, got {getattr(self, field)!r}")
+        # Keep a private copy behind a read-only view so the frozen record cannot change.
+        object.__setattr__(self, "peak_tflops", types.MappingProxyType(peaks))
+
+    def __hash__(self) -> int:
+        return hash((self.name, tuple(sorted(self.peak_tflops.items())), self.mem_gib, self.mem_bw_GBps, self.source))
+
+    def peak_flops(self, precision: str) -> float:
+        """Peak dense FLOP/s for ``precision``, falling back as documented in ``_FALLBACK``."""
+        chain = _FALLBACK.get(precision)
+        if chain is None:
+            raise InputError(None, "precision", f"unknown precision {precision!r}; allowed: {', '.join(PRECISIONS)}")
+        for p in chain:
+            if p in self.peak_tflops:
+                return self.peak_tflops[p] * 1e12
+        raise AssertionError("unreachable: __post_init__ guarantees an fp32 entry")
+
+    @property
+    def mem_bytes(self) -> float:
+        return self.mem_gib * 2**30
+
+    @property
+    def mem_bw_Bps(self) -> float:
+        return self.mem_bw_GBps * 1e9
+
+    def with_overrides(self, **fields) -> GpuSpec:
+        """A copy with some fields replaced; ``peak_tflops`` is merged key by key
+        (``{'bf16': 280}`` changes only bf16). The name is kept so plans still match it."""
+        unknown = sorted(set(fields) - set(_OVERRIDABLE))
+        if unknown:
+            raise InputError(None, unknown[0], f"not an overridable GPU field; allowed: {', '.join(_OVERRIDABLE)}")
+        changes = {k: v for k, v in fields.items() if v is not None}
+        if "peak_tflops" in changes:
+            changes["peak_tflops"] = {**self.peak_tflops, **changes["peak_tflops"]}
+        if not changes:
+            return self
+        return dataclasses.replace(self, **changes,
+                                   source=f"{self.source}; overridden: {', '.join(sorted(changes))}")
+
+
+def _spec(name: str, mem_gib: float, mem_bw_GBps: float, source: str, **tflops: float) -> GpuSpec:
+    return GpuSpec(name=name, peak_tflops=tflops, mem_gib=mem_gib, mem_bw_GBps=mem_bw_GBps, source=source)
+
+
+GPU_CATALOG: dict[str, GpuSpec] = {s.name: s for s in (
+    # reference_facts.md "Datasheet peaks": V100 SXM2 125 TFLOP/s fp16 tensor core, 15.7 fp32,
+    # 32 GB HBM2 at 900 GB/s (NVIDIA Tesla V100 datasheet). No bf16/tf32/fp8 units (see _FALLBACK).
+    _spec("V100-SXM2-32GB", 32, 900, "NVIDIA Tesla V100 datasheet (SXM2); reference_facts.md",
+          fp16=125.0, fp32=15.7),
+    # reference_facts.md: A100 SXM 312 bf16/fp16, 156 tf32, 19.5 fp32; 40 GB at 1,555 GB/s
+    # (NVIDIA A100 datasheet; reference_facts rounds it to 1.6 TB/s).
+    _spec("A100-SXM4-40GB", 40, 1555, "NVIDIA A100 Tensor Core GPU datasheet (SXM4 40GB); reference_facts.md",
+          bf16=312.0, fp16=312.0, tf32=156.0, fp32=19.5),
+    # Same compute; 80 GB HBM2e at 2,039 GB/s (NVIDIA A100 datasheet; "about 2.0 TB/s" in reference_facts.md).
+    _spec("A100-SXM4-80GB", 80, 2039, "NVIDIA A100 Tensor Core GPU datasheet (SXM4 80GB); reference_facts.md",
+          bf16=312.0, fp16=312.0, tf32=156.0, fp32=19.5),
+    # reference_facts.md: H100 SXM ~989 bf16/fp16 dense, ~1979 fp8 dense, 80 GB HBM3 at 3.35 TB/s.
+    # tf32 494.7 and fp32 67 dense from the NVIDIA H100 Tensor Core GPU datasheet (SXM5).
+    _spec("H100-SXM5-80GB", 80, 3350, "NVIDIA H100 Tensor Core GPU datasheet (SXM5); reference_facts.md",
+          bf16=989.4, fp16=989.4, fp8=1978.9, tf32=494.7, fp32=67.0),
+    # NVIDIA H100 datasheet (PCIe): 1,513 bf16 / 3,026 fp8 *with sparsity*, i.e. 756 / 1,513 dense;
+    # tf32 378 dense, fp32 51; 80 GB HBM2e at 2.0 TB/s.
+    _spec("H100-PCIe", 80, 2000, "NVIDIA H100 Tensor Core GPU datasheet (PCIe, 80GB)",
+          bf16=756.5, fp16=756.5, fp8=1513.0, tf32=378.0, fp32=51.2),
+    # reference_facts.md: H200 SXM has H100's compute with 141 GB HBM3e at 4.8 TB/s
+    # (NVIDIA H200 datasheet). 141 GB is the usable capacity of six 24 GiB stacks.
+    _spec("H200", 141, 4800, "NVIDIA H200 Tensor Core GPU datasheet (SXM); reference_facts.md",
+          bf16=989.4, fp16=989.4, fp8=1978.9, tf32=494.7, fp32=67.0),
+    # NVIDIA L40S datasheet: 733 bf16/fp16 and 1,466 fp8 with sparsity -> 362 / 733 dense;
+    # tf32 183 dense, fp32 91.6; 48 GB GDDR6 at 864 GB/s.
+    _spec("L40S", 48, 864, "NVIDIA L40S GPU datasheet",
+          bf16=362.05, fp16=362.05, fp8=733.0, tf32=183.0, fp32=91.6),
+    # AMD Instinct MI250X datasheet: 383 TFLOP/s fp16/bf16 (matrix), 95.7 fp32 matrix (fp32 GEMMs
+    # run on the matrix cores), 128 GB HBM2e at 3.2 TB/s (3,276.8 GB/s). No fp8, no tf32 (see _FALLBACK).
+    # One MI250X (both dies) is one entry here, as in the datasheet.
+    _spec("MI250X", 128, 3276.8, "AMD Instinct MI250X accelerator datasheet",
+          bf16=383.0, fp16=383.0, fp32=95.7),
+    # AMD Instinct MI300X datasheet: 1,307.4 bf16/fp16 dense, 2,614.9 fp8 dense, 653.7 tf32,
+    # 163.4 fp32 (matrix); 192 GB HBM3 at 5.3 TB/s.
+    _spec("MI300X", 192, 5300, "AMD Instinct MI300X accelerator datasheet",
+          bf16=1307.4, fp16=1307.4, fp8=2614.9, tf32=653.7, fp32=163.4),
+    # A generic host-CPU "device" for the localhost validator (one worker process sharing a few
+    # cores). Not a datasheet part: modest placeholder numbers of the right order for a couple of
+    # AVX2 cores (~0.1 TFLOP/s fp32), a 16 GiB share of host RAM and ~20 GB/s of DRAM bandwidth.
+    # Only fp32 is listed: without AMX, torch's CPU bf16 GEMMs are no faster than fp32.
+    # Calibration (validate/) replaces these with measured efficiencies.
+    _spec("CPU", 16, 20, "placeholder for a generic host CPU (not a datasheet figure; calibrate)",
+          fp32=0.1),
+)}
+
+
+def get_gpu(name: str, source: str | None = None, field: str = "gpu") -> GpuSpec:
+    """The catalog entry called ``name``; InputError listing the allowed names otherwise."""
+    try:
+        return GPU_CATALOG[name]
+    except (KeyError, TypeError):
+        raise InputError(source, field, f"unknown GPU {name!r}; allowed: {', '.join(GPU_CATALOG)}") from None

@@ -1,0 +1,1 @@
+"""Command-line front end of plansim: the only package that imports everything."""

@@ -1,0 +1,1 @@
+"""Reports: turn simulation results into HTML, Markdown, CSV, plots and Chrome traces."""

@@ -1,0 +1,416 @@
+"""Cluster topology: load a YAML file (schema in ``sim/topology_schema.py``) into a ``Cluster``,
+a networkx graph of every link with routes between devices.
+
+Graph. Vertices: GPU devices ``n<node>.gpu<g>``, one intra-node hub per node for star fabrics
+(``n<node>.nvswitch`` / ``.pcie`` / ``.loopback``), NICs ``n<node>.nic<i>``, leaf switches
+(``leaf<j>`` for a fat tree, ``su<j>.rail<i>`` rail-optimised), one aggregate ``spine`` (only
+when there are several leaves), and the switches an explicit network names. Each vertex has a
+``role`` attribute (gpu, hub, nic, leaf, spine, switch). Every physical link is two directed
+edges carrying ``bw_Bps`` (bytes/s, per direction), ``latency_s`` and ``kind`` (the intra kind
+for GPU <-> hub, 'nvlink' for mesh links, 'pcie' for GPU <-> NIC, 'nic' for NIC <-> leaf,
+'leaf_spine', 'explicit').
+
+Latency accounting, so that a route's summed latency is physical: a star fabric's
+``latency_us`` (GPU to GPU) is split in half over its two hops; an edge entering a leaf or spine
+switch adds ``switch_latency_us`` (one traversal per switch); a NIC <-> leaf edge carries the
+NIC's ``latency_us`` (counted once at each end of a message).
+
+Rail assignment: local GPU g uses NIC ``g * nics // gpus`` (GPUs share NICs in consecutive
+blocks, as DGX nodes pair each GPU with the NIC behind the same PCIe switch).
+
+Routing (deterministic, cached): within a node through the intra fabric (nvlink_mesh: the
+lowest-latency chain of direct links); across nodes GPU -> its NIC -> network -> the NIC of the
+destination GPU -> GPU. Tree networks are routed structurally (leaf, or leaf-spine-leaf);
+explicit networks by lowest-latency path.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from importlib.resources import files
+from pathlib import Path
+
+import networkx as nx
+import yaml
+from pydantic import ValidationError
+
+from costmodel.errors import InputError
+from costmodel.gpus import GpuSpec, get_gpu
+from sim import topology_schema as schema
+
+_BUNDLE = "topologies"
+_NODE_VERTEX = re.compile(r"^n\d+\.")
+
+
+@dataclass(frozen=True)
+class Device:
+    rank: int
+    node: int
+    local_rank: int
+    group: str
+    gpu: GpuSpec
+    vertex: str
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """One node. ``intra_bw_Bps`` is per GPU, per direction: the hub link for star fabrics, the
+    sum of local GPU 0's links for an NVLink mesh. ``nic_bw_Bps`` is per NIC (0 without NICs)."""
+
+    index: int
+    group: str
+    node_type: str
+    ranks: tuple[int, ...]
+    intra_kind: str
+    intra_bw_Bps: float
+    intra_latency_s: float
+    nic_count: int
+    nic_bw_Bps: float
+    nic_latency_s: float
+
+
+Edge = tuple[str, str]
+
+
+class Cluster:
+    """Devices in global rank order (groups in file order, nodes in order, local index), nodes,
+    the link graph, and cached routes between ranks. Built by ``load_topology``."""
+
+    def __init__(self, name: str, source: str, description: str, devices: list[Device],
+                 nodes: list[NodeInfo], graph: nx.DiGraph, intra: list[tuple[str | None, dict | None]],
+                 nic_of: list[str | None], leaf_of: dict[str, str] | None, spine: str | None):
+        self.name, self.source, self.description = name, source, description
+        self.devices, self.nodes, self.graph = devices, nodes, graph
+        # Per node: (hub vertex, None) for star fabrics, or (None, {(a, b): local GPU chain}) for a
+        # mesh; the chain table is shared by all nodes of a node type.
+        self._intra = intra
+        self._gpu_vertices = [[devices[r].vertex for r in n.ranks] for n in nodes]
+        self._nic_of = nic_of  # per rank: its NIC vertex (None without NICs)
+        self._leaf_of = leaf_of  # tree networks: NIC vertex -> leaf vertex; None for explicit
+        self._spine = spine
+        self._routes: dict[tuple[int, int], tuple[Edge, ...]] = {}
+        self._net_paths: dict[str, dict[str, list[str]]] = {}  # explicit: source NIC -> paths
+
+    def __repr__(self) -> str:
+        return f"Cluster({self.name!r}, {len(self.nodes)} nodes, {self.num_devices} devices)"
+
+    @property
+    def num_devices(self) -> int:
+        return len(self.devices)
+
+    @property
+    def gpus_per_node(self) -> int:
+        return len(self.nodes[0].ranks)
+
+    def node_of(self, rank: int) -> int:
+        return self._device(rank).node
+
+    def groups(self) -> dict[str, list[int]]:
+        """Group name -> its ranks, in file order."""
+        out: dict[str, list[int]] = {}
+        for d in self.devices:
+            out.setdefault(d.group, []).append(d.rank)
+        return out
+
+    def _device(self, rank: int) -> Device:
+        if not 0 <= rank < len(self.devices):
+            raise ValueError(f"rank {rank} out of range 0..{len(self.devices) - 1}")
+        return self.devices[rank]
+
+    def route(self, src_rank: int, dst_rank: int) -> tuple[Edge, ...]:
+        """Directed edges from ``src_rank``'s device to ``dst_rank``'s; () for the same rank."""
+        key = (src_rank, dst_rank)
+        cached = self._routes.get(key)
+        if cached is None:
+            cached = self._routes[key] = tuple(zip(*self._chain(src_rank, dst_rank)))
+        return cached
+
+    def _chain(self, src_rank: int, dst_rank: int) -> tuple[list[str], list[str]]:
+        """The route as a vertex chain, returned as (chain[:-1], chain[1:]) for zipping."""
+        src, dst = self._device(src_rank), self._device(dst_rank)
+        if src.rank == dst.rank:
+            return [], []
+        if src.node == dst.node:
+            hub, mesh = self._intra[src.node]
+            if hub is not None:
+                chain = [src.vertex, hub, dst.vertex]
+            else:
+                gpus = self._gpu_vertices[src.node]
+                chain = [gpus[i] for i in mesh[(src.local_rank, dst.local_rank)]]
+        else:
+            nic_s, nic_d = self._nic_of[src.rank], self._nic_of[dst.rank]
+            chain = [src.vertex, *self._network_chain(nic_s, nic_d), dst.vertex]
+        return chain[:-1], chain[1:]
+
+    def _network_chain(self, nic_s: str, nic_d: str) -> list[str]:
+        if self._leaf_of is not None:  # two-level tree: structural, no search
+            leaf_s, leaf_d = self._leaf_of[nic_s], self._leaf_of[nic_d]
+            if leaf_s == leaf_d:
+                return [nic_s, leaf_s, nic_d]
+            return [nic_s, leaf_s, self._spine, leaf_d, nic_d]
+        paths = self._net_paths.get(nic_s)
+        if paths is None:  # one Dijkstra per source NIC, over the network part only
+            net = self.graph.subgraph(v for v, role in self.graph.nodes(data="role") if role in ("nic", "switch"))
+            paths = self._net_paths[nic_s] = nx.single_source_dijkstra_path(net, nic_s, weight="latency_s")
+        return paths[nic_d]
+
+    def path_latency_s(self, path) -> float:
+        """Sum of the edges' latencies (0 for the empty path)."""
+        return sum(self.graph.edges[e]["latency_s"] for e in path)
+
+    def path_bw_Bps(self, path) -> float:
+        """Bottleneck bandwidth of the path (inf for the empty path: nothing limits it)."""
+        return min((self.graph.edges[e]["bw_Bps"] for e in path), default=float("inf"))
+
+
+# ----------------------------------------------------------------------------- loading
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that rejects a key given twice (PyYAML silently keeps the last)."""
+
+
+def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False):
+    seen = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if key in seen:
+            raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
+        seen.add(key)
+    return loader.construct_mapping(node, deep)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def list_topologies() -> list[str]:
+    """Names of the bundled topology files (stems of ``topologies/*.yaml``)."""
+    return sorted(p.name[:-5] for p in files(_BUNDLE).iterdir() if p.name.endswith(".yaml"))
+
+
+def _read(name_or_path: str) -> tuple[str, str]:
+    """(source, text) of a bundled name or a file path."""
+    bundled = ", ".join(list_topologies())
+    looks_like_path = name_or_path.endswith((".yaml", ".yml")) or "/" in name_or_path or "\\" in name_or_path
+    if not looks_like_path:
+        res = files(_BUNDLE) / f"{name_or_path}.yaml"
+        if res.is_file():
+            return str(res), res.read_text(encoding="utf-8")
+        if not Path(name_or_path).is_file():
+            raise InputError(name_or_path, "topology", f"no bundled topology or file named {name_or_path!r}; bundled: {bundled}")
+    path = Path(name_or_path)
+    if not path.is_file():
+        raise InputError(name_or_path, "topology", f"file not found; bundled topologies: {bundled}")
+    try:
+        return str(path), path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(name_or_path, "topology", f"cannot read the file: {exc}") from None
+
+
+def _parse(source: str, text: str) -> schema.TopologyFile:
+    try:
+        data = yaml.load(text, Loader=_UniqueKeyLoader)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise InputError(source, None, f"malformed YAML{where}: {problem}") from None
+    if not isinstance(data, dict):
+        raise InputError(source, None, f"expected a mapping of topology fields at top level, got {type(data).__name__}")
+    try:
+        return schema.TopologyFile.model_validate(data)
+    except ValidationError as exc:
+        raise schema.to_input_error(exc, source) from None
+
+
+def load_topology(name_or_path: str, nodes: int | None = None) -> Cluster:
+    """Load a bundled topology (file stem in ``topologies/``) or a YAML file. ``nodes`` replaces
+    the node count of a single-group topology (the ``--nodes`` option)."""
+    source, text = _read(str(name_or_path))
+    topo = _parse(source, text)
+    if nodes is not None:
+        if isinstance(nodes, bool) or not isinstance(nodes, int) or nodes <= 0:
+            raise InputError(source, "--nodes", f"must be a positive integer, got {nodes!r}")
+        if len(topo.groups) != 1:
+            names = ", ".join(g.name for g in topo.groups)
+            raise InputError(source, "--nodes", f"cannot scale a heterogeneous topology with {len(topo.groups)} "
+                                                f"groups ({names}); edit groups[].nodes in the file instead")
+        topo = topo.model_copy(update={"groups": [topo.groups[0].model_copy(update={"nodes": nodes})]})
+    return _build(topo, source)
+
+
+# ----------------------------------------------------------------------------- building
+
+def _mesh_paths(tname: str, nt: schema.NodeType, source: str) -> tuple[dict, dict, float]:
+    """NVLink mesh of one node type: ({(a, b): local GPU chain}, {(a, b): bytes/s of the direct
+    link(s), a < b}, per-GPU bandwidth of GPU 0 in bytes/s). Chains take the fewest links (the
+    lowest latency, as every link has the same latency)."""
+    n, field = nt.gpus_per_node, f"node_types.{tname}.intra.links"
+    links = nt.intra.links
+    if links is None:
+        links = [(a, b, 1) for a in range(n) for b in range(a + 1, n)]
+    local = nx.Graph()
+    local.add_nodes_from(range(n))
+    for i, (a, b, count) in enumerate(links):
+        if not (0 <= a < n and 0 <= b < n) or a == b:
+            raise InputError(source, f"{field}.{i}", f"GPU pair [{a}, {b}] must name two different local GPUs in 0..{n - 1}")
+        if local.has_edge(a, b):
+            raise InputError(source, f"{field}.{i}", f"GPU pair [{a}, {b}] listed twice; give the link count once")
+        local.add_edge(a, b, count=count)
+    if not nx.is_connected(local):
+        parts = [sorted(c) for c in nx.connected_components(local)]
+        raise InputError(source, field, f"GPUs are not all connected; separate sets: {parts}")
+    paths = {(a, b): tuple(p) for a, by_dst in nx.all_pairs_shortest_path(local) for b, p in by_dst.items() if a != b}
+    link_Bps = nt.intra.bw_GBps * 1e9
+    pair_Bps = {(min(a, b), max(a, b)): c * link_Bps for a, b, c in local.edges(data="count")}
+    gpu0_Bps = sum(c for _, _, c in local.edges(0, data="count")) * link_Bps
+    return paths, pair_Bps, gpu0_Bps
+
+
+def _check_node_type(tname: str, nt: schema.NodeType, source: str, networked: bool) -> GpuSpec:
+    base = get_gpu(nt.gpu, source, f"node_types.{tname}.gpu")
+    ov = nt.gpu_overrides
+    spec = base.with_overrides(peak_tflops=ov.peak_tflops, mem_gib=ov.mem_gib, mem_bw_GBps=ov.mem_bw_GBps)
+    if nt.intra.links is not None and nt.intra.kind != "nvlink_mesh":
+        raise InputError(source, f"node_types.{tname}.intra.links", f"only for kind nvlink_mesh, not {nt.intra.kind!r}")
+    if networked and nt.nics is None:
+        raise InputError(source, f"node_types.{tname}.nics", "required: the cluster has a network (more than one node)")
+    if nt.nics is not None and nt.pcie is None:
+        raise InputError(source, f"node_types.{tname}.pcie", "required when nics is given (the GPU <-> NIC hop)")
+    return spec
+
+
+class _Builder:
+    def __init__(self, topo: schema.TopologyFile, source: str):
+        self.topo, self.source = topo, source
+        self.g = nx.DiGraph()
+        self.devices: list[Device] = []
+        self.nodes: list[NodeInfo] = []
+        self.intra: list[tuple[str | None, dict | None]] = []
+        self.nic_of: list[str | None] = []
+
+    def link(self, a: str, b: str, bw_Bps: float, lat_ab_s: float, lat_ba_s: float, kind: str) -> None:
+        """One physical link = two directed edges (same bandwidth each way)."""
+        self.g.add_edge(a, b, bw_Bps=bw_Bps, latency_s=lat_ab_s, kind=kind)
+        self.g.add_edge(b, a, bw_Bps=bw_Bps, latency_s=lat_ba_s, kind=kind)
+
+    def build(self) -> Cluster:
+        topo, source = self.topo, self.source
+        total = sum(grp.nodes for grp in topo.groups)
+        if total > 1 and topo.network is None:
+            raise InputError(source, "network", f"required: the cluster has {total} nodes; "
+                                                f"allowed kinds: {', '.join(schema.NETWORK_KINDS)}")
+        names = set()
+        for i, grp in enumerate(topo.groups):
+            if grp.name in names:
+                raise InputError(source, f"groups.{i}.name", f"duplicate group name {grp.name!r}")
+            names.add(grp.name)
+            if grp.node_type not in topo.node_types:
+                raise InputError(source, f"groups.{i}.node_type", f"unknown node type {grp.node_type!r}; "
+                                                                   f"allowed: {', '.join(topo.node_types)}")
+        used = {grp.node_type for grp in topo.groups}
+        networked = topo.network is not None
+        specs = {t: _check_node_type(t, nt, source, networked) for t, nt in topo.node_types.items() if t in used}
+        meshes = {t: _mesh_paths(t, nt, source) for t, nt in topo.node_types.items()
+                  if t in used and nt.intra.kind == "nvlink_mesh"}
+        for grp in topo.groups:
+            for _ in range(grp.nodes):
+                self.add_node(grp, topo.node_types[grp.node_type], specs[grp.node_type], meshes.get(grp.node_type))
+        leaf_of = spine = None
+        if isinstance(topo.network, schema.Explicit):
+            self.add_explicit(topo.network)
+        elif topo.network is not None:
+            leaf_of, spine = self.add_tree(topo.network)
+        return Cluster(topo.name, source, topo.description, self.devices, self.nodes, self.g,
+                       self.intra, self.nic_of, leaf_of, spine)
+
+    def add_node(self, grp: schema.Group, nt: schema.NodeType, spec: GpuSpec, mesh) -> None:
+        i, n, intra = len(self.nodes), nt.gpus_per_node, nt.intra
+        first = len(self.devices)
+        gpus = [f"n{i}.gpu{g}" for g in range(n)]
+        for g, v in enumerate(gpus):
+            self.g.add_node(v, role="gpu", node=i)
+            self.devices.append(Device(first + g, i, g, grp.name, spec, v))
+        lat_s = intra.latency_us * 1e-6
+        if mesh is None:  # star: GPU <-> hub, half the GPU-to-GPU latency on each hop
+            hub = f"n{i}.{intra.kind}"
+            self.g.add_node(hub, role="hub", node=i)
+            for v in gpus:
+                self.link(v, hub, intra.bw_GBps * 1e9, lat_s / 2, lat_s / 2, intra.kind)
+            self.intra.append((hub, None))
+            intra_bw = intra.bw_GBps * 1e9
+        else:
+            paths, pair_Bps, intra_bw = mesh
+            for (a, b), bw_Bps in pair_Bps.items():
+                self.link(gpus[a], gpus[b], bw_Bps, lat_s, lat_s, "nvlink")
+            self.intra.append((None, paths))
+        nics = nt.nics
+        if nics is not None:
+            nic_vs = [f"n{i}.nic{k}" for k in range(nics.count)]
+            for v in nic_vs:
+                self.g.add_node(v, role="nic", node=i)
+            pcie_lat_s = nt.pcie.latency_us * 1e-6
+            for g, v in enumerate(gpus):
+                nic = nic_vs[g * nics.count // n]  # rail assignment, see module docstring
+                self.link(v, nic, nt.pcie.bw_GBps * 1e9, pcie_lat_s, pcie_lat_s, "pcie")
+                self.nic_of.append(nic)
+        else:
+            self.nic_of.extend([None] * n)
+        self.nodes.append(NodeInfo(
+            index=i, group=grp.name, node_type=grp.node_type, ranks=tuple(range(first, first + n)),
+            intra_kind=intra.kind, intra_bw_Bps=intra_bw, intra_latency_s=lat_s,
+            nic_count=nics.count if nics else 0, nic_bw_Bps=nics.bw_gbps * 1e9 / 8 if nics else 0.0,
+            nic_latency_s=nics.latency_us * 1e-6 if nics else 0.0))
+
+    def add_tree(self, net: schema.FatTree | schema.RailOptimized) -> tuple[dict[str, str], str | None]:
+        """Leaves (and a spine when there are several): NIC -> leaf edges add the switch latency,
+        leaf uplink bandwidth = sum of NIC bandwidth below / oversubscription."""
+        sw_s = net.switch_latency_us * 1e-6
+        leaf_of: dict[str, str] = {}
+        below_Bps: dict[str, float] = {}
+        for node in self.nodes:
+            unit = node.index // net.nodes_per_leaf
+            for k in range(node.nic_count):
+                nic = f"n{node.index}.nic{k}"
+                leaf = f"leaf{unit}" if net.kind == "fat_tree" else f"su{unit}.rail{k}"
+                if leaf not in below_Bps:
+                    self.g.add_node(leaf, role="leaf")
+                    below_Bps[leaf] = 0.0
+                leaf_of[nic] = leaf
+                below_Bps[leaf] += node.nic_bw_Bps
+                self.link(nic, leaf, node.nic_bw_Bps, node.nic_latency_s + sw_s, node.nic_latency_s, "nic")
+        if len(below_Bps) <= 1:
+            return leaf_of, None
+        self.g.add_node("spine", role="spine")
+        for leaf, bw in below_Bps.items():
+            self.link(leaf, "spine", bw / net.oversubscription, sw_s, sw_s, "leaf_spine")
+        return leaf_of, "spine"
+
+    def add_explicit(self, net: schema.Explicit) -> None:
+        roles = dict(self.g.nodes(data="role"))
+        for i, ln in enumerate(net.links):
+            for end in ("a", "b"):
+                name = getattr(ln, end)
+                if _NODE_VERTEX.match(name) and roles.get(name) != "nic":
+                    raise InputError(self.source, f"network.links.{i}.{end}",
+                                     f"unknown vertex {name!r}; node vertices here are NICs n<node>.nic<i> "
+                                     f"(nodes 0..{len(self.nodes) - 1}); other names are switches")
+                if name not in roles:
+                    self.g.add_node(name, role="switch")
+                    roles[name] = "switch"
+            if ln.a == ln.b or self.g.has_edge(ln.a, ln.b):
+                raise InputError(self.source, f"network.links.{i}", f"link {ln.a} - {ln.b} is a loop or given twice")
+            lat_s = ln.latency_us * 1e-6
+            self.link(ln.a, ln.b, ln.bw_gbps * 1e9 / 8, lat_s, lat_s, "explicit")
+        net_vertices = [v for v, r in roles.items() if r in ("nic", "switch")]
+        for v in net_vertices:
+            if roles[v] == "nic" and not any(self.g.edges[v, w]["kind"] == "explicit" for w in self.g.successors(v)):
+                raise InputError(self.source, "network.links", f"NIC {v} has no link: the network is disconnected")
+        net = self.g.subgraph(net_vertices)
+        if not nx.is_weakly_connected(net):
+            parts = sorted((sorted(c) for c in nx.weakly_connected_components(net)), key=len)
+            raise InputError(self.source, "network.links", f"the links leave the network disconnected; "
+                                                           f"e.g. {parts[0][:4]} cannot reach {parts[-1][:4]}")
+
+
+def _build(topo: schema.TopologyFile, source: str) -> Cluster:
+    return _Builder(topo, source).build()

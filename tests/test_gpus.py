@@ -1,0 +1,105 @@
+"""GPU catalog: datasheet peaks, precision fallbacks, units, overrides and bad names."""
+from __future__ import annotations
+
+import pytest
+
+from costmodel.errors import InputError
+from costmodel.gpus import GPU_CATALOG, PRECISIONS, get_gpu
+
+
+def test_catalog_has_the_required_entries_with_sources():
+    """Every GPU the brief lists is present under its own name, cites a source and has positive figures."""
+    required = {"V100-SXM2-32GB", "A100-SXM4-40GB", "A100-SXM4-80GB", "H100-SXM5-80GB", "H100-PCIe",
+                "H200", "L40S", "MI250X", "MI300X", "CPU"}
+    assert required <= set(GPU_CATALOG)
+    for name, spec in GPU_CATALOG.items():
+        assert spec.name == name
+        assert spec.source.strip()
+        assert spec.mem_gib > 0 and spec.mem_bw_GBps > 0
+        assert set(spec.peak_tflops) <= set(PRECISIONS) and "fp32" in spec.peak_tflops
+
+
+def test_reference_fact_peaks_in_si_units():
+    """reference_facts.md: A100 312 TFLOP/s bf16, 156 tf32, 19.5 fp32; H100 SXM ~989 bf16 and ~1979 fp8 (2x)."""
+    a100 = get_gpu("A100-SXM4-80GB")
+    assert a100.peak_flops("bf16") == pytest.approx(312e12)
+    assert a100.peak_flops("tf32") == pytest.approx(156e12)
+    assert a100.peak_flops("fp32") == pytest.approx(19.5e12)
+    h100 = get_gpu("H100-SXM5-80GB")
+    assert h100.peak_flops("bf16") == pytest.approx(989e12, rel=1e-3)
+    assert h100.peak_flops("fp8") == pytest.approx(2 * h100.peak_flops("bf16"), rel=1e-3)
+
+
+def test_h200_is_h100_compute_with_more_memory():
+    """reference_facts.md: H200 has H100's compute, 141 GB HBM3e at 4.8 TB/s (vs 80 GB at 3.35 TB/s)."""
+    h100, h200 = get_gpu("H100-SXM5-80GB"), get_gpu("H200")
+    for p in PRECISIONS:
+        assert h200.peak_flops(p) == h100.peak_flops(p)
+    assert (h200.mem_gib, h200.mem_bw_GBps) == (141, 4800)
+    assert (h100.mem_gib, h100.mem_bw_GBps) == (80, 3350)
+
+
+def test_precision_fallbacks():
+    """V100 has fp16 tensor cores only: bf16 and fp8 run at 125 TFLOP/s, tf32 at the 15.7 fp32 rate;
+    A100 has no fp8, so fp8 runs at its bf16 rate; the CPU placeholder runs everything at fp32."""
+    v100 = get_gpu("V100-SXM2-32GB")
+    assert v100.peak_flops("bf16") == pytest.approx(125e12)
+    assert v100.peak_flops("fp8") == pytest.approx(125e12)
+    assert v100.peak_flops("tf32") == pytest.approx(15.7e12)
+    assert get_gpu("A100-SXM4-40GB").peak_flops("fp8") == pytest.approx(312e12)
+    cpu = get_gpu("CPU")
+    assert {cpu.peak_flops(p) for p in PRECISIONS} == {cpu.peak_flops("fp32")}
+
+
+def test_unknown_precision_raises_input_error():
+    """Only an unknown precision name is an error, and it names the 'precision' field and the allowed values."""
+    with pytest.raises(InputError) as exc:
+        get_gpu("A100-SXM4-80GB").peak_flops("int4")
+    assert exc.value.field == "precision"
+    assert "'int4'" in str(exc.value) and "bf16" in str(exc.value)
+
+
+def test_unit_conversions():
+    """mem_bytes uses GiB (2**30) and mem_bw_Bps GB/s (1e9): A100 80GB = 85,899,345,920 bytes, 2.039e12 B/s."""
+    a100 = get_gpu("A100-SXM4-80GB")
+    assert a100.mem_bytes == 85_899_345_920
+    assert a100.mem_bw_Bps == pytest.approx(2.039e12)
+
+
+def test_unknown_gpu_lists_allowed_names():
+    """get_gpu names the field and source it was given and lists every catalog name."""
+    with pytest.raises(InputError) as exc:
+        get_gpu("A200", source="cluster.yaml", field="node_types.x.gpu")
+    err = exc.value
+    assert (err.source, err.field) == ("cluster.yaml", "node_types.x.gpu")
+    assert all(name in str(err) for name in GPU_CATALOG)
+
+
+def test_overrides_merge_peaks_and_leave_the_catalog_alone():
+    """with_overrides replaces only the given peak keys, keeps the name, notes the override; the catalog entry is unchanged."""
+    base = get_gpu("A100-SXM4-80GB")
+    capped = base.with_overrides(peak_tflops={"bf16": 250.0}, mem_gib=40)
+    assert capped.name == base.name
+    assert capped.peak_flops("bf16") == pytest.approx(250e12)
+    assert capped.peak_flops("tf32") == base.peak_flops("tf32")
+    assert capped.mem_gib == 40 and "overridden" in capped.source
+    assert base.peak_flops("bf16") == pytest.approx(312e12) and base.mem_gib == 80
+    with pytest.raises(InputError) as exc:
+        base.with_overrides(name="B100")
+    assert exc.value.field == "name"
+
+
+def test_spec_is_immutable_and_hashable():
+    """GpuSpec is frozen with a read-only peak mapping, and equal specs hash equally (usable as dict keys)."""
+    spec = get_gpu("L40S")
+    with pytest.raises(TypeError):
+        spec.peak_tflops["bf16"] = 1.0  # type: ignore[index]
+    rebuilt = type(spec)(spec.name, dict(spec.peak_tflops), spec.mem_gib, spec.mem_bw_GBps, spec.source)
+    assert rebuilt == spec and len({spec: 1, rebuilt: 2}) == 1
+
+
+def test_non_positive_override_rejected():
+    """A zero or negative figure is bad input naming the field."""
+    with pytest.raises(InputError) as exc:
+        get_gpu("H200").with_overrides(mem_bw_GBps=0)
+    assert exc.value.field == "mem_bw_GBps"

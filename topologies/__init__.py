@@ -1,0 +1,1 @@
+"""Cluster files shipped with plansim (a package only so that installs carry the YAML)."""
