@@ -1,0 +1,138 @@
+"""Memory per device: activations, model states (weights, gradients, optimizer) and logits.
+
+Activation accounting follows Korthikanti et al. 2022 ("Reducing Activation Recomputation
+in Large Transformer Models", Table 2 and the per-tensor accounting behind it), tensor by
+tensor, so that it extends to grouped-query attention, SwiGLU and any FFN width; for GPT
+(MHA, gelu, ffn = 4h) it reduces exactly to Table 2.
+"""
+from __future__ import annotations
+
+from costmodel.errors import InputError
+from costmodel.flops import check_recompute, check_sizes, check_tp_divides
+from costmodel.shapes import ModelSpec
+
+_MASK_BYTES = 1  # a dropout mask element (torch.bool / uint8), whatever the activation width
+
+# Bytes per parameter for (weights, gradients, optimizer states).
+# Mixed precision with Adam: 16-bit weights and gradients, fp32 master weights + Adam m and v
+# = 2 + 2 + 12 = 16 bytes/param (Rajbhandari et al. 2020, ZeRO).
+# Pure fp32 Adam: fp32 weights and gradients, m and v; no separate master copy.
+_STATE_BYTES = {
+    "bf16": (2, 2, 12),
+    "fp16": (2, 2, 12),
+    "fp32": (4, 4, 8),
+}
+
+
+def activation_bytes_per_layer(
+    model: ModelSpec, mbs: int, tp: int, sp: bool, recompute: str, *, bytes_per_elem: int = 2
+) -> float:
+    """Activation bytes one layer keeps from forward to backward, per device, one microbatch.
+
+    Derivation (s seq, b mbs, h hidden, a heads, g = kv_hidden, f = ffn, t = tp, e =
+    bytes_per_elem; "2" below is e for 16-bit), as in Korthikanti 2022:
+
+    attention block
+      LayerNorm-1 input                  e*sbh       replicated without SP
+      QKV GEMM input                     e*sbh       replicated without SP
+      Q and K (for QK^T)                 e*sb(h+g)/t
+      softmax output                     e*a*s^2*b/t   (selective recompute drops these three)
+      attention-dropout mask             1*a*s^2*b/t
+      attention-dropout output           e*a*s^2*b/t
+      V                                  e*sbg/t
+      attention-out GEMM input           e*sbh/t
+      dropout mask                       1*sbh       replicated without SP
+    MLP block
+      LayerNorm-2 input                  e*sbh       replicated without SP
+      MLP-up GEMM input                  e*sbh       replicated without SP
+      activation input (gelu: f wide;    e*sbf/t  (gelu)  or  2*e*sbf/t (swiglu: gate and up)
+      MLP-down input                     e*sbf/t
+      dropout mask                       1*sbh       replicated without SP
+
+    GPT with e=2, g=h, f=4h: replicated 4*2+2*1 = 10 sbh, split (4+2+2+8+8) = 24 sbh/t and
+    5*a*s^2*b/t, i.e. Table 2's s*b*h*(10 + 24/t + 5*a*s/(h*t)); SP divides the replicated
+    part by t too (34/t). t=1 gives the unparallelised 34 + 5*a*s/h.
+
+    Full recompute keeps only the layer input, e*sbh (Table 2: 2sbh). With SP the layer
+    input is Megatron's sequence-parallel slice [s/t, b, h], so we divide it by t; Table 2's
+    2sbh row is for plain TP.
+    """
+    check_recompute(recompute)
+    check_sizes(mbs, tp, bytes_per_elem)
+    check_tp_divides(model, tp, sp)
+    s, b, h, e = model.seq_length, mbs, model.hidden_size, bytes_per_elem
+    sbh, t = s * b * h, tp
+    replicated_div = t if sp else 1
+    if recompute == "full":
+        return e * sbh / replicated_div
+
+    g, f = model.kv_hidden, model.ffn
+    act_in = 2 * f if model.activation == "swiglu" else f
+    replicated = 4 * e * sbh + 2 * _MASK_BYTES * sbh  # two LN inputs, QKV and MLP-up inputs, two masks
+    split = e * s * b * (h + g) + e * s * b * g + e * sbh + e * s * b * (act_in + f)
+    attn_scores = model.num_attention_heads * s * s * b * (2 * e + _MASK_BYTES)
+    if recompute == "selective":
+        attn_scores = 0
+    return replicated / replicated_div + (split + attn_scores) / t
+
+
+def model_state_bytes(params: float, dp: int, zero: int, precision: str = "bf16") -> dict:
+    """{'weights', 'grads', 'optimizer'} bytes on one device holding ``params`` parameters
+    (already divided by tp and pp). ZeRO (Rajbhandari et al. 2020) shards over the dp
+    ranks: stage 1 the optimizer states, stage 2 also the gradients, stage 3 also the weights."""
+    if precision not in _STATE_BYTES:
+        raise InputError(None, "plan.precision", f"got {precision!r}; allowed: {', '.join(_STATE_BYTES)}")
+    if zero not in (0, 1, 2, 3):
+        raise InputError(None, "plan.zero", f"got {zero!r}; allowed: 0, 1, 2, 3")
+    if not isinstance(dp, int) or dp < 1:
+        raise InputError(None, "plan.dp", f"data-parallel size must be an integer >= 1, got {dp!r}")
+    if params < 0:
+        raise InputError(None, "params", f"must be >= 0, got {params!r}")
+    w, g, o = _STATE_BYTES[precision]
+    return {
+        "weights": params * w / (dp if zero >= 3 else 1),
+        "grads": params * g / (dp if zero >= 2 else 1),
+        "optimizer": params * o / (dp if zero >= 1 else 1),
+    }
+
+
+def stage_params(model: ModelSpec, layers: int, tp: int, first: bool, last: bool) -> float:
+    """Parameters held by one device of a pipeline stage with ``layers`` layers.
+
+    Layers: Megatron splits the QKV, attention-out and MLP matrices and the column-parallel
+    biases (QKV, MLP-up/gate) over tp; the two LayerNorms (4h) and the row-parallel biases
+    (attention-out, MLP-down: 2h) are replicated on every TP rank: 6h per layer.
+    First stage: the word embedding is vocab-parallel (V*h/t); the learned position
+    embedding (s*h) is replicated (Megatron does not split it), so not all of
+    embedding_params is divided by t. Last stage: final LayerNorm (2h, replicated) and the
+    output layer, tied to the word embedding; with pp > 1 the last stage keeps its own copy
+    (V*h/t) as GPT-3/Megatron do, with pp = 1 (first and last) the one copy is counted once.
+    """
+    if not isinstance(layers, int) or layers < 0:
+        raise InputError(None, "plan.layers", f"layers per stage must be an integer >= 0, got {layers!r}")
+    if not isinstance(tp, int) or tp < 1:
+        raise InputError(None, "plan.tp", f"tensor-parallel size must be an integer >= 1, got {tp!r}")
+    h = model.hidden_size
+    replicated = 6 * h
+    per_layer = (model.params_per_layer - replicated) / tp + replicated
+    total = layers * per_layer
+    word = model.vocab_size * h / tp
+    if first:
+        total += word + model.seq_length * h
+    if last:
+        total += 2 * h + (0 if first else word)
+    return total
+
+
+def logits_bytes(model: ModelSpec, mbs: int, tp: int) -> float:
+    """fp32 logits of one microbatch on one TP rank, s*b*V/t*4 bytes: the transient peak of
+    the last stage while the vocab-parallel cross entropy runs."""
+    return model.seq_length * mbs * model.vocab_size / tp * 4
+
+
+def interleaved_first_stage_factor(p: int, m: int) -> float:
+    """Extra activation memory of the first stage under the interleaved schedule:
+    1 + (p-1)/(p*m) (Korthikanti et al. 2022, pipeline-parallel activation memory), p stages, m microbatches."""
+    if p < 1 or m < 1:
+        raise InputError(None, "plan.pp", f"need p >= 1 and m >= 1, got p={p!r}, m={m!r}")
+    return 1 + (p - 1) / (p * m)
