@@ -1,0 +1,5 @@
+import sys
+
+from plansim.cli import main
+
+sys.exit(main())

@@ -1,0 +1,107 @@
+"""`plansim` command line: parse, call, print. Bad input -> one line on stderr, exit 2."""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+
+from costmodel.errors import InputError
+
+DEFAULT_TOPOLOGY = "dgx-a100"
+# Subcommands that live in modules of their own; each module has register(subparsers),
+# which adds its parser and sets `func`. Helpers here (_add_common, _load_inputs) are shared.
+COMMAND_MODULES: list[str] = []
+
+
+def _add_common(p: argparse.ArgumentParser, topology_default: str | None = DEFAULT_TOPOLOGY) -> None:
+    p.add_argument("topology", nargs="?" if topology_default else None, default=topology_default,
+                   help=f"bundled topology name or YAML path (default {topology_default})")
+    p.add_argument("--nodes", type=int, help="scale a single-group topology to N nodes")
+    p.add_argument("--model", default=None, help="model preset or YAML file (default gpt3-1.3b)")
+    p.add_argument("--profile", help="hardware profile YAML merged over the bundled default")
+
+
+def _load_inputs(args):
+    from costmodel.profile import load_profile
+    from sim.model import DEFAULT_MODEL, load_model
+    from sim.topology import load_topology
+
+    if args.nodes is not None and args.nodes <= 0:
+        raise InputError("--nodes", None, f"must be a positive integer (got {args.nodes})")
+    cluster = load_topology(args.topology, nodes=args.nodes)
+    model = load_model(args.model or DEFAULT_MODEL)
+    profile = load_profile(args.profile)
+    return cluster, model, profile
+
+
+def cmd_simulate(args) -> int:
+    from plansim.summary import summary_text
+    from reports.trace import write_trace
+    from sim.metrics import simulate
+    from sim.plan import resolve_plan
+
+    cluster, model, profile = _load_inputs(args)
+    plan = resolve_plan(args.plan or "", model, cluster.num_devices)
+    res = simulate(model, plan, cluster, profile, record=bool(args.trace))
+    if args.trace:
+        write_trace(res, args.trace)
+    if args.json:
+        print(json.dumps(res.to_dict(), indent=2))
+    else:
+        print(summary_text(res))
+        if args.trace:
+            print(f"trace written to {args.trace} (open it in https://ui.perfetto.dev)")
+    return 0
+
+
+def cmd_models(args) -> int:
+    from tabulate import tabulate
+
+    from sim.model import PRESETS
+    rows = [[k, m.num_layers, m.hidden_size, m.num_attention_heads, m.kv_groups, m.ffn, m.seq_length,
+             m.vocab_size, m.global_batch_size, m.activation, f"{m.total_params / 1e9:.2f}"]
+            for k, m in PRESETS.items()]
+    print(tabulate(rows, headers=["preset", "layers", "hidden", "heads", "kv", "ffn", "seq", "vocab",
+                                  "batch", "act", "params (B)"]))
+    return 0
+
+
+def cmd_topologies(args) -> int:
+    from sim.topology import list_topologies, load_topology
+    for name in list_topologies():
+        c = load_topology(name)
+        gpus = sorted({d.gpu.name for d in c.devices})
+        print(f"{name:20s} {c.num_devices:6d} devices  {len(c.nodes):4d} nodes  {', '.join(gpus)}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="plansim", description=__doc__)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    sp = sub.add_parser("simulate", help="simulate one training step of a plan")
+    _add_common(sp)
+    sp.add_argument("--plan", default="", help="k=v,... or a plan YAML (default: pure data parallel)")
+    sp.add_argument("--json", action="store_true", help="print one JSON object")
+    sp.add_argument("--trace", metavar="FILE", help="write a Chrome/Perfetto trace")
+    sp.set_defaults(func=cmd_simulate)
+    sub.add_parser("models", help="list model presets").set_defaults(func=cmd_models)
+    sub.add_parser("topologies", help="list bundled topologies").set_defaults(func=cmd_topologies)
+    for mod in COMMAND_MODULES:
+        importlib.import_module(mod).register(sub)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except InputError as err:
+        print(f"plansim: error: {err}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,355 @@
+"""Collective algorithms as flows, independent of topology.
+
+A collective on a group of ranks becomes a list of phases run one after another; the
+flows of one phase, (src_rank, dst_rank, nbytes), run concurrently. A phase also says
+how many sequential latency hops it pays: a pipelined ring moves data through n-1 (or
+2(n-1)) neighbour steps, so each flow pays latency_steps times its path latency once,
+while its bytes stream through (the alpha-beta ring model: time = steps*alpha + bytes/bw).
+``run_phases`` routes the flows on a ``FlowNetwork``; links shared with other flows
+(including unsimulated symmetric replicas) slow them down by max-min sharing.
+
+Byte counts per flow follow the nccl-tests bus-bandwidth factors quoted in
+shared/data/reference_facts.md (NCCL bus bandwidth): all-reduce 2(n-1)/n of the buffer,
+all-gather and reduce-scatter (n-1)/n of the full (gathered) buffer.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import simpy
+
+from costmodel.errors import InputError
+from sim.flownet import Edge, FlowNetwork
+
+__all__ = [
+    "Phase", "ring_allreduce", "tree_allreduce", "hierarchical_allreduce",
+    "hierarchical_reduce_scatter", "hierarchical_allgather", "allgather", "reduce_scatter",
+    "sparse_allgather", "p2p", "build", "run_phases", "double_binary_trees",
+    "ALGORITHMS", "OPS",
+]
+
+ALGORITHMS = ("ring", "tree", "hierarchical")
+OPS = ("allreduce", "allgather", "reduce_scatter", "sparse_allgather", "p2p")
+
+
+@dataclass(frozen=True)
+class Phase:
+    """Flows (src_rank, dst_rank, nbytes) that run concurrently; each pays
+    ``latency_steps`` times its path latency. ``group`` is the ordered group the flows
+    belong to (used to map flows onto replica groups by position); () if unknown."""
+    flows: tuple[tuple[int, int, float], ...]
+    latency_steps: int
+    group: tuple[int, ...] = ()
+
+
+def _ring_flows(members: Sequence[int], nbytes: float) -> list[tuple[int, int, float]]:
+    n = len(members)
+    return [(members[i], members[(i + 1) % n], nbytes) for i in range(n)]
+
+
+def _group(group: Sequence[int]) -> tuple[int, ...]:
+    g = tuple(group)
+    if len(set(g)) != len(g):
+        raise ValueError(f"collective group {g} repeats a rank")
+    return g
+
+
+def ring_allreduce(group: Sequence[int], nbytes: float) -> list[Phase]:
+    """Pipelined ring: every rank sends 2(n-1)/n * S to its successor (reduce-scatter then
+    all-gather, n-1 steps each), paying 2(n-1) latency hops. One rank: nothing to do."""
+    g = _group(group)
+    n = len(g)
+    if n < 2:
+        return []
+    return [Phase(tuple(_ring_flows(g, 2 * (n - 1) / n * nbytes)), 2 * (n - 1), g)]
+
+
+def allgather(group: Sequence[int], nbytes_total: float) -> list[Phase]:
+    """Ring all-gather of a buffer of ``nbytes_total`` (gathered size): each rank forwards
+    (n-1)/n of it to its successor over n-1 latency hops."""
+    g = _group(group)
+    n = len(g)
+    if n < 2:
+        return []
+    return [Phase(tuple(_ring_flows(g, (n - 1) / n * nbytes_total)), n - 1, g)]
+
+
+def reduce_scatter(group: Sequence[int], nbytes_total: float) -> list[Phase]:
+    """Ring reduce-scatter of a buffer of ``nbytes_total`` (input size): same traffic as
+    the ring all-gather, (n-1)/n of the buffer per rank over n-1 hops."""
+    return allgather(group, nbytes_total)
+
+
+def sparse_allgather(group: Sequence[int], nnz_per_rank: float,
+                     bytes_per_entry: float) -> list[Phase]:
+    """Top-k compression: every rank's nnz (index, value) entries must reach all others.
+    Sparse sums do not stay sparse, so they are gathered, not reduced: a ring all-gather
+    whose flows each carry (n-1) * nnz * bytes_per_entry, over n-1 hops."""
+    g = _group(group)
+    n = len(g)
+    if n < 2:
+        return []
+    return [Phase(tuple(_ring_flows(g, (n - 1) * nnz_per_rank * bytes_per_entry)), n - 1, g)]
+
+
+def p2p(src: int, dst: int, nbytes: float) -> list[Phase]:
+    """One point-to-point transfer, one latency hop. To itself: nothing."""
+    if src == dst:
+        return []
+    return [Phase(((src, dst, nbytes),), 1, (src, dst))]
+
+
+def double_binary_trees(n: int) -> tuple[list[int | None], list[int | None]]:
+    """Parents (by position 0..n-1; None for the root) of two complementary binary trees.
+
+    Tree 1 is the in-order tree over positions i = 1..n (i = rank + 1): node i sits at
+    height log2(lowbit(i)), and its parent is the nearest ancestor in the infinite in-order
+    tree that exists (<= n). Odd i are leaves, so only odd ranks are interior. Tree 2 is the
+    same tree over i = rank (rank 0 taking i = n), so only even ranks are interior: every
+    rank is interior in at most one tree, which balances the traffic (Sanders et al.'s
+    two-tree idea, the one NCCL's tree all-reduce uses)."""
+    def parents(pos_of: Callable[[int], int]) -> list[int | None]:
+        rank_at = {pos_of(r): r for r in range(n)}
+        out: list[int | None] = []
+        for r in range(n):
+            i = pos_of(r)
+            while True:
+                k = i & -i
+                i = i + k if (i // k) % 4 == 1 else i - k   # step to the in-order parent
+                if i <= 0 or i > 2 * n:
+                    # Walked above the top: r is the root (this only happens for the
+                    # largest power of two <= n, whose chain leaves [1, n] upwards).
+                    out.append(None)
+                    break
+                if i <= n:
+                    out.append(rank_at[i])
+                    break
+        return out
+
+    t1 = parents(lambda r: r + 1)
+    t2 = parents(lambda r: r if r > 0 else n)
+    return t1, t2
+
+
+def _tree_depth(parent: list[int | None]) -> int:
+    depth = 0
+    for r in range(len(parent)):
+        d, q = 0, parent[r]
+        while q is not None:
+            d, q = d + 1, parent[q]
+        depth = max(depth, d)
+    return depth
+
+
+def tree_allreduce(group: Sequence[int], nbytes: float) -> list[Phase]:
+    """Double binary tree all-reduce: each of two complementary trees reduces half the
+    buffer up to its root, then broadcasts it down. Two phases (up, down); every tree edge
+    carries S/2; each phase pays the deeper tree's depth (~log2 n) in latency hops."""
+    g = _group(group)
+    n = len(g)
+    if n < 2:
+        return []
+    half = nbytes / 2
+    t1, t2 = double_binary_trees(n)
+    steps = max(_tree_depth(t1), _tree_depth(t2))
+    up, down = [], []
+    for tree in (t1, t2):
+        for r, parent in enumerate(tree):
+            if parent is not None:
+                up.append((g[r], g[parent], half))
+                down.append((g[parent], g[r], half))
+    return [Phase(tuple(up), steps, g), Phase(tuple(down), steps, g)]
+
+
+def _split_by_node(g: tuple[int, ...], node_of: Callable[[int], int]) -> list[list[int]]:
+    nodes: dict[int, list[int]] = {}
+    for r in g:
+        nodes.setdefault(node_of(r), []).append(r)
+    sizes = {len(m) for m in nodes.values()}
+    if len(sizes) != 1:
+        raise ValueError(f"hierarchical collective needs the same number of group members "
+                         f"on every node; got {[len(m) for m in nodes.values()]} on nodes "
+                         f"{list(nodes)}")
+    return list(nodes.values())
+
+
+def _concurrent(per_group: list[list[Phase]], g: tuple[int, ...]) -> list[Phase]:
+    """Merge sub-collectives that run at the same time on disjoint sub-groups."""
+    flat = [ph for phases in per_group for ph in phases]
+    if not flat:
+        return []
+    flows = tuple(fl for ph in flat for fl in ph.flows)
+    return [Phase(flows, max(ph.latency_steps for ph in flat), g)]
+
+
+def hierarchical_allreduce(group: Sequence[int], nbytes: float,
+                           node_of: Callable[[int], int]) -> list[Phase]:
+    """Intra-node ring reduce-scatter of S, inter-node ring all-reduce of S/n_local among
+    members with the same local index, intra-node ring all-gather of S. With one member per
+    node it is the plain ring all-reduce."""
+    g = _group(group)
+    nodes = _split_by_node(g, node_of)
+    n_local = len(nodes[0])
+    rails = [[members[j] for members in nodes] for j in range(n_local)]
+    return (_concurrent([reduce_scatter(m, nbytes) for m in nodes], g)
+            + _concurrent([ring_allreduce(r, nbytes / n_local) for r in rails], g)
+            + _concurrent([allgather(m, nbytes) for m in nodes], g))
+
+
+def hierarchical_reduce_scatter(group: Sequence[int], nbytes_total: float,
+                                node_of: Callable[[int], int]) -> list[Phase]:
+    """Intra-node ring reduce-scatter of S, then inter-node ring reduce-scatter of
+    S/n_local among same-local-index members."""
+    g = _group(group)
+    nodes = _split_by_node(g, node_of)
+    n_local = len(nodes[0])
+    rails = [[members[j] for members in nodes] for j in range(n_local)]
+    return (_concurrent([reduce_scatter(m, nbytes_total) for m in nodes], g)
+            + _concurrent([reduce_scatter(r, nbytes_total / n_local) for r in rails], g))
+
+
+def hierarchical_allgather(group: Sequence[int], nbytes_total: float,
+                           node_of: Callable[[int], int]) -> list[Phase]:
+    """Inter-node ring all-gather of S/n_local among same-local-index members, then
+    intra-node ring all-gather of S: the mirror of hierarchical_reduce_scatter."""
+    g = _group(group)
+    nodes = _split_by_node(g, node_of)
+    n_local = len(nodes[0])
+    rails = [[members[j] for members in nodes] for j in range(n_local)]
+    return (_concurrent([allgather(r, nbytes_total / n_local) for r in rails], g)
+            + _concurrent([allgather(m, nbytes_total) for m in nodes], g))
+
+
+_OP_ALIASES = {"allreduce": "allreduce", "all_reduce": "allreduce",
+               "allgather": "allgather", "all_gather": "allgather",
+               "reduce_scatter": "reduce_scatter", "reducescatter": "reduce_scatter",
+               "sparse_allgather": "sparse_allgather", "sparse_all_gather": "sparse_allgather",
+               "p2p": "p2p", "send": "p2p"}
+
+
+def build(algorithm: str, op: str, group: Sequence[int], nbytes: float,
+          node_of: Callable[[int], int] | None = None, **kw) -> list[Phase]:
+    """Phases of collective ``op`` with ``algorithm`` on ``group``.
+
+    op: allreduce | allgather | reduce_scatter (nbytes = full buffer) | sparse_allgather
+    (nbytes = one rank's payload; or pass nnz_per_rank= and bytes_per_entry=) | p2p
+    (group = (src, dst)). algorithm: ring | tree (allreduce only) | hierarchical (needs
+    node_of). p2p and sparse_allgather ignore the algorithm (a ring / a direct send)."""
+    o = _OP_ALIASES.get(str(op).lower().replace("-", "_"))
+    if o is None:
+        raise InputError("plan", "collective.op",
+                         f"unknown collective op {op!r}; allowed: {', '.join(OPS)}")
+    alg = str(algorithm).lower()
+    if alg not in ALGORITHMS:
+        raise InputError("plan", "collective.algorithm",
+                         f"unknown collective algorithm {algorithm!r}; "
+                         f"allowed: {', '.join(ALGORITHMS)}")
+    if o == "p2p":
+        if len(group) != 2:
+            raise ValueError(f"p2p needs group (src, dst), got {tuple(group)}")
+        return p2p(group[0], group[1], nbytes)
+    if o == "sparse_allgather":
+        bpe = kw.get("bytes_per_entry", 1.0)
+        nnz = kw.get("nnz_per_rank", nbytes / bpe)
+        return sparse_allgather(group, nnz, bpe)
+    if alg == "hierarchical":
+        if node_of is None:
+            raise ValueError("hierarchical collectives need node_of(rank) -> node id")
+        fn = {"allreduce": hierarchical_allreduce, "allgather": hierarchical_allgather,
+              "reduce_scatter": hierarchical_reduce_scatter}[o]
+        return fn(group, nbytes, node_of)
+    if alg == "tree":
+        if o != "allreduce":
+            raise InputError("plan", "collective.algorithm",
+                             f"algorithm 'tree' is for allreduce only, not {o}; "
+                             "allowed for it: ring, hierarchical")
+        return tree_allreduce(group, nbytes)
+    return {"allreduce": ring_allreduce, "allgather": allgather,
+            "reduce_scatter": reduce_scatter}[o](group, nbytes)
+
+
+Route = Callable[[int, int], Sequence[Edge]]
+
+
+def _route_key(route: Route):
+    """A hashable identity for a route function that survives re-binding a method
+    (``cluster.route`` is a new object at every attribute access)."""
+    owner = getattr(route, "__self__", None)
+    if owner is not None and hasattr(route, "__func__"):
+        return ("method", id(owner), route.__func__)
+    return ("func", id(route))
+
+
+def _cached_route(net: FlowNetwork, route: Route, rkey, s: int, d: int) -> tuple[Edge, ...]:
+    cache = net.cache.setdefault("collective_routes", {})
+    key = (rkey, s, d)
+    path = cache.get(key)
+    if path is None:
+        path = tuple((e[0], e[1]) for e in route(s, d))
+        cache[key] = path
+    return path
+
+
+def run_phases(env: simpy.Environment, net: FlowNetwork, route: Route,
+               phases: list[Phase], replicas: Sequence[Sequence[int]] = (), label: str = "",
+               group: Sequence[int] | None = None) -> simpy.Event:
+    """Run ``phases`` one after another, each phase's flows concurrently on ``net``.
+    Returns an event that succeeds when the last phase is done.
+
+    ``replicas``: other groups of the same size doing the identical collective at the same
+    time but not simulated. For each flow (s, d) at positions (i, j) of the group (``group``
+    or each phase's own ``Phase.group``), the replica flows (R[i], R[j]) are routed, and the
+    simulated flow gets multiplicity 1 + (number of replica flows using that edge) on each
+    edge of its own path. Routes and multiplicity maps are cached on ``net.cache``."""
+    rkey = _route_key(route)
+    # Keep the route's owner alive while its id is a cache key, so the id is not reused.
+    net.cache.setdefault("collective_route_owners", {})[rkey] = route
+    reps = tuple(tuple(r) for r in replicas)
+    mcache = net.cache.setdefault("collective_multiplicity", {})
+
+    def multiplicity_maps(ph: Phase) -> dict | None:
+        """Cache entry of this phase's (route, group, replicas): rank positions in the
+        group, and maps (s, d) -> multiplicity map (None where all ones). Looked up once
+        per phase rather than per flow, since hashing the group tuples costs O(n)."""
+        if not reps:
+            return None
+        g = tuple(group) if group is not None else ph.group
+        if not g:
+            raise ValueError("run_phases with replicas needs the group (Phase.group or group=)")
+        for rep in reps:
+            if len(rep) != len(g):
+                raise ValueError(f"replica group {rep} has {len(rep)} ranks, group {g} has {len(g)}")
+        key = (rkey, g, reps)
+        if key not in mcache:
+            mcache[key] = {"positions": {r: i for i, r in enumerate(g)}, "maps": {}}
+        return mcache[key]
+
+    def multiplicity(cached: dict, s: int, d: int, path: tuple[Edge, ...]):
+        maps = cached["maps"]
+        if (s, d) in maps:
+            return maps[(s, d)]
+        i, j = cached["positions"][s], cached["positions"][d]
+        count = {e: 1 for e in path}
+        for rep in reps:
+            for e in _cached_route(net, route, rkey, rep[i], rep[j]):
+                if e in count:
+                    count[e] += 1
+        m = None if all(c == 1 for c in count.values()) else count
+        maps[(s, d)] = m
+        return m
+
+    # Resolved now, not inside the process, so bad replica groups fail at the call site.
+    per_phase = [multiplicity_maps(ph) for ph in phases]
+
+    def proc():
+        for ph, cached in zip(phases, per_phase):
+            events = []
+            for s, d, nbytes in ph.flows:
+                path = _cached_route(net, route, rkey, s, d)
+                mult = None if cached is None else multiplicity(cached, s, d, path)
+                events.append(net.transfer(path, nbytes, mult,
+                                           latency_steps=ph.latency_steps, label=label))
+            yield env.all_of(events)
+
+    return env.process(proc())

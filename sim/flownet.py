@@ -1,0 +1,292 @@
+"""Flow-level network model on SimPy: transfers share links max-min fairly.
+
+A transfer waits its latency, then becomes an active flow until its bytes are sent. At
+every instant the active flows' rates are the weighted max-min fair allocation
+(progressive filling): on each edge e, sum over active flows f of
+multiplicity(f, e) * rate(f) <= bw(e), and no flow can go faster without slowing one that
+is no faster. A multiplicity k stands for k identical flows of symmetric groups that are
+not simulated: each copy gets the same rate and uses the edge's capacity.
+
+Cost: each change (flows starting or finishing at one instant) re-solves only the
+connected component of active flows that share links with the changed ones, found by a
+walk from the changed flows' edges; no per-event work touches idle edges. Changes at the
+same simulated instant are batched into one re-solve. Completions are per-flow SimPy
+timeouts; a version counter makes timeouts of flows whose rate later changed no-ops.
+"""
+from __future__ import annotations
+
+import heapq
+import math
+from typing import Mapping, Sequence
+
+import networkx
+import simpy
+
+Edge = tuple[str, str]
+
+__all__ = ["Edge", "FlowNetwork"]
+
+# A flow is finished when at most this fraction of its bytes is left: float rounding in
+# rate * dt leaves ~1e-15 relative residue, and 1e-9 of a transfer is far below any
+# timing resolution we report.
+_DONE_REL = 1e-9
+# Edges whose remaining capacity or rates differ by less than this relative amount are
+# treated as saturating at the same level, so symmetric flows freeze together.
+_LEVEL_REL = 1e-12
+
+
+class _Flow:
+    __slots__ = ("fid", "weights", "size", "remaining", "rate", "t_last", "version",
+                 "done", "event", "label")
+
+    def __init__(self, fid: int, weights: dict, size: float, event: simpy.Event, label: str):
+        self.fid = fid
+        self.weights = weights      # edge -> multiplicity on that edge
+        self.size = size
+        self.remaining = size       # bytes left as of t_last
+        self.rate = 0.0             # bytes/s per copy
+        self.t_last = 0.0
+        self.version = 0
+        self.done = False
+        self.event = event
+        self.label = label
+
+
+class FlowNetwork:
+    """Max-min fair bandwidth sharing over a directed graph whose edges carry ``bw_Bps``
+    (bytes/s) and ``latency_s`` (seconds)."""
+
+    def __init__(self, env: simpy.Environment, graph: networkx.DiGraph, record: bool = False):
+        self.env = env
+        self.graph = graph
+        self.record = record
+        self.bytes_carried: dict[Edge, float] = {}
+        self.samples: list[tuple[float, Edge, float]] = []
+        # Scratch space for callers that derive data from this network and want to reuse
+        # it across calls (collective_flows keeps routes and multiplicity maps here).
+        self.cache: dict = {}
+        self.flows_started = 0
+        self.flows_finished = 0
+        self.resolves = 0           # number of component re-solves (for benchmarks)
+        self._bw: dict[Edge, float] = {}
+        self._lat: dict[Edge, float] = {}
+        self._on_edge: dict[Edge, dict[_Flow, float]] = {}   # active flows per edge
+        self._last_sample: dict[Edge, float] = {}
+        self._pending_add: list[_Flow] = []
+        self._pending_done: list[_Flow] = []
+        self._flush_at: float | None = None
+        self._next_id = 0
+
+    # ----------------------------------------------------------------- public API
+    def transfer(self, path: Sequence[Edge], nbytes: float,
+                 multiplicity: Mapping[Edge, int] | None = None, latency_steps: int = 1,
+                 label: str = "") -> simpy.Event:
+        """Send ``nbytes`` along ``path`` (directed edges). Waits
+        latency_steps * sum(latency_s over path) seconds, then shares bandwidth until done.
+        ``multiplicity[e]`` (default 1) counts identical unsimulated flows on edge e.
+        Empty path or nbytes == 0: only the latency. Returns an event that succeeds at
+        completion."""
+        if nbytes < 0 or not math.isfinite(nbytes):
+            raise ValueError(f"transfer {label!r}: nbytes={nbytes!r} must be finite and >= 0")
+        if latency_steps < 0:
+            raise ValueError(f"transfer {label!r}: latency_steps={latency_steps!r} must be >= 0")
+        weights: dict[Edge, float] = {}
+        latency = 0.0
+        for e in path:
+            e = (e[0], e[1])
+            self._edge_info(e)
+            latency += self._lat[e]
+            k = 1 if multiplicity is None else multiplicity.get(e, 1)
+            if k < 0:
+                raise ValueError(f"transfer {label!r}: multiplicity {k!r} on edge {e} must be >= 0")
+            if k:
+                weights[e] = weights.get(e, 0) + k
+        latency *= latency_steps
+        if nbytes == 0 or not weights:
+            return self.env.timeout(latency)
+        event = self.env.event()
+        flow = _Flow(self._next_id, weights, float(nbytes), event, label)
+        self._next_id += 1
+        self.flows_started += 1
+        if latency > 0:
+            self.env.timeout(latency).callbacks.append(lambda _ev, f=flow: self._activate(f))
+        else:
+            self._activate(flow)
+        return event
+
+    def active_flows(self) -> int:
+        """Number of flows currently sending (for tests and diagnostics)."""
+        return len({f for flows in self._on_edge.values() for f in flows})
+
+    # ----------------------------------------------------------------- internals
+    def _edge_info(self, e: Edge) -> None:
+        if e in self._bw:
+            return
+        if not self.graph.has_edge(*e):
+            raise ValueError(f"edge {e!r} is not in the network graph")
+        data = self.graph.edges[e]
+        try:
+            bw = float(data["bw_Bps"])
+        except KeyError:
+            raise ValueError(f"edge {e!r} has no 'bw_Bps' attribute") from None
+        if not bw > 0:
+            raise ValueError(f"edge {e!r}: bw_Bps={bw!r} must be > 0")
+        self._bw[e] = bw
+        self._lat[e] = float(data.get("latency_s", 0.0))
+
+    def _request_flush(self) -> None:
+        now = self.env.now
+        if self._flush_at == now:
+            return
+        self._flush_at = now
+        # Zero-delay timeout: runs after the events already queued for this instant, so
+        # flows starting or finishing at the same time are solved together once.
+        self.env.timeout(0).callbacks.append(self._flush)
+
+    def _activate(self, flow: _Flow) -> None:
+        flow.t_last = self.env.now
+        self._pending_add.append(flow)
+        self._request_flush()
+
+    def _wake(self, _ev, flow: _Flow, version: int) -> None:
+        if flow.done or flow.version != version:
+            return      # stale: the flow's rate changed after this wake-up was set
+        self._pending_done.append(flow)
+        self._request_flush()
+
+    def _flush(self, _ev) -> None:
+        now = self.env.now
+        self._flush_at = None
+        added, self._pending_add = self._pending_add, []
+        finished, self._pending_done = self._pending_done, []
+        seeds: dict[Edge, None] = {}
+        for f in added:
+            for e in f.weights:
+                self._on_edge.setdefault(e, {})[f] = f.weights[e]
+                seeds[e] = None
+        for f in finished:
+            seeds.update(dict.fromkeys(f.weights))
+        flows, edges = self._component(seeds)
+        # Bring every flow of the component to `now` at its old rate.
+        for f in flows:
+            if f.rate > 0:
+                f.remaining -= f.rate * (now - f.t_last)
+            f.t_last = now
+        # Retire flows that are done (the woken ones and any that finish at the same time):
+        # a few bytes of rounding residue, or a finish time that `now` cannot be told
+        # apart from (a timeout that short would fire at `now` again and make no progress).
+        woken = set(finished)
+        still = []
+        for f in flows:
+            if f.done:
+                continue
+            if (f.remaining <= _DONE_REL * f.size
+                    or (f.rate > 0 and f.remaining / f.rate <= _LEVEL_REL * now)):
+                self._retire(f)
+            else:
+                still.append(f)
+        old = {f: f.rate for f in still}
+        self._solve(still, edges)
+        self.resolves += 1
+        fresh = set(added)
+        for f in still:
+            # New flows, flows whose rate changed, and woken flows that rounding left a
+            # little short of done all need a (new) wake-up; the others keep theirs.
+            if f.rate != old[f] or f in fresh or f in woken:
+                f.version += 1
+                self.env.timeout(f.remaining / f.rate).callbacks.append(
+                    lambda ev, f=f, v=f.version: self._wake(ev, f, v))
+        if self.record:
+            for e in edges:
+                total = sum((w * f.rate for f, w in self._on_edge.get(e, {}).items()), 0.0)
+                if total != self._last_sample.get(e, 0.0):
+                    self._last_sample[e] = total
+                    self.samples.append((now, e, total))
+
+    def _retire(self, f: _Flow) -> None:
+        f.done = True
+        f.rate = 0.0
+        f.remaining = 0.0
+        for e, w in f.weights.items():
+            on = self._on_edge[e]
+            del on[f]
+            if not on:
+                del self._on_edge[e]
+            self.bytes_carried[e] = self.bytes_carried.get(e, 0.0) + w * f.size
+        self.flows_finished += 1
+        f.event.succeed()
+
+    def _component(self, seeds: Mapping[Edge, None]) -> tuple[list[_Flow], list[Edge]]:
+        """Active flows reachable from the seed edges through shared edges, and all edges
+        visited (seeds included, even if now idle, so their rate drops get recorded)."""
+        edges = list(seeds)
+        seen_e = set(edges)
+        flows: list[_Flow] = []
+        seen_f: set[_Flow] = set()
+        i = 0
+        while i < len(edges):
+            for f in self._on_edge.get(edges[i], ()):
+                if f not in seen_f:
+                    seen_f.add(f)
+                    flows.append(f)
+                    for e2 in f.weights:
+                        if e2 not in seen_e:
+                            seen_e.add(e2)
+                            edges.append(e2)
+            i += 1
+        return flows, edges
+
+    def _solve(self, flows: list[_Flow], edges: list[Edge]) -> None:
+        """Weighted progressive filling: raise all unfrozen flows' rate together; when an
+        edge's capacity is used up, freeze the flows crossing it at the current level.
+
+        An edge's fair share (capacity left) / (unfrozen multiplicity) only changes when a
+        flow on it freezes, and never drops below the current level, so a lazy min-heap
+        of shares (stale entries skipped by a per-edge version) finds each next
+        bottleneck in O(log E)."""
+        if not flows:
+            return
+        bw = self._bw
+        on_edge = self._on_edge
+        used = {e: 0.0 for e in edges}                 # capacity taken by frozen flows
+        wsum = {e: 0.0 for e in edges}                 # sum of unfrozen multiplicities
+        for f in flows:
+            for e, w in f.weights.items():
+                wsum[e] += w
+        index = {e: i for i, e in enumerate(edges)}   # heap tie-break: stable and cheap
+        ver = [0] * len(edges)
+        heap = [(bw[e] / wsum[e], index[e], 0) for e in edges if wsum[e] > 0]
+        heapq.heapify(heap)
+        unfrozen = set(flows)
+        hi = 1 + _LEVEL_REL
+        while unfrozen:
+            tight: list[Edge] = []
+            level = None
+            while heap:
+                share, i, v = heap[0]
+                if v != ver[i] or wsum[edges[i]] <= 1e-12:
+                    heapq.heappop(heap)          # stale, or every flow on it is frozen
+                    continue
+                if level is not None and share > level * hi:
+                    break
+                heapq.heappop(heap)
+                if level is None:
+                    level = max(share, 0.0)
+                tight.append(edges[i])
+            if level is None:
+                raise RuntimeError("flow network: unfrozen flows left with no edge to bound them")
+            touched: dict[Edge, None] = {}
+            for e in tight:
+                for f in on_edge[e]:
+                    if f in unfrozen:
+                        unfrozen.discard(f)
+                        f.rate = level
+                        for e2, w in f.weights.items():
+                            used[e2] += w * level
+                            wsum[e2] -= w
+                            touched[e2] = None
+            for e2 in touched:
+                if wsum[e2] > 1e-12:
+                    j = index[e2]
+                    ver[j] += 1
+                    heapq.heappush(heap, ((bw[e2] - used[e2]) / wsum[e2], j, ver[j]))

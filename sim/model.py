@@ -1,0 +1,114 @@
+"""Model presets and model YAML files, loaded into costmodel.shapes.ModelSpec.
+
+Preset shapes are the published ones; each entry cites its paper. Vocabularies are
+padded the way Megatron-LM pads them (to a multiple of 128 x TP, we use the common
+padded size) where the paper gives an unpadded size, and say so.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from costmodel.errors import InputError
+from costmodel.shapes import ModelSpec
+from sim.validation import first_error
+
+
+class ModelFile(BaseModel):
+    """The model YAML: exactly these fields (unknown keys are rejected)."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    num_layers: int = Field(gt=0)
+    hidden_size: int = Field(gt=0)
+    num_attention_heads: int = Field(gt=0)
+    num_query_groups: int | None = Field(default=None, gt=0)
+    ffn_hidden_size: int | None = Field(default=None, gt=0)
+    seq_length: int = Field(gt=0)
+    vocab_size: int = Field(gt=0)
+    global_batch_size: int = Field(gt=0)
+    activation: Literal["gelu", "swiglu"] = "gelu"
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "ModelFile":
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(
+                f"hidden_size {self.hidden_size} is not divisible by num_attention_heads "
+                f"{self.num_attention_heads}"
+            )
+        if self.num_query_groups and self.num_attention_heads % self.num_query_groups:
+            raise ValueError(
+                f"num_attention_heads {self.num_attention_heads} is not divisible by "
+                f"num_query_groups {self.num_query_groups}"
+            )
+        return self
+
+
+def _gpt3(name, layers, hidden, heads, batch):
+    # GPT-3 shapes and batch sizes: Brown et al. 2020, "Language Models are Few-Shot
+    # Learners", Table 2.1 (batch given in tokens; divided by the 2048-token context).
+    # Vocabulary 50257 padded to 51200 as Megatron-LM does (Narayanan et al. 2021 use 51200).
+    return ModelSpec(name, layers, hidden, heads, 2048, 51200, batch)
+
+
+PRESETS: dict[str, ModelSpec] = {
+    "gpt3-125m": _gpt3("gpt3-125m", 12, 768, 12, 256),  # 0.5M tokens
+    "gpt3-350m": _gpt3("gpt3-350m", 24, 1024, 16, 256),  # 0.5M tokens
+    "gpt3-760m": _gpt3("gpt3-760m", 24, 1536, 16, 256),  # 0.5M tokens
+    "gpt3-1.3b": _gpt3("gpt3-1.3b", 24, 2048, 16, 512),  # 1M tokens; 16 heads of 128 (Megatron's GPT-3 1.3B)
+    "gpt3-2.7b": _gpt3("gpt3-2.7b", 32, 2560, 32, 512),  # 1M tokens
+    "gpt3-6.7b": _gpt3("gpt3-6.7b", 32, 4096, 32, 1024),  # 2M tokens
+    # Table 2.1 prints d_model 5140; 5120 (= 40 heads x 128) is what implementations use.
+    "gpt3-13b": _gpt3("gpt3-13b", 40, 5120, 40, 1024),  # 2M tokens
+    "gpt3-175b": _gpt3("gpt3-175b", 96, 12288, 96, 1536),  # 3.2M tokens
+    # Llama 2: Touvron et al. 2023, "Llama 2: Open Foundation and Fine-Tuned Chat Models",
+    # Table 1 and Sec. 2.2 (4096 context, 4M-token batch = 1024 sequences, vocab 32000,
+    # SwiGLU; 70B uses grouped-query attention with 8 KV heads). FFN widths from the
+    # released configs (11008, 13824, 28672).
+    "llama2-7b": ModelSpec("llama2-7b", 32, 4096, 32, 4096, 32000, 1024, None, 11008, "swiglu"),
+    "llama2-13b": ModelSpec("llama2-13b", 40, 5120, 40, 4096, 32000, 1024, None, 13824, "swiglu"),
+    "llama2-70b": ModelSpec("llama2-70b", 80, 8192, 64, 4096, 32000, 1024, 8, 28672, "swiglu"),
+    # Llama 3: Dubey et al. 2024, "The Llama 3 Herd of Models", Table 3 (layers, width,
+    # FFN, heads, 8 KV heads, vocab 128256) and Sec. 3.4 (405B: 8192 context, batch up to
+    # 16M tokens = 2048 sequences). The paper gives no batch for 8B/70B: we assume the
+    # same 16M tokens; override with a model file if you know better.
+    "llama3-8b": ModelSpec("llama3-8b", 32, 4096, 32, 8192, 128256, 2048, 8, 14336, "swiglu"),
+    "llama3-70b": ModelSpec("llama3-70b", 80, 8192, 64, 8192, 128256, 2048, 8, 28672, "swiglu"),
+    "llama3-405b": ModelSpec("llama3-405b", 126, 16384, 128, 8192, 128256, 2048, 8, 53248, "swiglu"),
+}
+
+DEFAULT_MODEL = "gpt3-1.3b"
+
+
+def model_from_mapping(data: dict, source: str) -> ModelSpec:
+    """Validate a mapping (from YAML) into a ModelSpec; InputError names the field."""
+    if not isinstance(data, dict):
+        raise InputError(source, None, "expected a mapping of model fields")
+    try:
+        m = ModelFile(**data)
+    except ValidationError as err:
+        field, msg = first_error(err, ModelFile)
+        raise InputError(source, field, msg) from None
+    return ModelSpec(**m.model_dump())
+
+
+def load_model(name_or_path: str) -> ModelSpec:
+    """A preset name (see PRESETS) or a path to a model YAML file."""
+    if name_or_path in PRESETS:
+        return PRESETS[name_or_path]
+    path = Path(name_or_path)
+    if not path.is_file():
+        raise InputError(
+            name_or_path, "--model",
+            f"no such preset or file; presets: {', '.join(sorted(PRESETS))}",
+        )
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f"line {mark.line + 1}" if mark else "YAML"
+        raise InputError(str(path), where, f"malformed YAML: {getattr(err, 'problem', err)}") from None
+    return model_from_mapping(data, str(path))

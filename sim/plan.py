@@ -1,0 +1,269 @@
+"""Parallel plans: parsing (`--plan k=v,...` or YAML), validation against model and cluster,
+and the placement of (dp, stage, tp) coordinates onto device ranks.
+
+Placement (documented contract): by default TP is innermost, then PP, then DP:
+``rank = tp_index + tp * (stage + pp * dp_index)`` with ranks in the topology's device
+order (groups in file order, nodes in order, local index). So a TP group sits inside a
+node whenever tp divides the GPUs per node. ``placement=tp-dp-pp`` puts DP before PP:
+``rank = tp_index + tp * (dp_index + dp * stage)``, which keeps the replicas of a
+stage next to each other (whole pipeline stages per device group on heterogeneous
+clusters).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from costmodel.errors import InputError
+from costmodel.shapes import ModelSpec
+from sim.validation import first_error
+
+SCHEDULES = ("gpipe", "1f1b", "interleaved")
+RECOMPUTE = ("none", "selective", "full")
+ALLREDUCE = ("ring", "tree", "hierarchical", "auto")
+PRECISIONS = ("bf16", "fp16", "fp8", "fp32")
+PLACEMENTS = ("tp-pp-dp", "tp-dp-pp")
+
+
+class PlanFile(BaseModel):
+    """What a user may write in a plan; omitted keys take the defaults."""
+
+    model_config = ConfigDict(extra="forbid")
+    tp: int = Field(default=1, gt=0)
+    pp: int = Field(default=1, gt=0)
+    dp: int | None = Field(default=None, gt=0)
+    mbs: int = Field(default=1, gt=0)
+    vpp: int = Field(default=1, gt=0)
+    schedule: Literal["gpipe", "1f1b", "interleaved"] | None = None
+    sp: bool = False
+    recompute: Literal["none", "selective", "full"] = "none"
+    zero: int = Field(default=0, ge=0, le=3)
+    overlap_grad_reduce: bool = True
+    compress: str = "none"
+    allreduce: Literal["ring", "tree", "hierarchical", "auto"] = "ring"
+    precision: Literal["bf16", "fp16", "fp8", "fp32"] = "bf16"
+    placement: Literal["tp-pp-dp", "tp-dp-pp"] = "tp-pp-dp"
+    layers: list[int] | None = None  # layers per pipeline stage (non-uniform split)
+    mb_shares: list[int] | None = None  # microbatches per data-parallel replica
+
+    @field_validator("compress")
+    @classmethod
+    def _compress(cls, v: str) -> str:
+        parse_compress(v)
+        return v
+
+    @field_validator("layers", "mb_shares")
+    @classmethod
+    def _positive(cls, v):
+        if v is not None and any(x <= 0 for x in v):
+            raise ValueError(f"every entry must be a positive integer (got {v})")
+        return v
+
+
+def parse_compress(v: str) -> float | None:
+    """'none' -> None; 'topk:0.01' -> 0.01 (fraction of gradient entries kept)."""
+    if v == "none":
+        return None
+    if v.startswith("topk:"):
+        try:
+            frac = float(v[5:])
+        except ValueError:
+            frac = -1.0
+        if 0.0 < frac < 1.0:
+            return frac
+    raise ValueError(f"must be 'none' or 'topk:FRACTION' with 0 < FRACTION < 1 (got {v!r})")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A plan validated against one model and one cluster, with every default resolved."""
+
+    tp: int
+    pp: int
+    dp: int
+    mbs: int
+    vpp: int
+    schedule: str
+    sp: bool
+    recompute: str
+    zero: int
+    overlap_grad_reduce: bool
+    compress: str
+    allreduce: str
+    precision: str
+    placement: str
+    layers: tuple[int, ...]  # per pipeline stage (pp entries); with vpp > 1 split evenly per chunk
+    mb_shares: tuple[int, ...]  # microbatches per DP replica (dp entries)
+    explicit_layers: bool = False
+    explicit_shares: bool = False
+
+    @property
+    def topk_fraction(self) -> float | None:
+        return parse_compress(self.compress)
+
+    @property
+    def num_devices(self) -> int:
+        return self.tp * self.pp * self.dp
+
+    def rank(self, dp_index: int, stage: int, tp_index: int) -> int:
+        if self.placement == "tp-pp-dp":
+            return tp_index + self.tp * (stage + self.pp * dp_index)
+        return tp_index + self.tp * (dp_index + self.dp * stage)
+
+    def tp_group(self, dp_index: int, stage: int) -> list[int]:
+        return [self.rank(dp_index, stage, t) for t in range(self.tp)]
+
+    def dp_group(self, stage: int, tp_index: int) -> list[int]:
+        return [self.rank(d, stage, tp_index) for d in range(self.dp)]
+
+    def chunk_layers(self, stage: int) -> list[int]:
+        """Layers of each of the vpp chunks on pipeline rank `stage`."""
+        n = self.layers[stage]
+        base, extra = divmod(n, self.vpp)
+        return [base + (1 if c < extra else 0) for c in range(self.vpp)]
+
+    def to_string(self) -> str:
+        """The plan in --plan syntax; `plansim simulate --plan` reproduces it."""
+        parts = [
+            f"tp={self.tp}", f"pp={self.pp}", f"dp={self.dp}", f"mbs={self.mbs}",
+        ]
+        if self.vpp != 1:
+            parts.append(f"vpp={self.vpp}")
+        parts.append(f"schedule={self.schedule}")
+        if self.sp:
+            parts.append("sp=true")
+        if self.recompute != "none":
+            parts.append(f"recompute={self.recompute}")
+        if self.zero:
+            parts.append(f"zero={self.zero}")
+        if not self.overlap_grad_reduce:
+            parts.append("overlap_grad_reduce=false")
+        if self.compress != "none":
+            parts.append(f"compress={self.compress}")
+        if self.allreduce != "ring":
+            parts.append(f"allreduce={self.allreduce}")
+        if self.precision != "bf16":
+            parts.append(f"precision={self.precision}")
+        if self.placement != "tp-pp-dp":
+            parts.append(f"placement={self.placement}")
+        if self.explicit_layers:
+            parts.append("layers=" + ":".join(map(str, self.layers)))
+        if self.explicit_shares:
+            parts.append("mb_shares=" + ":".join(map(str, self.mb_shares)))
+        return ",".join(parts)
+
+
+def parse_plan_string(text: str) -> dict:
+    """'tp=8,pp=2,layers=10:14' -> {'tp': '8', 'pp': '2', 'layers': ['10', '14']}."""
+    out: dict = {}
+    for item in filter(None, (p.strip() for p in text.split(","))):
+        if "=" not in item:
+            raise InputError("--plan", item, "expected key=value (comma-separated)")
+        key, value = (s.strip() for s in item.split("=", 1))
+        if key in out:
+            raise InputError("--plan", key, "given twice")
+        out[key] = value.split(":") if key in ("layers", "mb_shares") else value
+    return out
+
+
+def load_plan_mapping(plan: str | Path | dict) -> tuple[dict, str]:
+    """A plan string, a YAML path or a mapping -> (raw mapping, source name for errors)."""
+    if isinstance(plan, dict):
+        return plan, "--plan"
+    text = str(plan)
+    path = Path(text)
+    if text.endswith((".yaml", ".yml")) or (path.is_file() and "=" not in text):
+        if not path.is_file():
+            raise InputError(text, "--plan", "no such plan file")
+        try:
+            data = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as err:
+            raise InputError(text, None, f"malformed YAML: {getattr(err, 'problem', err)}") from None
+        if not isinstance(data, dict):
+            raise InputError(text, None, "expected a mapping of plan keys")
+        return data, text
+    return parse_plan_string(text), "--plan"
+
+
+def resolve_plan(plan: str | Path | dict, model: ModelSpec, num_devices: int,
+                 gpus_per_node: int | None = None) -> Plan:
+    """Validate a plan against the model and the device count; fill in every default."""
+    raw, src = load_plan_mapping(plan)
+    try:
+        pf = PlanFile(**raw)
+    except ValidationError as err:
+        fld, msg = first_error(err, PlanFile)
+        raise InputError(src, fld, msg) from None
+
+    tp, pp, vpp = pf.tp, pf.pp, pf.vpp
+    if num_devices % (tp * pp):
+        raise InputError(src, "tp*pp", f"tp*pp = {tp * pp} does not divide the {num_devices} devices")
+    dp = pf.dp if pf.dp is not None else num_devices // (tp * pp)
+    if tp * pp * dp != num_devices:
+        raise InputError(src, "dp", f"tp*pp*dp = {tp}*{pp}*{dp} = {tp * pp * dp}, "
+                         f"but the cluster has {num_devices} devices")
+    if model.num_attention_heads % tp:
+        raise InputError(src, "tp", f"tp={tp} must divide num_attention_heads={model.num_attention_heads}")
+    if model.kv_groups % tp and tp % model.kv_groups:
+        raise InputError(src, "tp", f"tp={tp} and num_query_groups={model.kv_groups}: one must divide the other")
+    if model.ffn % tp:
+        raise InputError(src, "tp", f"tp={tp} must divide ffn_hidden_size={model.ffn}")
+
+    schedule = pf.schedule or ("interleaved" if vpp > 1 else "1f1b")
+    if schedule == "interleaved" and vpp < 2:
+        raise InputError(src, "vpp", "schedule=interleaved needs vpp >= 2 model chunks per rank")
+    if schedule != "interleaved" and vpp > 1:
+        raise InputError(src, "schedule", f"vpp={vpp} needs schedule=interleaved (got {schedule})")
+    if vpp > 1 and pp < 2:
+        raise InputError(src, "vpp", "vpp > 1 needs pp >= 2")
+
+    # Layers per stage.
+    if pf.layers is not None:
+        layers = tuple(pf.layers)
+        if len(layers) != pp:
+            raise InputError(src, "layers", f"needs {pp} entries (one per stage), got {len(layers)}")
+        if sum(layers) != model.num_layers:
+            raise InputError(src, "layers", f"entries sum to {sum(layers)}, model has {model.num_layers} layers")
+        if any(n < vpp for n in layers):
+            raise InputError(src, "layers", f"each stage needs at least vpp={vpp} layers")
+    else:
+        if model.num_layers % (pp * vpp):
+            raise InputError(src, "pp", f"pp*vpp = {pp * vpp} does not divide num_layers={model.num_layers}; "
+                             "give layers=N1:N2:... to split unevenly")
+        layers = (model.num_layers // pp,) * pp
+
+    # Microbatches per DP replica.
+    total_mb, rem = divmod(model.global_batch_size, pf.mbs)
+    if rem:
+        raise InputError(src, "mbs", f"mbs={pf.mbs} must divide global_batch_size={model.global_batch_size}")
+    if pf.mb_shares is not None:
+        shares = tuple(pf.mb_shares)
+        if len(shares) != dp:
+            raise InputError(src, "mb_shares", f"needs {dp} entries (one per DP replica), got {len(shares)}")
+        if sum(shares) != total_mb:
+            raise InputError(src, "mb_shares", f"entries sum to {sum(shares)}; global_batch_size/mbs = {total_mb}")
+    else:
+        if total_mb % dp:
+            raise InputError(src, "dp", f"global_batch_size/mbs = {total_mb} microbatches "
+                             f"do not split evenly over dp={dp}; give mb_shares=N1:N2:...")
+        shares = (total_mb // dp,) * dp
+    if schedule == "interleaved" and any(m % pp for m in shares):
+        raise InputError(src, "schedule", f"interleaved needs microbatches per replica "
+                         f"({', '.join(map(str, sorted(set(shares))))}) divisible by pp={pp}")
+    if pf.zero == 3 and pp > 1:
+        # ZeRO-3 re-gathers weights per microbatch; with pipelining that is what no
+        # framework we model does by default, but it is well defined, so we allow it.
+        pass
+
+    return Plan(
+        tp=tp, pp=pp, dp=dp, mbs=pf.mbs, vpp=vpp, schedule=schedule, sp=pf.sp,
+        recompute=pf.recompute, zero=pf.zero, overlap_grad_reduce=pf.overlap_grad_reduce,
+        compress=pf.compress, allreduce=pf.allreduce, precision=pf.precision,
+        placement=pf.placement, layers=layers, mb_shares=shares,
+        explicit_layers=pf.layers is not None, explicit_shares=pf.mb_shares is not None,
+    )
