@@ -1,0 +1,128 @@
+"""The command line: the JSON contract, the trace file, and bad input (one line on
+stderr naming file and field, exit code 2, no traceback, nothing written)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from plansim.cli import main
+
+JSON_KEYS = {"step_time_s", "tokens_per_s", "model_tflops_per_gpu", "hardware_tflops_per_gpu",
+             "mfu", "hfu", "peak_memory_gib", "fits_memory", "bubble_fraction", "exposed_comm_s",
+             "breakdown", "devices"}
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_json_contract(capsys):
+    """`simulate --json` prints one object with every documented field, and the numbers
+    agree with each other (tokens/s = batch*seq/step; MFU = model TFLOP/s / peak)."""
+    code, out, err = run(capsys, "simulate", "dgx-a100", "--nodes", "2", "--model", "gpt3-1.3b",
+                         "--plan", "tp=2,pp=2,mbs=2", "--json")
+    assert code == 0, err
+    d = json.loads(out)
+    assert JSON_KEYS <= set(d)
+    assert set(d["exposed_comm_s"]) == {"tp", "pp", "dp"}
+    assert d["tokens_per_s"] == pytest.approx(512 * 2048 / d["step_time_s"])
+    assert d["mfu"] == pytest.approx(d["model_tflops_per_gpu"] / 312.0)  # A100 bf16 dense peak
+    assert sum(d["breakdown"].values()) == pytest.approx(d["step_time_s"])
+    assert d["devices"][0]["represents"] * len(d["devices"]) == 16
+
+
+def test_out_of_memory_still_simulates(capsys):
+    """A plan that does not fit still simulates, says fits_memory false and the shortfall."""
+    code, out, _ = run(capsys, "simulate", "dgx-a100", "--nodes", "1", "--model", "gpt3-13b",
+                       "--plan", "tp=1,dp=8,mbs=4", "--json")
+    assert code == 0
+    d = json.loads(out)
+    assert d["fits_memory"] is False
+    assert d["memory_shortfall_gib"] == pytest.approx(d["peak_memory_gib"] - 80.0, rel=1e-6)
+
+
+def test_trace_file(tmp_path, capsys):
+    """--trace writes Chrome trace events: µs timestamps, a process per simulated device,
+    threads per stream, and link-utilisation counters; the last event ends at the step."""
+    path = tmp_path / "t.json"
+    code, out, _ = run(capsys, "simulate", "dgx-a100", "--nodes", "2", "--model", "gpt3-1.3b",
+                       "--plan", "tp=2,pp=2,mbs=2", "--json", "--trace", str(path))
+    assert code == 0
+    step_us = json.loads(out)["step_time_s"] * 1e6
+    ev = json.loads(path.read_text())["traceEvents"]
+    spans = [e for e in ev if e["ph"] == "X"]
+    assert spans and all(e["dur"] >= 0 for e in spans)
+    assert max(e["ts"] + e["dur"] for e in spans) == pytest.approx(step_us, rel=1e-6)
+    assert {e["pid"] for e in spans} == {0, 2}  # stage representatives: ranks 0 and 2
+    assert any(e["ph"] == "C" for e in ev)
+    names = {e["args"]["name"] for e in ev if e["ph"] == "M" and e["name"] == "thread_name"}
+    assert {"compute", "pp", "dp"} <= names
+
+
+def _topo(tmp_path, text):
+    p = tmp_path / "bad.yaml"
+    p.write_text(text)
+    return str(p)
+
+
+GOOD_NODE = """
+name: t
+node_types:
+  box:
+    gpu: {gpu}
+    gpus_per_node: 2
+    intra: {{kind: nvswitch, bw_GBps: {bw}, latency_us: 1}}
+groups:
+  - {{name: g, node_type: box, nodes: 1}}
+"""
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["simulate", "no-such-topology"], "no-such-topology"),
+    (["simulate", "--model", "no-such-model"], "--model"),
+    (["simulate", "--nodes", "1", "--plan", "tp=3"], "tp"),
+    (["simulate", "--nodes", "1", "--plan", "tp=2,pp=2,dp=4"], "dp"),
+    (["simulate", "--nodes", "1", "--plan", "schedule=zigzag"], "schedule"),
+    (["simulate", "--nodes", "1", "--plan", "pp=5"], "pp"),
+    (["simulate", "--nodes", "1", "--plan", "colour=blue"], "colour"),
+    (["simulate", "--nodes", "1", "--plan", "compress=topk:7"], "compress"),
+    (["simulate", "--nodes", "1", "--plan", "pp=2,layers=20:20"], "layers"),
+    (["simulate", "--nodes", "0"], "--nodes"),
+    (["simulate", "--nodes", "1", "--plan", "no-such-plan.yaml"], "no-such-plan.yaml"),
+    (["simulate", "--nodes", "1", "--profile", "no-such-profile.yaml"], "--profile"),
+])
+def test_bad_input_one_line(capsys, tmp_path, argv, needle):
+    """Each bad input: exit 2, exactly one line on stderr naming the culprit, no traceback,
+    and no trace file left behind."""
+    trace = tmp_path / "trace.json"
+    code, out, err = run(capsys, *argv, "--trace", str(trace))
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0] and "Traceback" not in err
+    assert not trace.exists()
+
+
+@pytest.mark.parametrize("gpu,bw,needle", [("Z80", 300, "gpu"), ("A100-SXM4-80GB", 0, "bw_GBps"),
+                                           ("A100-SXM4-80GB", -5, "bw_GBps")])
+def test_bad_topology_file(capsys, tmp_path, gpu, bw, needle):
+    """An unknown GPU type or a non-positive bandwidth in a topology file: one line naming
+    the file and the field, exit 2."""
+    path = _topo(tmp_path, GOOD_NODE.format(gpu=gpu, bw=bw))
+    code, _, err = run(capsys, "simulate", path)
+    assert code == 2
+    assert path in err and needle in err and len(err.strip().splitlines()) == 1
+
+
+def test_python_dash_m_sim():
+    """`python -m sim` is the same command line, and a bad input gives no traceback there."""
+    ok = subprocess.run([sys.executable, "-m", "sim", "models"], capture_output=True, text=True)
+    assert ok.returncode == 0 and "gpt3-175b" in ok.stdout
+    bad = subprocess.run([sys.executable, "-m", "sim", "simulate", "--plan", "tp=3"],
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr and "tp" in bad.stderr
