@@ -11,7 +11,7 @@ from costmodel.errors import InputError
 DEFAULT_TOPOLOGY = "dgx-a100"
 # Subcommands that live in modules of their own; each module has register(subparsers),
 # which adds its parser and sets `func`. Helpers here (_add_common, _load_inputs) are shared.
-COMMAND_MODULES: list[str] = []
+COMMAND_MODULES: list[str] = ["plansim.cmd_report", "plansim.cmd_search"]
 
 
 def _add_common(p: argparse.ArgumentParser, topology_default: str | None = DEFAULT_TOPOLOGY) -> None:
@@ -43,15 +43,20 @@ def cmd_simulate(args) -> int:
 
     cluster, model, profile = _load_inputs(args)
     plan = resolve_plan(args.plan or "", model, cluster.num_devices)
-    res = simulate(model, plan, cluster, profile, record=bool(args.trace))
+    res = simulate(model, plan, cluster, profile, record=bool(args.trace or args.report))
     if args.trace:
         write_trace(res, args.trace)
+    if args.report:
+        from reports.report import write_simulation_report
+        write_simulation_report(args.report, res)
     if args.json:
         print(json.dumps(res.to_dict(), indent=2))
     else:
         print(summary_text(res))
         if args.trace:
             print(f"trace written to {args.trace} (open it in https://ui.perfetto.dev)")
+        if args.report:
+            print(f"report written to {args.report}/index.html")
     return 0
 
 
@@ -84,6 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--plan", default="", help="k=v,... or a plan YAML (default: pure data parallel)")
     sp.add_argument("--json", action="store_true", help="print one JSON object")
     sp.add_argument("--trace", metavar="FILE", help="write a Chrome/Perfetto trace")
+    sp.add_argument("--report", metavar="DIR", help="write index.html, report.md, plans.csv, trace.json")
     sp.set_defaults(func=cmd_simulate)
     sub.add_parser("models", help="list model presets").set_defaults(func=cmd_models)
     sub.add_parser("topologies", help="list bundled topologies").set_defaults(func=cmd_topologies)
