@@ -1,58 +1,188 @@
 """Durations of operations on one GPU: achievable efficiency applied to datasheet peaks.
 
-A GEMM runs at ``gemm_eff_max`` of dense peak scaled by a saturating factor
-d/(d + gemm_dim_half) for each of its three dimensions: skinny GEMMs (a small m, n or
-k, as under heavy tensor-parallel slicing) run well below peak, large ones near
-``gemm_eff_max``. Every kernel is also bounded below by its HBM traffic at
-``hbm_eff`` of datasheet bandwidth (a roofline), and pays ``kernel_overhead_us``.
+GEMMs. A GEMM computing an m x n output is cut into threadblock tiles, and the GPU runs
+them in waves of one tile per SM (NVIDIA, "Matrix Multiplication Background User's
+Guide": tile and wave quantization). Its efficiency is
+
+    gemm_eff_max * k / (k + gemm_k_half) * tile_and_wave_utilisation(m, n, batch)
+
+where the k factor is the k-loop's fixed prologue/epilogue, and the utilisation is the
+useful share of the tiles' work over the waves, for the best of a few common tile shapes
+(``TILES``), as cuBLAS' heuristics pick one. A skinny GEMM (small n or k after
+tensor-parallel slicing) thus runs well below peak, a large one near ``gemm_eff_max``.
+Without ``sm_count`` (generic devices) m and n get a saturating factor d/(d + dim_half).
+
+Every kernel is bounded below by its HBM traffic at ``hbm_eff`` of datasheet bandwidth (a
+roofline: max of compute and memory time) and pays ``kernel_overhead_us`` on the GPU.
+
+Host side. The framework needs ``host_overhead_us`` of CPU time to issue each op. With
+asynchronous launches the CPU runs ahead of the GPU, so a sequence of ops takes
+max(GPU time, CPU time); with CUDA_LAUNCH_BLOCKING=1 each op waits for the previous one,
+so the two add up.
 """
 from __future__ import annotations
 
-from typing import Iterable
+import math
+from typing import Iterable, Sequence
 
 from costmodel.flops import Op
 from costmodel.gpus import GpuSpec
-from costmodel.profile import GpuEfficiency
+from costmodel.profile import GpuEfficiency, RuntimeSettings
+
+# Threadblock tiles (rows, cols, relative throughput per SM). 256x128 and 128x256 are the
+# large Ampere/Hopper cuBLAS/CUTLASS tiles that NVIDIA's GEMM guide uses to explain wave
+# quantization; 128x128 tiles re-read operands more often per FLOP (lower arithmetic
+# intensity per SM), which we count as 10 % slower; 64x64 (for tiny GEMMs) as 40 % slower.
+# These relative figures are modelling assumptions of the order CUTLASS's profiler shows.
+TILES: tuple[tuple[int, int, float], ...] = ((256, 128, 1.0), (128, 256, 1.0), (128, 128, 0.9), (64, 64, 0.6))
 
 
-def gemm_efficiency(m: float, n: float, k: float, eff: GpuEfficiency) -> float:
-    """Fraction of dense peak a GEMM of shape (m x k) @ (k x n) reaches."""
-    f = eff.gemm_eff_max
-    half = eff.gemm_dim_half
-    for d in (m, n, k):
-        if d > 0:
-            f *= d / (d + half)
+def wave_utilisation(m: float, n: float, batch: float, sm_count: float) -> float:
+    """Useful fraction of the tile waves of an m x n output (``batch`` of them), best tile."""
+    best = 0.0
+    for tm, tn, rel in TILES:
+        tiles = batch * math.ceil(m / tm) * math.ceil(n / tn)
+        waves = math.ceil(tiles / sm_count)
+        best = max(best, rel * batch * m * n / (waves * sm_count * tm * tn))
+    return best
+
+
+def gemm_efficiency(m: float, n: float, k: float, eff: GpuEfficiency, batch: float = 1) -> float:
+    """Fraction of dense peak a GEMM of shape (m x k) @ (k x n), ``batch`` times, reaches."""
+    if m <= 0 or n <= 0 or k <= 0:
+        return eff.gemm_eff_max
+    f = eff.gemm_eff_max * k / (k + eff.gemm_k_half)
+    if eff.sm_count > 0:
+        return f * wave_utilisation(m, n, max(batch, 1), eff.sm_count)
+    for d in (m, n):
+        f *= d / (d + eff.gemm_dim_half)
     return f
 
 
 def op_time_s(op: Op, gpu: GpuSpec, eff: GpuEfficiency, precision: str) -> float:
-    """Seconds for one operation: max(compute time, memory time) + launch overhead."""
-    bw = gpu.mem_bw_Bps * eff.hbm_eff
-    mem_t = op.bytes / bw
-    if op.kind == "gemm":
-        comp_t = op.flops / (gpu.peak_flops(precision) * gemm_efficiency(op.m, op.n, op.k, eff))
-    elif op.kind == "attention":
+    """GPU seconds for one operation: max(compute time, memory time) + kernel overhead.
+    'attention' ops are the batched matmuls of core attention (batch = microbatch x heads);
+    'flash_attention' is a fused attention kernel at ``attention_eff`` of peak."""
+    mem_t = op.bytes / (gpu.mem_bw_Bps * eff.hbm_eff)
+    if op.kind in ("gemm", "attention"):
+        comp_t = op.flops / (gpu.peak_flops(precision) * gemm_efficiency(op.m, op.n, op.k, eff, op.batch))
+    elif op.kind == "flash_attention":
         comp_t = op.flops / (gpu.peak_flops(precision) * eff.attention_eff)
     else:
         comp_t = 0.0
     return max(comp_t, mem_t) + eff.kernel_overhead_us * 1e-6
 
 
-def ops_time_s(ops: Iterable[Op], gpu: GpuSpec, eff: GpuEfficiency, precision: str) -> float:
-    return sum(op_time_s(op, gpu, eff, precision) for op in ops)
+# ----------------------------------------------------------------- framework transforms
+_SCORE_OPS = {"softmax", "attn_dropout", "softmax_bwd", "attn_dropout_bwd"}
 
 
-# Adam step, bytes moved per parameter held: read fp32 master weight, fp32 gradient,
-# m and v (16 B); write master, m, v (12 B) and the 16-bit working copy (2 B).
-# (Mixed-precision Adam as in Micikevicius et al. 2018 / ZeRO, Rajbhandari et al. 2020.)
-ADAM_BYTES_PER_PARAM = 30.0
+def _fuse_dropout_add(ops: Sequence[Op]) -> list[Op]:
+    """Megatron's bias-dropout-add kernel: a 'dropout' op followed by its 'residual' add
+    become one kernel that reads the branch output and the residual and writes the sum and
+    the mask (the dropout output is never written): dropout bytes + residual bytes minus
+    one write and one read of the intermediate."""
+    out: list[Op] = []
+    i = 0
+    while i < len(ops):
+        a = ops[i]
+        b = ops[i + 1] if i + 1 < len(ops) else None
+        if b is not None and a.name == "dropout" and b.name == "residual" and b.bytes > 0:
+            elem_bytes = b.bytes / 3  # residual: read two, write one, e bytes per element
+            out.append(Op("bias_dropout_add", "memory", a.flops + b.flops, a.bytes + b.bytes - 2 * elem_bytes))
+            i += 2
+            continue
+        out.append(a)
+        i += 1
+    return out
 
 
-def optimizer_time_s(params: float, gpu: GpuSpec, eff: GpuEfficiency) -> float:
+def _flash(ops: Sequence[Op]) -> list[Op]:
+    """Fused (flash) attention: the s x s scores never reach HBM. The core-attention ops of
+    one pass become one kernel with their matmul FLOPs and only Q, K, V, O traffic; its
+    backward recomputes QK^T (FlashAttention: 5 matmuls backward vs 2 forward)."""
+    out: list[Op] = []
+    group: list[Op] = []
+
+    def flush():
+        if not group:
+            return
+        mm = [o for o in group if o.kind == "attention"]
+        flops = sum(o.flops for o in mm)
+        backward = any(o.name.endswith(("_dq", "_dk", "_dp", "_dv")) for o in mm)
+        if backward:
+            flops *= 5 / 4
+        # Q, K, V and O (and their gradients backward) stream once: each matmul's bytes
+        # less its s x s operand (scores x e bytes: the softmax reads and writes them once
+        # forward, 2 x; its backward reads two and writes one, 3 x).
+        score_e = 0.0
+        for o in group:
+            if o.name == "softmax":
+                score_e = o.bytes / 2
+            elif o.name == "softmax_bwd":
+                score_e = o.bytes / 3
+        io = sum(max(o.bytes - score_e, 0.0) for o in mm)
+        out.append(Op("flash_attention_bwd" if backward else "flash_attention", "flash_attention", flops, io))
+        group.clear()
+
+    for o in ops:
+        if o.kind == "attention" or o.name in _SCORE_OPS:
+            group.append(o)
+        else:
+            flush()
+            out.append(o)
+    flush()
+    return out
+
+
+def transform_ops(ops: Sequence[Op], runtime: RuntimeSettings | None) -> list[Op]:
+    """The ops a framework really launches for the cost model's op list."""
+    if runtime is None:
+        return list(ops)
+    out = list(ops)
+    if runtime.fused_bias_dropout_add:
+        out = _fuse_dropout_add(out)
+    if runtime.flash_attention:
+        out = _flash(out)
+    return out
+
+
+def host_time_s(n_ops: int, runtime: RuntimeSettings | None) -> float:
+    return 0.0 if runtime is None else n_ops * runtime.host_overhead_us * 1e-6
+
+
+def ops_time_s(ops: Iterable[Op], gpu: GpuSpec, eff: GpuEfficiency, precision: str,
+               runtime: RuntimeSettings | None = None) -> float:
+    """Seconds for a sequence of ops: GPU time, combined with the CPU time to issue them
+    (max of the two with asynchronous launches, their sum with launch blocking)."""
+    ops = transform_ops(list(ops), runtime)
+    gpu_t = sum(op_time_s(op, gpu, eff, precision) for op in ops)
+    host_t = host_time_s(len(ops), runtime)
+    if runtime is not None and runtime.launch_blocking:
+        return gpu_t + host_t
+    return max(gpu_t, host_t)
+
+
+# Optimizer step, HBM bytes moved per parameter held (mixed-precision Adam as in
+# Micikevicius et al. 2018 and Megatron-LM's Float16OptimizerWithFloat16Params):
+#   fp16: copy 16-bit grads to fp32 main grads (read 2, write 4), unscale with the
+#         inf/NaN check of loss scaling (read 4, write 4), gradient norm (read 4),
+#         Adam (read master, grad, m, v: 16; write master, m, v: 12), copy master to the
+#         16-bit weights (read 4, write 2), zero the grad buffer (write 2): 54 B.
+#   bf16: gradients accumulate in fp32 main grads (no copy, no loss scale): norm 4,
+#         Adam 28, copy to bf16 weights 6, zero the fp32 grad buffer 4: 42 B.
+#   fp32: norm 4, Adam 28, zero grads 4: 36 B.
+OPTIMIZER_BYTES_PER_PARAM = {"fp16": 54.0, "bf16": 42.0, "fp8": 42.0, "fp32": 36.0}
+# Fused multi-tensor kernels per step: grad copy, unscale, norm, Adam, weight copy, zero.
+OPTIMIZER_KERNELS = 6
+
+
+def optimizer_time_s(params: float, gpu: GpuSpec, eff: GpuEfficiency, precision: str = "bf16") -> float:
     """The optimizer step is memory bound: a few fused kernels streaming the state."""
     if params <= 0:
         return 0.0
-    return params * ADAM_BYTES_PER_PARAM / (gpu.mem_bw_Bps * eff.hbm_eff) + 4 * eff.kernel_overhead_us * 1e-6
+    per_param = OPTIMIZER_BYTES_PER_PARAM.get(precision, OPTIMIZER_BYTES_PER_PARAM["bf16"])
+    return params * per_param / (gpu.mem_bw_Bps * eff.hbm_eff) + OPTIMIZER_KERNELS * eff.kernel_overhead_us * 1e-6
 
 
 # Top-k with error feedback, bytes moved per fp32 gradient element on the sender:

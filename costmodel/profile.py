@@ -1,17 +1,25 @@
 """Hardware profiles: the achievable-efficiency parameters of the cost model.
 
-A profile is a YAML file a person can read and edit. ``gpus`` holds compute
-parameters per GPU type (``default`` applies to types not listed), ``fabrics`` holds
-communication parameters per link class (``nvswitch``, ``nvlink``, ``pcie``,
-``loopback``, ``network``). Every entry carries a ``source`` string saying where its
-numbers came from (datasheet, published figure, or a fit with date and device).
-``--profile FILE`` merges a user's file over the bundled default, key by key.
+A profile is a YAML file a person can read and edit. ``gpus`` holds compute parameters per
+GPU type (``default`` applies to types not listed), ``fabrics`` holds communication
+parameters per link class (``nvswitch``, ``nvlink``, ``pcie``, ``loopback``, ``network``),
+``runtime`` says how the training framework drives the hardware (launch mode, pipeline
+transfers, fused kernels, gradient reduction). Every entry carries a ``source`` string
+saying where its numbers came from (datasheet, published figure, or a fit with date and
+device).
+
+Bundled profiles live in ``costmodel/profiles/``: ``default.yaml`` (always the base), one
+file per GPU type and cluster fabric (``a100-ib-hdr``, ``a100-opa``) and runtime overlays
+(``runtime-megatron-deepspeed-2022``). ``load_profile`` merges, key by key and in order:
+the default, the bundled names asked for, then the user's ``--profile`` file (a path or a
+bundled name).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from importlib import resources
 from pathlib import Path
+from typing import Iterable
 
 import yaml
 
@@ -23,10 +31,12 @@ class GpuEfficiency:
     """How close one GPU type gets to its datasheet peaks."""
 
     gemm_eff_max: float = 0.75  # fraction of dense peak a large, well-shaped GEMM reaches
-    gemm_dim_half: float = 64.0  # a GEMM dimension of this size halves efficiency (saturating factor d/(d+half))
-    attention_eff: float = 0.5  # fraction of peak for the core-attention batched matmuls
+    gemm_k_half: float = 64.0  # inner dimension at which a GEMM's k-loop efficiency halves: k/(k + k_half)
+    sm_count: float = 0.0  # streaming multiprocessors; > 0 enables tile/wave quantisation of m and n
+    gemm_dim_half: float = 64.0  # without sm_count: an m or n of this size halves efficiency, d/(d + half)
+    attention_eff: float = 0.5  # fraction of peak of a fused (flash) attention kernel
     hbm_eff: float = 0.8  # fraction of datasheet HBM bandwidth that memory-bound kernels reach
-    kernel_overhead_us: float = 4.0  # fixed cost per kernel launch, microseconds
+    kernel_overhead_us: float = 4.0  # GPU-side cost of every kernel (launch latency, ramp, tail), us
     source: str = "built-in default"
 
 
@@ -36,11 +46,33 @@ class FabricEfficiency:
 
     bw_eff: float = 0.8  # achievable bus bandwidth / line rate
     call_latency_us: float = 10.0  # software cost of one collective call, microseconds
+    compute_slowdown: float = 0.0  # share of compute speed lost while a collective overlaps it
     source: str = "built-in default"
 
 
+@dataclass(frozen=True)
+class RuntimeSettings:
+    """How the training framework drives the GPUs (facts about a framework, not fits)."""
+
+    host_overhead_us: float = 10.0  # CPU time to issue one op (Python, dispatcher, launch), us
+    launch_blocking: bool = False  # CUDA_LAUNCH_BLOCKING=1: each op waits for the previous one
+    p2p_scatter_gather: bool = True  # pipeline sends b*s*h/t per TP rank (Megatron-LM), else b*s*h
+    p2p_blocking: bool = False  # the sender waits for its pipeline send before computing on
+    tp_bwd_overlap: bool = True  # backward TP collective overlaps the weight-gradient GEMM
+    fused_bias_dropout_add: bool = True  # bias + dropout + residual add in one kernel
+    grad_accumulation_fusion: bool = True  # weight-gradient GEMMs accumulate into the grad buffer
+    flash_attention: bool = False  # fused attention: no s x s scores in HBM
+    grad_reduce_dtype: str = "auto"  # auto (fp32 for bf16, else the precision) | fp32 | bf16 | fp16
+    zero1_grad_all_reduce: bool = False  # ZeRO-1 all-reduces gradients (not reduce-scatter)
+    source: str = "built-in default"
+
+
+_BOOL_FIELDS = {f.name for f in fields(RuntimeSettings) if f.type in ("bool", bool)}
+_STR_CHOICES = {"grad_reduce_dtype": ("auto", "fp32", "bf16", "fp16")}
+
 # Edge kinds of sim/topology's graph that belong to the inter-node network.
 NETWORK_KINDS = ("network", "nic", "leaf_spine", "explicit")
+PROFILE_KEYS = ("name", "source", "gpus", "fabrics", "runtime")
 
 
 @dataclass(frozen=True)
@@ -49,6 +81,7 @@ class Profile:
     fabrics: dict[str, FabricEfficiency]
     name: str = "default"
     source: str = ""
+    runtime: RuntimeSettings = field(default_factory=RuntimeSettings)
 
     def gpu(self, name: str) -> GpuEfficiency:
         return self.gpus.get(name) or self.gpus.get("default") or GpuEfficiency()
@@ -62,70 +95,115 @@ class Profile:
         return got or self.fabrics.get("default") or FabricEfficiency()
 
 
-def _record(cls, data, source: str, where: str):
+def _check_record(cls, data, source: str, where: str) -> None:
     if not isinstance(data, dict):
         raise InputError(source, where, "expected a mapping")
     allowed = {f.name for f in fields(cls)}
     for key, value in data.items():
+        path = f"{where}.{key}"
         if key not in allowed:
-            raise InputError(source, f"{where}.{key}", f"unknown field; allowed: {', '.join(sorted(allowed))}")
-        if key != "source":
+            raise InputError(source, path, f"unknown field; allowed: {', '.join(sorted(allowed))}")
+        if key == "source":
+            if not isinstance(value, str):
+                raise InputError(source, path, f"must be a string (got {value!r})")
+        elif cls is RuntimeSettings and key in _BOOL_FIELDS:
+            if not isinstance(value, bool):
+                raise InputError(source, path, f"must be true or false (got {value!r})")
+        elif key in _STR_CHOICES:
+            if value not in _STR_CHOICES[key]:
+                raise InputError(source, path, f"got {value!r}; allowed: {', '.join(_STR_CHOICES[key])}")
+        else:
             if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
-                raise InputError(source, f"{where}.{key}", f"must be a non-negative number (got {value!r})")
+                raise InputError(source, path, f"must be a non-negative number (got {value!r})")
             if key.endswith("_eff") or key.endswith("_eff_max"):
                 if not 0 < value <= 1:
-                    raise InputError(source, f"{where}.{key}", f"must be in (0, 1] (got {value!r})")
-    return data
+                    raise InputError(source, path, f"must be in (0, 1] (got {value!r})")
 
 
 def _merge(base: Profile, data: dict, source: str) -> Profile:
+    """``data`` (one profile file) over ``base``: entries replace the fields they name."""
     if not isinstance(data, dict):
-        raise InputError(source, None, "expected a mapping with 'gpus' and/or 'fabrics'")
-    unknown = set(data) - {"gpus", "fabrics", "name", "source"}
+        raise InputError(source, None, "expected a mapping with 'gpus', 'fabrics' and/or 'runtime'")
+    unknown = sorted(set(data) - set(PROFILE_KEYS))
     if unknown:
-        raise InputError(source, sorted(unknown)[0], "unknown field; allowed: name, source, gpus, fabrics")
+        raise InputError(source, unknown[0], f"unknown field; allowed: {', '.join(PROFILE_KEYS)}")
     gpus = dict(base.gpus)
     for key, entry in (data.get("gpus") or {}).items():
-        _record(GpuEfficiency, entry, source, f"gpus.{key}")
+        _check_record(GpuEfficiency, entry, source, f"gpus.{key}")
         gpus[key] = replace(gpus.get(key, gpus.get("default", GpuEfficiency())), **entry)
     fabrics = dict(base.fabrics)
     for key, entry in (data.get("fabrics") or {}).items():
-        _record(FabricEfficiency, entry, source, f"fabrics.{key}")
+        _check_record(FabricEfficiency, entry, source, f"fabrics.{key}")
         fabrics[key] = replace(fabrics.get(key, fabrics.get("default", FabricEfficiency())), **entry)
+    runtime = base.runtime
+    if data.get("runtime") is not None:
+        _check_record(RuntimeSettings, data["runtime"], source, "runtime")
+        entry = dict(data["runtime"])
+        if ("source" in entry and runtime.source and runtime.source != RuntimeSettings.source
+                and not str(entry["source"]).startswith(runtime.source)):
+            # Overlays refine a runtime; keep where every earlier setting came from too.
+            entry["source"] = f"{runtime.source} | {entry['source']}"
+        runtime = replace(runtime, **entry)
     return Profile(gpus=gpus, fabrics=fabrics, name=data.get("name", base.name),
-                   source=", ".join(filter(None, [base.source, source])))
+                   source=", ".join(filter(None, [base.source, source])), runtime=runtime)
 
 
-def _read_yaml(path: Path, source: str) -> dict:
+def _read_yaml(text: str, source: str) -> dict:
     try:
-        return yaml.safe_load(path.read_text()) or {}
+        return yaml.safe_load(text) or {}
     except yaml.YAMLError as err:
         raise InputError(source, None, f"malformed YAML: {getattr(err, 'problem', err)}") from None
 
 
+def bundled_profiles() -> list[str]:
+    """Names of the bundled profiles (stems of costmodel/profiles/*.yaml)."""
+    folder = resources.files("costmodel").joinpath("profiles")
+    return sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".yaml"))
+
+
+def _bundled(name: str) -> tuple[dict, str]:
+    res = resources.files("costmodel").joinpath(f"profiles/{name}.yaml")
+    if not res.is_file():
+        raise InputError(name, "--profile", f"no bundled profile or file named {name!r}; "
+                         f"bundled: {', '.join(bundled_profiles())}")
+    src = f"costmodel/profiles/{name}.yaml"
+    return _read_yaml(res.read_text(), src), src
+
+
+_EMPTY = Profile(gpus={"default": GpuEfficiency()}, fabrics={"default": FabricEfficiency()})
+
+
 def default_profile() -> Profile:
-    """The bundled profile (costmodel/profiles/default.yaml)."""
-    text = resources.files("costmodel").joinpath("profiles/default.yaml")
-    data = yaml.safe_load(text.read_text())
-    return _merge(Profile(gpus={"default": GpuEfficiency()}, fabrics={"default": FabricEfficiency()}),
-                  data, "costmodel/profiles/default.yaml")
+    """The bundled base profile (costmodel/profiles/default.yaml)."""
+    data, src = _bundled("default")
+    return _merge(_EMPTY, data, src)
 
 
-def load_profile(path: str | None) -> Profile:
-    """The default profile, with the user's file (if any) merged over it."""
-    base = default_profile()
+def load_profile(path: str | None, bundled: Iterable[str] = ()) -> Profile:
+    """The default profile, then each bundled profile in ``bundled``, then the user's
+    ``path`` (a YAML file, or the name of a bundled profile), each merged key by key."""
+    prof = default_profile()
+    for name in bundled:
+        data, src = _bundled(name)
+        prof = _merge(prof, data, src)
     if not path:
-        return base
+        return prof
     p = Path(path)
-    if not p.is_file():
-        raise InputError(path, "--profile", "no such profile file")
-    return _merge(base, _read_yaml(p, path), path)
+    if p.is_file():
+        return _merge(prof, _read_yaml(p.read_text(), path), path)
+    if "/" not in path and not path.endswith((".yaml", ".yml")) and path in bundled_profiles():
+        data, src = _bundled(path)
+        return _merge(prof, data, src)
+    raise InputError(path, "--profile", f"no such profile file; bundled profiles: {', '.join(bundled_profiles())}")
 
 
 def profile_to_dict(profile: Profile) -> dict:
-    """The YAML form of a profile (what calibration writes)."""
+    """The YAML form of a profile (what calibration writes; load_profile reads it back)."""
+    def rec(v):
+        return {f.name: getattr(v, f.name) for f in fields(v)}
     return {
         "name": profile.name,
-        "gpus": {k: {f.name: getattr(v, f.name) for f in fields(v)} for k, v in profile.gpus.items()},
-        "fabrics": {k: {f.name: getattr(v, f.name) for f in fields(v)} for k, v in profile.fabrics.items()},
+        "gpus": {k: rec(v) for k, v in profile.gpus.items()},
+        "fabrics": {k: rec(v) for k, v in profile.fabrics.items()},
+        "runtime": rec(profile.runtime),
     }

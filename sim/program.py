@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 from costmodel import collectives as cc
 from costmodel import flops as fl
 from costmodel import memory as mem
-from costmodel.efficiency import ops_time_s, optimizer_time_s
+from costmodel.efficiency import op_time_s, ops_time_s, optimizer_time_s
 from costmodel.flops import matmul_flops
 from costmodel.errors import InputError
-from costmodel.profile import Profile
+from costmodel.profile import Profile, RuntimeSettings
 from costmodel.shapes import ModelSpec
 from sim.plan import Plan
 from sim.schedules import Action, make_schedule
@@ -26,8 +26,19 @@ from sim.topology import Cluster
 BYTES = {"bf16": 2, "fp16": 2, "fp8": 1, "fp32": 4}
 # Gradients are accumulated and reduced in fp32 for bf16 training (Megatron-LM's
 # default accumulate_allreduce_grads_in_fp32 for bf16; DeepSpeed's bf16 optimizer
-# likewise); fp16 training reduces fp16 gradients.
+# likewise); fp16 training reduces fp16 gradients. A profile's runtime.grad_reduce_dtype
+# overrides this (grad_reduce_bytes).
 GRAD_REDUCE_BYTES = {"bf16": 4, "fp16": 2, "fp8": 4, "fp32": 4}
+_DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+
+
+def grad_reduce_bytes(precision: str, runtime: RuntimeSettings) -> int:
+    """Bytes per gradient element in the data-parallel reduction."""
+    if runtime.grad_reduce_dtype == "auto":
+        return GRAD_REDUCE_BYTES[precision]
+    return _DTYPE_BYTES[runtime.grad_reduce_dtype]
+
+
 # Gradient bucket size for overlapped reduction, bytes. PyTorch DDP's default
 # bucket_cap_mb is 25 MB; we use that and never split finer than one layer.
 BUCKET_BYTES = 25e6
@@ -77,6 +88,11 @@ class Program:
     pipelines: list[PipelineProgram]
     dp_algorithm: tuple[str, ...] = ()  # per stage (auto resolved)
     notes: list[str] = field(default_factory=list)
+    # Framework behaviour the engine needs (from profile.runtime): the sender of a pipeline
+    # transfer waits for it to finish; ZeRO-1/2 all-reduce the gradients instead of
+    # reduce-scattering them (DeepSpeed's bf16 optimizer).
+    p2p_blocking: bool = False
+    zero_grad_all_reduce: bool = False
 
     @property
     def p(self) -> int:
@@ -87,17 +103,74 @@ class Program:
         return self.plan.vpp
 
 
-def _tp_comm_s(cluster: Cluster, profile: Profile, ranks: list[int], nbytes: float, calls: int) -> float:
-    """Time of `calls` ring all-reduces of `nbytes` over the TP group (analytic: TP
-    collectives are short, frequent and on the critical path, so they are costed with
-    the alpha-beta formula on the group's bottleneck link instead of as flows)."""
+def _tp_call_s(cluster: Cluster, profile: Profile, ranks: list[int], nbytes: float) -> float:
+    """One ring all-reduce of `nbytes` over the TP group (analytic: TP collectives are
+    short, frequent and on the critical path, so they are costed with the alpha-beta
+    formula on the group's bottleneck link instead of as flows), plus the call's cost."""
     n = len(ranks)
-    if n == 1 or calls == 0:
+    if n == 1:
         return 0.0
     bw, lat, kind = group_link(cluster, ranks)
     fab = profile.fabric(kind)
-    one = cc.ring_allreduce_s(nbytes, n, bw * fab.bw_eff, lat) + fab.call_latency_us * 1e-6
-    return calls * one
+    return cc.ring_allreduce_s(nbytes, n, bw * fab.bw_eff, lat) + fab.call_latency_us * 1e-6
+
+
+def _tp_comm_s(cluster: Cluster, profile: Profile, ranks: list[int], nbytes: float, calls: int) -> float:
+    """Time of `calls` all-reduces of `nbytes` over the TP group."""
+    return calls * _tp_call_s(cluster, profile, ranks, nbytes) if calls else 0.0
+
+
+def _overlapped_s(comm_s: float, compute_s: float, slowdown: float) -> float:
+    """Exposed cost of a collective run beside a GEMM: what outlasts the GEMM, plus the
+    GEMM's slowdown while both run (the collective's kernels take SMs and HBM bandwidth)."""
+    return max(0.0, comm_s - compute_s) + slowdown * min(comm_s, compute_s)
+
+
+def tp_layer_comm_s(cluster: Cluster, profile: Profile, ranks: list[int], act_bytes: float, sp: bool,
+                    recompute: str, b_ops: list, gpu, eff, prec: str) -> tuple[float, float]:
+    """Exposed tensor-parallel communication of one layer and one microbatch, (forward,
+    backward with recompute), on the critical path of the compute stream.
+
+    Megatron's f/g operators: without SP, two all-reduces of the b*s*h activation forward
+    (after attention-out and MLP-down) and two backward (the input gradients of QKV and
+    MLP-up); with SP each forward all-reduce becomes an all-gather before the column-parallel
+    GEMM and a reduce-scatter after the row-parallel one (same volume, Korthikanti et al.
+    2022 Sec. 4.2), and backward has an all-gather of the output gradient, a reduce-scatter
+    of the input gradient and a second all-gather of the saved s/t input for the weight
+    gradient. Full recompute repeats the forward's collectives.
+
+    With runtime.tp_bwd_overlap (Megatron-LM's asynchronous TP all-reduce) the backward
+    input-gradient reduction runs beside the weight-gradient GEMM, and SP's re-gather of
+    the input beside the input-gradient GEMM; only what outlasts them is exposed, plus the
+    fabric's ``compute_slowdown`` of the GEMM while both run."""
+    n = len(ranks)
+    if n == 1:
+        return 0.0, 0.0
+    bw, lat, kind = group_link(cluster, ranks)
+    fab = profile.fabric(kind)
+    bw_eff, call = bw * fab.bw_eff, fab.call_latency_us * 1e-6
+    ar = cc.ring_allreduce_s(act_bytes, n, bw_eff, lat) + call
+    ag = cc.allgather_s(act_bytes, n, bw_eff, lat) + call
+    rs = cc.reduce_scatter_s(act_bytes, n, bw_eff, lat) + call
+    full = recompute == "full"
+    overlap = profile.runtime.tp_bwd_overlap
+    gemm = {o.name: op_time_s(o, gpu, eff, prec) for o in b_ops
+            if o.name in ("qkv_wgrad", "mlp_up_wgrad", "qkv_dgrad", "mlp_up_dgrad")}
+    slow = fab.compute_slowdown
+    if not sp:
+        fwd = 2 * ar
+        if overlap:
+            bwd = sum(_overlapped_s(ar, gemm.get(f"{g}_wgrad", 0.0), slow) for g in ("qkv", "mlp_up"))
+        else:
+            bwd = 2 * ar
+    else:
+        fwd = 2 * (ag + rs)
+        if overlap:
+            bwd = 2 * ag + sum(_overlapped_s(rs, gemm.get(f"{g}_wgrad", 0.0), slow)
+                               + _overlapped_s(ag, gemm.get(f"{g}_dgrad", 0.0), slow) for g in ("qkv", "mlp_up"))
+        else:
+            bwd = 2 * (ag + rs + ag)
+    return fwd, bwd + (fwd if full else 0.0)
 
 
 def group_link(cluster: Cluster, ranks: list[int]) -> tuple[float, float, str]:
@@ -126,51 +199,72 @@ def chunk_work(model: ModelSpec, plan: Plan, cluster: Cluster, profile: Profile,
     """Durations, FLOPs, bytes and memory of one chunk on device `rank` (per microbatch)."""
     gpu = cluster.devices[rank].gpu
     eff = profile.gpu(gpu.name)
+    rt = profile.runtime
     prec = plan.precision
     b, tp, sp = plan.mbs, plan.tp, plan.sp
     width = BYTES[prec] if prec != "fp8" else 2  # activations stay 16-bit under fp8 GEMMs
 
+    def secs(ops):
+        return ops_time_s(ops, gpu, eff, prec, rt)
+
     f_ops = fl.layer_forward_ops(model, b, tp, sp, width)
     b_ops = fl.layer_backward_ops(model, b, tp, sp, width)
     r_ops = fl.recompute_ops(model, b, tp, sp, plan.recompute, width)
-    fwd_s = layers * ops_time_s(f_ops, gpu, eff, prec)
-    bwd_s = layers * (ops_time_s(b_ops, gpu, eff, prec) + ops_time_s(r_ops, gpu, eff, prec))
+    fwd_s = layers * secs(f_ops)
+    bwd_s = layers * (secs(b_ops + grad_accumulation_ops(model, 1, tp, False, False, prec, rt)) + secs(r_ops))
     fwd_fl = layers * matmul_flops(f_ops)
     bwd_fl = layers * (matmul_flops(b_ops) + matmul_flops(r_ops))
+    extra_acc = grad_accumulation_ops(model, 0, tp, first, last, prec, rt)
     if first:
-        fwd_s += ops_time_s(fl.embedding_ops(model, b, tp, width, sp=sp), gpu, eff, prec)
-        bwd_s += ops_time_s(fl.embedding_backward_ops(model, b, tp, width, sp=sp), gpu, eff, prec)
+        fwd_s += secs(fl.embedding_ops(model, b, tp, width, sp=sp))
+        bwd_s += secs(fl.embedding_backward_ops(model, b, tp, width, sp=sp) + ([] if last else extra_acc))
     if last:
         hf = fl.head_forward_ops(model, b, tp, width, sp=sp)
-        hb = fl.head_backward_ops(model, b, tp, width, sp=sp)
-        fwd_s += ops_time_s(hf, gpu, eff, prec)
-        bwd_s += ops_time_s(hb, gpu, eff, prec)
+        hb = fl.head_backward_ops(model, b, tp, width, sp=sp) + extra_acc
+        fwd_s += secs(hf)
+        bwd_s += secs(hb)
         fwd_fl += matmul_flops(hf)
         bwd_fl += matmul_flops(hb)
 
-    # TP: two all-reduces of b*s*h activations per layer forward and two backward
-    # (Megatron's f/g operators; with SP each becomes an all-gather plus a
-    # reduce-scatter of the same total volume); full recompute repeats the forward two.
     ranks = plan.tp_group(*_coords(plan, rank))
     act = b * model.seq_length * model.hidden_size * width
-    fwd_tp = layers * _tp_comm_s(cluster, profile, ranks, act, 2)
-    bwd_calls = 2 + (2 if plan.recompute == "full" else 0)
-    bwd_tp = layers * _tp_comm_s(cluster, profile, ranks, act, bwd_calls)
+    tp_fwd1, tp_bwd1 = tp_layer_comm_s(cluster, profile, ranks, act, sp, plan.recompute, b_ops, gpu, eff, prec)
+    fwd_tp, bwd_tp = layers * tp_fwd1, layers * tp_bwd1
     if last and tp > 1:
         # Cross-entropy over vocab-parallel logits: all-reduces of b*s floats (max, sum).
         small = b * model.seq_length * 4
         fwd_tp += _tp_comm_s(cluster, profile, ranks, small, 2)
 
     params = mem.stage_params(model, layers, tp, first, last)
-    grad_bytes = params * GRAD_REDUCE_BYTES[prec] if plan.dp > 1 else 0.0
+    grad_bytes = params * grad_reduce_bytes(prec, rt) if plan.dp > 1 else 0.0
     act_bytes = layers * mem.activation_bytes_per_layer(model, b, tp, sp, plan.recompute)
-    # Pipeline p2p with the scatter/gather optimisation: each TP rank sends b*s*h/t.
-    p2p = act / tp
+    # Pipeline p2p: with scatter/gather (Megatron-LM's default; DeepSpeed's pipeline engine
+    # partitions its boundary tensors the same way) each TP rank sends its b*s*h/t slice and
+    # the receivers all-gather it over the node's fabric; without it every TP rank sends b*s*h.
+    p2p = act / tp if rt.p2p_scatter_gather else act
     return ChunkWork(
         layers=layers, first=first, last=last, fwd_s=fwd_s, bwd_s=bwd_s,
         fwd_tp_s=fwd_tp, bwd_tp_s=bwd_tp, fwd_flops=fwd_fl, bwd_flops=bwd_fl,
         p2p_bytes=p2p, params=params, grad_buckets=_buckets(grad_bytes, layers), act_bytes=act_bytes,
     )
+
+
+def grad_accumulation_ops(model: ModelSpec, layers: int, tp: int, first: bool, last: bool,
+                          precision: str, runtime: RuntimeSettings) -> list[fl.Op]:
+    """Accumulating one microbatch's weight gradients into the gradient buffer, when the
+    framework does it as a separate pass (autograd's ``param.grad += g``): read the
+    accumulator and the new gradient, write the accumulator, for every parameter this
+    device holds (``layers`` layers, plus the embedding / output layer on the first / last
+    stage). Megatron-LM's gradient-accumulation fusion (runtime.grad_accumulation_fusion)
+    accumulates inside the weight-gradient GEMM instead: no extra pass."""
+    if runtime.grad_accumulation_fusion:
+        return []
+    params = mem.stage_params(model, layers, tp, first, last)
+    if params <= 0:
+        return []
+    acc = grad_reduce_bytes(precision, runtime)
+    new = BYTES[precision] if precision != "fp8" else 2
+    return [fl.Op("grad_accumulate", "memory", params, params * (2 * acc + new))]
 
 
 def _coords(plan: Plan, rank: int) -> tuple[int, int]:
@@ -227,7 +321,7 @@ def build_program(model: ModelSpec, plan: Plan, cluster: Cluster, profile: Profi
             params = sum(chunks[(s, c)].params for c in range(v))
             states = mem.model_state_bytes(params, plan.dp, plan.zero, plan.precision)
             opt_params = params / plan.dp if plan.zero >= 1 else params
-            opt.append(optimizer_time_s(opt_params, gpu, profile.gpu(gpu.name)))
+            opt.append(optimizer_time_s(opt_params, gpu, profile.gpu(gpu.name), plan.precision))
             acts = peak_activation_bytes(actions[s], {c: chunks[(s, c)].act_bytes for c in range(v)})
             extra = mem.logits_bytes(model, plan.mbs, plan.tp) if chunks[(s, v - 1)].last or any(
                 chunks[(s, c)].last for c in range(v)) else 0.0
@@ -236,7 +330,9 @@ def build_program(model: ModelSpec, plan: Plan, cluster: Cluster, profile: Profi
         pipelines.append(PipelineProgram(name, tuple(members), ranks, m, actions, chunks, tuple(opt), tuple(memory)))
 
     algos = tuple(_choose_allreduce(plan, cluster, profile, s, pipelines[0]) for s in range(p))
-    return Program(model, plan, cluster, profile, pipelines, algos)
+    rt = profile.runtime
+    return Program(model, plan, cluster, profile, pipelines, algos,
+                   p2p_blocking=rt.p2p_blocking, zero_grad_all_reduce=rt.zero1_grad_all_reduce)
 
 
 def _choose_allreduce(plan: Plan, cluster: Cluster, profile: Profile, stage: int, pipe: PipelineProgram) -> str:
