@@ -64,6 +64,9 @@ class Engine:
         self.gather_done = [self.env.event() for _ in range(self.p)]
         self.opt_count = [0] * self.p
         self.p2p_call_s: dict[tuple[int, int], float] = {}
+        # The TP peers and identical replicas that send alongside each simulated send,
+        # per (pipeline, source stage, destination stage): built once, reused per microbatch.
+        self._p2p_replicas: dict[tuple[int, int, int], tuple] = {}
         self.dp_call_s = [self._call_latency(self.plan.dp_group(s, 0)) if self.plan.dp > 1 else 0.0
                           for s in range(self.p)]
         if self.plan.zero == 3 and n_classes > 1:
@@ -121,10 +124,13 @@ class Engine:
             ev.succeed()
             return
         pipe = self.prog.pipelines[pi]
-        d0 = pipe.dp_indices[0]
         src, dst = pipe.ranks[src_stage], pipe.ranks[dst_stage]
-        replicas = [(self.plan.rank(d, src_stage, t), self.plan.rank(d, dst_stage, t))
-                    for d in pipe.dp_indices for t in range(self.plan.tp) if (d, t) != (d0, 0)]
+        replicas = self._p2p_replicas.get((pi, src_stage, dst_stage))
+        if replicas is None:
+            d0 = pipe.dp_indices[0]
+            replicas = tuple((self.plan.rank(d, src_stage, t), self.plan.rank(d, dst_stage, t))
+                             for d in pipe.dp_indices for t in range(self.plan.tp) if (d, t) != (d0, 0))
+            self._p2p_replicas[(pi, src_stage, dst_stage)] = replicas
         call_s = self.p2p_call_s.get((src, dst))
         if call_s is None:
             call_s = self.p2p_call_s[(src, dst)] = self._call_latency([src, dst])
@@ -139,6 +145,31 @@ class Engine:
             done.callbacks.append(_rec)
         else:
             done.callbacks.append(lambda _e: ev.succeed())
+
+    def _wait_sent(self, key, k, label):
+        """Blocking pipeline send (Program.p2p_blocking, e.g. DeepSpeed's pipeline engine):
+        the sender computes on only once its transfer is done; the wait is exposed 'pp'."""
+        ev = self._event(k)
+        t0 = self.env.now
+        if not ev.triggered:
+            yield ev
+        self._seg(key, "compute", "pp", t0, self.env.now, f"send {label}")
+
+    def _bucket_elements(self, stage, chunk):
+        w = self.prog.pipelines[0].chunks[(stage, chunk)]
+        return w.params / len(w.grad_buckets)
+
+    def _grad_ready(self, key, stage, chunk, j):
+        """A gradient bucket is complete. With top-k compression the device first adds
+        the error-feedback residual and selects the top k: GPU kernels on the compute
+        stream, so they delay the rest of backward (not hidden on the comm stream)."""
+        frac = self.plan.topk_fraction
+        if frac is not None:
+            pi, s = key
+            gpu = self.cluster.devices[self.prog.pipelines[pi].ranks[s]].gpu
+            t = ce.topk_compress_time_s(self._bucket_elements(stage, chunk), gpu, self.prog.profile.gpu(gpu.name))
+            yield from self._busy(key, "compute", t, f"top-k compress c{chunk}b{j}")
+        self._bucket_ready(stage, chunk, j)
 
     def _bucket_ready(self, stage, chunk, j):
         k = (stage, chunk, j)
@@ -157,7 +188,7 @@ class Engine:
                 last_b[a.chunk] = idx
         overlap = self.plan.overlap_grad_reduce and self.plan.zero < 3
         zero3 = self.plan.zero == 3 and self.plan.dp > 1
-        gathers = {}
+        gathers, scatters = {}, []
         if zero3:
             gathers[0] = self._zero3_gather(pi, s, actions[0])
         for idx, a in enumerate(actions):
@@ -179,6 +210,8 @@ class Engine:
                 yield from self._busy(key, "tp", w.fwd_tp_s, f"tp {label}")
                 if vs < self.V - 1:
                     self._send(pi, s, (vs + 1) % self.p, w.p2p_bytes, (pi, "F", vs, a.mb), f"act {label}")
+                    if self.prog.p2p_blocking:
+                        yield from self._wait_sent(key, (pi, "F", vs, a.mb), f"act {label}")
                 else:
                     self.produced[(pi, "F", vs, a.mb)] = self.env.now
             else:
@@ -192,18 +225,24 @@ class Engine:
                     for j in range(k):
                         yield from self._busy(key, "compute", w.bwd_s / k, label)
                         yield from self._busy(key, "tp", w.bwd_tp_s / k, f"tp {label}")
-                        self._bucket_ready(s, a.chunk, j)
+                        yield from self._grad_ready(key, s, a.chunk, j)
                 else:
                     yield from self._busy(key, "compute", w.bwd_s, label)
                     yield from self._busy(key, "tp", w.bwd_tp_s, f"tp {label}")
                 if zero3:
-                    self._zero3_reduce_scatter(pi, s, w)
+                    scatters.append(self._zero3_reduce_scatter(pi, s, w))
                 if vs > 0:
                     self._send(pi, s, (vs - 1) % self.p, w.p2p_bytes, (pi, "B", vs, a.mb), f"grad {label}")
+                    if self.prog.p2p_blocking:
+                        yield from self._wait_sent(key, (pi, "B", vs, a.mb), f"grad {label}")
         if not overlap and not zero3:
             for c in range(self.v):
                 for j in range(len(pipe.chunks[(s, c)].grad_buckets)):
-                    self._bucket_ready(s, c, j)
+                    yield from self._grad_ready(key, s, c, j)
+        if scatters:  # ZeRO-3: the last microbatches' gradient reduce-scatters
+            t0 = self.env.now
+            yield self.env.all_of(scatters)
+            self._seg(key, "compute", "dp", t0, self.env.now, "zero3 reduce-scatter")
         # Wait for this stage's gradient reduction; time before the first bucket could
         # start (slower replicas) is idle, the rest is exposed DP communication.
         t0 = self.env.now
@@ -229,7 +268,11 @@ class Engine:
         algo = self.prog.dp_algorithm[s]
         if op == "all_reduce":
             return cf.build(algo, "all_reduce", group, nbytes, node_of=self.cluster.node_of)
-        return cf.build("ring", op, group, nbytes, node_of=self.cluster.node_of)
+        # Reduce-scatter and all-gather have ring and hierarchical forms (no tree): the
+        # hierarchical one spreads the inter-node traffic over every local member's NIC, as
+        # NCCL's multi-channel rings do.
+        return cf.build("hierarchical" if algo == "hierarchical" else "ring", op, group, nbytes,
+                        node_of=self.cluster.node_of)
 
     def _dp_replicas(self, s):
         return [self.plan.dp_group(s, t) for t in range(1, self.plan.tp)]
@@ -261,14 +304,14 @@ class Engine:
             nbytes = pipe.chunks[(s, chunk)].grad_buckets[j]
             t0 = self.env.now
             if frac is not None:
-                elems = nbytes / GRAD_REDUCE_BYTES[self.plan.precision]
+                elems = self._bucket_elements(s, chunk)
                 nnz = max(1.0, frac * elems)
-                yield self.env.timeout(ce.topk_compress_time_s(elems, gpu, eff))
                 yield self._run_dp(s, cf.sparse_allgather(self.plan.dp_group(s, 0), nnz, TOPK_ENTRY_BYTES),
                                    f"topk c{chunk}b{j}")
                 yield self.env.timeout(ce.topk_decompress_time_s(elems, (dpn - 1) * nnz, TOPK_ENTRY_BYTES, gpu, eff))
             else:
-                op = "all_reduce" if self.plan.zero == 0 else "reduce_scatter"
+                reduce_all = self.plan.zero == 0 or self.prog.zero_grad_all_reduce
+                op = "all_reduce" if reduce_all else "reduce_scatter"
                 yield self._run_dp(s, self._dp_phases(s, nbytes, op), f"{op} c{chunk}b{j}")
             if self.record:
                 for pi in range(self.n_classes):
@@ -293,7 +336,7 @@ class Engine:
 
     def _zero3_reduce_scatter(self, pi, s, w):
         nbytes = w.params * GRAD_REDUCE_BYTES[self.plan.precision]
-        self._run_dp(s, self._dp_phases(s, nbytes, "reduce_scatter"), "zero3 reduce-scatter")
+        return self._run_dp(s, self._dp_phases(s, nbytes, "reduce_scatter"), "zero3 reduce-scatter")
 
     # ------------------------------------------------------------------ run
     def run(self):
