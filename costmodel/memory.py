@@ -21,6 +21,9 @@ _STATE_BYTES = {
     "bf16": (2, 2, 12),
     "fp16": (2, 2, 12),
     "fp32": (4, 4, 8),
+    # fp8 training (Transformer Engine style) casts to fp8 inside the GEMMs only; the
+    # weights, gradients and Adam state are kept as in bf16 mixed precision.
+    "fp8": (2, 2, 12),
 }
 
 
@@ -136,3 +139,10 @@ def interleaved_first_stage_factor(p: int, m: int) -> float:
     if p < 1 or m < 1:
         raise InputError(None, "plan.pp", f"need p >= 1 and m >= 1, got p={p!r}, m={m!r}")
     return 1 + (p - 1) / (p * m)
+
+
+def topk_residual_bytes(params: float) -> float:
+    """Top-k with error feedback keeps the unsent remainder of every local gradient
+    element between steps: one fp32 buffer the size of the local parameters, not
+    sharded by ZeRO (Stich et al. 2018, error-feedback / memory SGD)."""
+    return 4.0 * params

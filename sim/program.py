@@ -325,7 +325,8 @@ def build_program(model: ModelSpec, plan: Plan, cluster: Cluster, profile: Profi
             acts = peak_activation_bytes(actions[s], {c: chunks[(s, c)].act_bytes for c in range(v)})
             extra = mem.logits_bytes(model, plan.mbs, plan.tp) if chunks[(s, v - 1)].last or any(
                 chunks[(s, c)].last for c in range(v)) else 0.0
-            memory.append({**states, "activations": acts, "logits": extra})
+            residual = mem.topk_residual_bytes(params) if plan.topk_fraction else 0.0
+            memory.append({**states, "activations": acts, "logits": extra, "topk_residual": residual})
         name = "+".join(sorted(set(gpus))) + f" x{m}mb"
         pipelines.append(PipelineProgram(name, tuple(members), ranks, m, actions, chunks, tuple(opt), tuple(memory)))
 
@@ -338,9 +339,16 @@ def build_program(model: ModelSpec, plan: Plan, cluster: Cluster, profile: Profi
 def _choose_allreduce(plan: Plan, cluster: Cluster, profile: Profile, stage: int, pipe: PipelineProgram) -> str:
     """Resolve allreduce=auto per stage: the cheapest algorithm for one bucket by the
     analytic formulas on this DP group's links."""
+    group = plan.dp_group(stage, 0)
+    per_node: dict[int, int] = {}
+    for r in group:
+        per_node[cluster.node_of(r)] = per_node.get(cluster.node_of(r), 0) + 1
+    even = len(set(per_node.values())) == 1
+    if plan.allreduce == "hierarchical" and not even:
+        raise InputError("--plan", "allreduce", f"hierarchical needs the same number of DP ranks on every "
+                         f"node; stage {stage} has {sorted(set(per_node.values()))} per node (use ring, tree or auto)")
     if plan.allreduce != "auto" or plan.dp == 1:
         return plan.allreduce if plan.allreduce != "auto" else "ring"
-    group = plan.dp_group(stage, 0)
     buckets = [b for c in range(plan.vpp) for b in pipe.chunks[(stage, c)].grad_buckets]
     size = buckets[0] if buckets else 0.0
     bw, lat, kind = group_link(cluster, group)
@@ -352,7 +360,7 @@ def _choose_allreduce(plan: Plan, cluster: Cluster, profile: Profile, stage: int
         "ring": cc.ring_allreduce_s(size, len(group), bw * fab.bw_eff, lat),
         "tree": cc.tree_allreduce_s(size, len(group), bw * fab.bw_eff, lat),
     }
-    if local > 1 and len(nodes) > 1:
+    if local > 1 and len(nodes) > 1 and even:
         ifab = profile.fabric(n_node.intra_kind)
         costs["hierarchical"] = cc.hierarchical_allreduce_s(
             size, local, len(nodes), n_node.intra_bw_Bps * ifab.bw_eff, n_node.intra_latency_s,

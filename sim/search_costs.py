@@ -253,7 +253,7 @@ class CostTables:
 
     def memory_shortfall_gib(self, plan: Plan) -> float:
         """Largest (peak - capacity) over simulated devices, GiB (<= 0: it fits)."""
-        key = replace(plan, compress="none", allreduce="ring")
+        key = replace(plan, compress="none" if plan.topk_fraction is None else "topk", allreduce="ring")
         got = self._memory.get(key)
         if got is None:
             got = self._memory[key] = self._shortfall(plan)
@@ -278,6 +278,8 @@ class CostTables:
                 peak = sum(states.values()) + acts / v * peak_inflight(plan.schedule, p, m, v, s)
                 if holds_last:
                     peak += mem.logits_bytes(self.model, plan.mbs, plan.tp)
+                if plan.topk_fraction is not None:
+                    peak += mem.topk_residual_bytes(params)
                 cap = self.cluster.devices[rank].gpu.mem_bytes
                 worst = max(worst, (peak - cap) / GIB)
         return worst

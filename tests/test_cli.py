@@ -96,6 +96,7 @@ groups:
     (["simulate", "--nodes", "0"], "--nodes"),
     (["simulate", "--nodes", "1", "--plan", "no-such-plan.yaml"], "no-such-plan.yaml"),
     (["simulate", "--nodes", "1", "--profile", "no-such-profile.yaml"], "--profile"),
+    (["simulate", "jeanzay-a100-opa", "--plan", "tp=2,pp=3,allreduce=hierarchical"], "allreduce"),
 ])
 def test_bad_input_one_line(capsys, tmp_path, argv, needle):
     """Each bad input: exit 2, exactly one line on stderr naming the culprit, no traceback,
@@ -117,6 +118,16 @@ def test_bad_topology_file(capsys, tmp_path, gpu, bw, needle):
     code, _, err = run(capsys, "simulate", path)
     assert code == 2
     assert path in err and needle in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16", "fp8", "fp32"])
+def test_every_precision_simulates(capsys, precision):
+    """Each precision the plan allows simulates (fp8 on an A100, which has no fp8 units,
+    falls back to the bf16 rate) and is echoed in the plan string unless it is the default."""
+    code, out, err = run(capsys, "simulate", "--nodes", "1", "--plan", f"precision={precision}", "--json")
+    assert code == 0, err
+    d = json.loads(out)
+    assert d["step_time_s"] > 0 and d["plan"].count("precision") == (precision != "bf16")
 
 
 def test_python_dash_m_sim():
