@@ -144,7 +144,7 @@ def render_html(res: AccuracyResult, png: bytes) -> str:
     return (
         "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
         "<title>plansim accuracy</title><style>"
-        "body{font-family:sans-serif;margin:2em;max-width:1400px}"
+        "body{font-family:sans-serif;margin:2em;max-width:1400px}img{max-width:100%;height:auto}"
         "table{border-collapse:collapse;font-size:0.85em}td,th{border:1px solid #ccc;padding:3px 6px;text-align:left}"
         "td.ok{background:#e6f4e6}td.off{background:#f8e0e0}</style></head><body>\n"
         "<h1>plansim accuracy against published training runs</h1>\n"
