@@ -14,14 +14,13 @@ import csv
 import html
 import io
 import math
-import os
 from pathlib import Path
 
 import matplotlib
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from costmodel.errors import InputError
+from reports.files import output_dir, write_files
 from sim.accuracy import AccuracyResult
 
 FILES = ("index.html", "report.md", "accuracy.png", "accuracy.csv")
@@ -173,21 +172,6 @@ def render(res: AccuracyResult) -> dict[str, bytes]:
 
 def write_accuracy_report(out_dir: str | Path, res: AccuracyResult) -> list[Path]:
     """Write the report files into ``out_dir`` (created if needed), all or none."""
-    out = Path(out_dir)
-    if out.exists() and not out.is_dir():
-        raise InputError(str(out), "--report", "exists and is not a directory")
+    out = output_dir(out_dir)
     files = render(res)  # may fail: nothing written yet
-    out.mkdir(parents=True, exist_ok=True)
-    tmps: list[tuple[Path, Path]] = []
-    try:
-        for name in FILES:
-            tmp = out / f".{name}.tmp"
-            tmp.write_bytes(files[name])
-            tmps.append((tmp, out / name))
-    except BaseException:
-        for tmp, _ in tmps:
-            tmp.unlink(missing_ok=True)
-        raise
-    for tmp, final in tmps:
-        os.replace(tmp, final)
-    return [final for _, final in tmps]
+    return write_files(out, {name: files[name] for name in FILES})

@@ -8,7 +8,6 @@ leaves no half-written report behind.
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
@@ -17,7 +16,8 @@ from tabulate import tabulate
 from costmodel.errors import InputError
 from reports import plots
 from reports.tables import device_groups, group_utilisation, plans_csv, tp_pp_grid
-from reports.trace import write_trace
+from reports.files import output_dir, write_files
+from reports.trace import trace_bytes
 from sim.result import CATEGORIES, SearchResult, StepResult
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -171,30 +171,12 @@ def _trace_source(sr: SearchResult, trace_result: StepResult | None) -> StepResu
 
 def _write(out_dir: str | Path, sr: SearchResult, trace_result: StepResult | None,
            kind: str | None) -> list[Path]:
-    out = Path(out_dir)
-    if out.exists() and not out.is_dir():
-        raise InputError(str(out), "--report", "exists and is not a directory")
+    out = output_dir(out_dir)
     trace_src = _trace_source(sr, trace_result)
     files = render(sr, trace_result, kind, has_trace=trace_src is not None)  # may fail: nothing written yet
-    out.mkdir(parents=True, exist_ok=True)
-    tmps: list[tuple[Path, Path]] = []
-    try:
-        for name in FILES:
-            final = out / name
-            tmp = out / f".{name}.tmp"
-            tmp.write_bytes(files[name])
-            tmps.append((tmp, final))
-        written = []
-        if trace_src is not None:
-            write_trace(trace_src, out / TRACE)  # itself atomic (temp file + rename)
-            written.append(out / TRACE)
-    except BaseException:
-        for tmp, _ in tmps:
-            tmp.unlink(missing_ok=True)
-        raise
-    for tmp, final in tmps:
-        os.replace(tmp, final)
-    return [final for _, final in tmps] + written
+    if trace_src is not None:
+        files = {**{name: files[name] for name in FILES}, TRACE: trace_bytes(trace_src)}
+    return write_files(out, files)
 
 
 def write_report(out_dir: str | Path, search_result: SearchResult,

@@ -39,8 +39,12 @@ def trace_events(res: StepResult, max_links: int = 16) -> list[dict]:
     return ev
 
 
+def trace_bytes(res: StepResult) -> bytes:
+    return json.dumps({"traceEvents": trace_events(res), "displayTimeUnit": "ms"}).encode()
+
+
 def write_trace(res: StepResult, path: str | Path) -> None:
     path = Path(path)
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps({"traceEvents": trace_events(res), "displayTimeUnit": "ms"}))
+    tmp.write_bytes(trace_bytes(res))
     tmp.replace(path)  # atomic: never a half-written trace

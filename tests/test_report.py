@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
+from pathlib import Path
 import re
 import shutil
 import struct
@@ -213,9 +214,16 @@ def test_a_failure_leaves_nothing_half_written(homo_dir, tmp_path, monkeypatch):
         with pytest.raises(OSError):
             write_report(out, one)
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
-    # Skip the drawing (not under test here) and fail at the trace, after the temp files.
+    # Skip the drawing (not under test here) and fail while writing the last file (the
+    # trace), after the other temp files were written.
     monkeypatch.setattr(report_mod, "render", lambda *a, **k: {n: b"new" for n in report_mod.FILES})
-    monkeypatch.setattr(report_mod, "write_trace", boom)
+    real_write = Path.write_bytes
+
+    def fail_on_trace(self, data):
+        if self.name.startswith(".trace"):
+            raise OSError("disk full")
+        return real_write(self, data)
+    monkeypatch.setattr(Path, "write_bytes", fail_on_trace)
     with pytest.raises(OSError):
         write_report(out, one)
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
