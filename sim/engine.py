@@ -69,17 +69,25 @@ class Engine:
         self._p2p_replicas: dict[tuple[int, int, int], tuple] = {}
         self.dp_call_s = [self._call_latency(self.plan.dp_group(s, 0)) if self.plan.dp > 1 else 0.0
                           for s in range(self.p)]
+        # Gradient collectives in flight per stage, and how much they slow compute.
+        self.dp_inflight: list[float | None] = [None] * self.p  # start time of the running one
+        self.dp_busy_s = [0.0] * self.p  # finished collectives' time
+        self.dp_slowdown = [self.prog.profile.fabric(self._group_kind(self.plan.dp_group(s, 0))).compute_slowdown
+                            for s in range(self.p)]
         if self.plan.zero == 3 and n_classes > 1:
             from costmodel.errors import InputError
             raise InputError("--plan", "zero", "zero=3 is simulated only when all data-parallel replicas "
                              "are identical (one GPU type per stage and equal mb_shares)")
 
     # ------------------------------------------------------------------ helpers
+    def _group_kind(self, ranks):
+        """The link class a group's collective runs on: the node's fabric or the network."""
+        nodes = {self.cluster.node_of(r) for r in ranks}
+        return self.cluster.nodes[next(iter(nodes))].intra_kind if len(nodes) == 1 else "network"
+
     def _call_latency(self, ranks):
         """Per-call software latency of the fabric a group spans (profile call_latency_us)."""
-        nodes = {self.cluster.node_of(r) for r in ranks}
-        kind = self.cluster.nodes[next(iter(nodes))].intra_kind if len(nodes) == 1 else "network"
-        return self.prog.profile.fabric(kind).call_latency_us * 1e-6
+        return self.prog.profile.fabric(self._group_kind(ranks)).call_latency_us * 1e-6
 
     def _seg(self, key, stream, cat, t0, t1, label):
         if t1 <= t0:
@@ -92,9 +100,28 @@ class Engine:
 
     def _busy(self, key, cat, dt, label):
         t0 = self.env.now
+        s = key[1]
+        busy0 = self._dp_busy(s, t0)
         if dt > 0:
             yield self.env.timeout(dt)
         self._seg(key, "compute", cat, t0, self.env.now, label)
+        if cat == "compute" and dt > 0 and self.dp_slowdown[s] > 0:
+            overlap = self._dp_busy(s, self.env.now) - busy0
+            if overlap > 0:
+                # Gradient collectives overlapped this kernel for `overlap` seconds; their
+                # communication kernels took SMs and memory bandwidth, costing
+                # compute_slowdown x overlap (profile fabrics.<kind>.compute_slowdown).
+                # That loss is a cost of data-parallel communication: booked as 'dp'.
+                t1 = self.env.now
+                yield self.env.timeout(overlap * self.dp_slowdown[s])
+                self._seg(key, "compute", "dp", t1, self.env.now, f"{label} (slowed by DP comm)")
+
+    def _dp_busy(self, s, t):
+        """Seconds stage s's gradient collectives have run up to time t (t = now)."""
+        busy = self.dp_busy_s[s]
+        if self.dp_inflight[s] is not None:
+            busy += t - self.dp_inflight[s]
+        return busy
 
     def _event(self, k):
         ev = self.arrive.get(k)
@@ -303,6 +330,7 @@ class Engine:
                 self.dp_started[s] = self.env.now
             nbytes = pipe.chunks[(s, chunk)].grad_buckets[j]
             t0 = self.env.now
+            self.dp_inflight[s] = t0
             if frac is not None:
                 elems = self._bucket_elements(s, chunk)
                 nnz = max(1.0, frac * elems)
@@ -313,6 +341,8 @@ class Engine:
                 reduce_all = self.plan.zero == 0 or self.prog.zero_grad_all_reduce
                 op = "all_reduce" if reduce_all else "reduce_scatter"
                 yield self._run_dp(s, self._dp_phases(s, nbytes, op), f"{op} c{chunk}b{j}")
+            self.dp_inflight[s] = None
+            self.dp_busy_s[s] += self.env.now - t0
             if self.record:
                 for pi in range(self.n_classes):
                     self._seg((pi, s), "dp", "collective", t0, self.env.now, f"grad c{chunk}b{j}")

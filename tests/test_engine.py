@@ -168,3 +168,18 @@ def test_breakdown_sums_to_step():
     for d in res.devices:
         assert sum(d.breakdown_s.values()) == pytest.approx(res.step_time_s, rel=1e-9)
     assert sum(res.breakdown.values()) == pytest.approx(res.step_time_s, rel=1e-9)
+
+
+def test_overlapped_reduction_slows_compute():
+    """A gradient collective overlapping backward slows it by the fabric's
+    compute_slowdown s per second of overlap: with 2 buckets and reduction c < B/2,
+    bucket 0's reduction [B/2, B/2 + c] overlaps the second half of backward, which
+    therefore ends at B + s*c; bucket 1 is then reduced alone, so the step is
+    B + s*c + c, and the lost s*c is booked as exposed 'dp' with the last bucket's c."""
+    B, c, s = 0.01, 0.002, 0.5
+    prog = _dp_program(B, 2, c * 1e10)
+    prog.profile = Profile(gpus=IDEAL.gpus, fabrics={"default": FabricEfficiency(
+        bw_eff=1.0, call_latency_us=0.0, compute_slowdown=s)})
+    step, res = _run(prog)
+    assert step == pytest.approx(B + s * c + c, rel=1e-9)
+    assert res.breakdown["dp"] == pytest.approx(s * c + c, rel=1e-9)
