@@ -31,7 +31,8 @@ def _load_inputs(args):
         raise InputError("--nodes", None, f"must be a positive integer (got {args.nodes})")
     cluster = load_topology(args.topology, nodes=args.nodes)
     model = load_model(args.model or DEFAULT_MODEL)
-    profile = load_profile(args.profile)
+    # The topology names the bundled profiles of its fabric; --profile goes over them.
+    profile = load_profile(args.profile, bundled=cluster.profiles)
     return cluster, model, profile
 
 

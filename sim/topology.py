@@ -81,6 +81,7 @@ class Cluster:
                  nic_of: list[str | None], leaf_of: dict[str, str] | None, spine: str | None):
         self.name, self.source, self.description = name, source, description
         self.devices, self.nodes, self.graph = devices, nodes, graph
+        self.profiles: tuple[str, ...] = ()  # bundled hardware profiles named by the file
         # Per node: (hub vertex, None) for star fabrics, or (None, {(a, b): local GPU chain}) for a
         # mesh; the chain table is shared by all nodes of a node type.
         self._intra = intra
@@ -320,8 +321,10 @@ class _Builder:
             self.add_explicit(topo.network)
         elif topo.network is not None:
             leaf_of, spine = self.add_tree(topo.network)
-        return Cluster(topo.name, source, topo.description, self.devices, self.nodes, self.g,
-                       self.intra, self.nic_of, leaf_of, spine)
+        cluster = Cluster(topo.name, source, topo.description, self.devices, self.nodes, self.g,
+                          self.intra, self.nic_of, leaf_of, spine)
+        cluster.profiles = tuple(topo.profiles)
+        return cluster
 
     def add_node(self, grp: schema.Group, nt: schema.NodeType, spec: GpuSpec, mesh) -> None:
         i, n, intra = len(self.nodes), nt.gpus_per_node, nt.intra

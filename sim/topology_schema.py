@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveFloat, PositiveInt, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveFloat, PositiveInt, ValidationError, model_validator, field_validator
 from pydantic_core import PydanticCustomError
 
 from costmodel.errors import InputError
@@ -139,6 +139,19 @@ class TopologyFile(_Strict):
     node_types: dict[str, NodeType] = Field(min_length=1)
     groups: list[Group] = Field(min_length=1)
     network: Network | None = None  # required when the cluster has more than one node
+    # Bundled hardware profiles (costmodel/profiles/<name>.yaml) whose link efficiencies
+    # match this cluster's fabric; merged over the default before any --profile.
+    profiles: list[str] = []
+
+    @field_validator("profiles")
+    @classmethod
+    def _known_profiles(cls, v: list[str]) -> list[str]:
+        from costmodel.profile import bundled_profiles
+        known = bundled_profiles()
+        for name in v:
+            if name not in known:
+                raise ValueError(f"unknown bundled profile {name!r}; allowed: {', '.join(known)}")
+        return v
 
 
 def _short(value: object, limit: int = 80) -> str:

@@ -137,3 +137,22 @@ def test_python_dash_m_sim():
     bad = subprocess.run([sys.executable, "-m", "sim", "simulate", "--plan", "tp=3"],
                          capture_output=True, text=True)
     assert bad.returncode == 2 and "Traceback" not in bad.stderr and "tp" in bad.stderr
+
+
+def test_topology_names_its_profile(tmp_path, capsys):
+    """A topology's `profiles` key selects the bundled profile of its fabric (dgx-a100 ->
+    a100-ib-hdr: network bw_eff 0.96 of HDR line rate), --profile still goes over it, and an
+    unknown profile name is an input error naming the field."""
+    from argparse import Namespace
+
+    from plansim.cli import _load_inputs
+    args = Namespace(topology="dgx-a100", nodes=1, model=None, profile=None)
+    _, _, prof = _load_inputs(args)
+    assert prof.fabric("nic").bw_eff == 0.96
+    user = tmp_path / "p.yaml"
+    user.write_text("fabrics:\n  network: {bw_eff: 0.5}\n")
+    _, _, prof = _load_inputs(Namespace(topology="dgx-a100", nodes=1, model=None, profile=str(user)))
+    assert prof.fabric("nic").bw_eff == 0.5
+    bad = _topo(tmp_path, GOOD_NODE.format(gpu="A100-SXM4-80GB", bw=300) + "profiles: [nope]\n")
+    code, _, err = run(capsys, "simulate", bad)
+    assert code == 2 and "profiles" in err and "nope" in err
