@@ -11,8 +11,7 @@ clusters).
 """
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -22,13 +21,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from costmodel.errors import InputError
 from costmodel.shapes import ModelSpec
 from sim.validation import first_error
-
-SCHEDULES = ("gpipe", "1f1b", "interleaved")
-RECOMPUTE = ("none", "selective", "full")
-ALLREDUCE = ("ring", "tree", "hierarchical", "auto")
-PRECISIONS = ("bf16", "fp16", "fp8", "fp32")
-PLACEMENTS = ("tp-pp-dp", "tp-dp-pp")
-
 
 class PlanFile(BaseModel):
     """What a user may write in a plan; omitted keys take the defaults."""
