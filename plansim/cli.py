@@ -106,6 +106,10 @@ def main(argv: list[str] | None = None) -> int:
     except InputError as err:
         print(f"plansim: error: {err}", file=sys.stderr)
         return 2
+    except OSError as err:  # unreadable input, unwritable output: still one line, exit 2
+        where = f"{err.filename}: " if err.filename else ""
+        print(f"plansim: error: {where}{err.strerror or err}", file=sys.stderr)
+        return 2
     except BrokenPipeError:
         return 0
 

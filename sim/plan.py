@@ -169,7 +169,7 @@ def load_plan_mapping(plan: str | Path | dict) -> tuple[dict, str]:
         return plan, "--plan"
     text = str(plan)
     path = Path(text)
-    if text.endswith((".yaml", ".yml")) or (path.is_file() and "=" not in text):
+    if text.endswith((".yaml", ".yml")) or ("=" not in text and text and path.is_file()):
         if not path.is_file():
             raise InputError(text, "--plan", "no such plan file")
         try:

@@ -156,3 +156,13 @@ def test_topology_names_its_profile(tmp_path, capsys):
     bad = _topo(tmp_path, GOOD_NODE.format(gpu="A100-SXM4-80GB", bw=300) + "profiles: [nope]\n")
     code, _, err = run(capsys, "simulate", bad)
     assert code == 2 and "profiles" in err and "nope" in err
+
+
+def test_long_plan_string_and_unwritable_output(capsys, tmp_path):
+    """A plan string too long to be a file name is parsed as a plan (not stat-ed as a
+    path), and an output the OS refuses is one line and exit 2, not a traceback."""
+    shares = ":".join(["2"] * 256)
+    code, _, err = run(capsys, "simulate", "--plan", f"mb_shares={shares}")
+    assert code == 2 and "mb_shares" in err and len(err.strip().splitlines()) == 1
+    code, _, err = run(capsys, "simulate", "--nodes", "1", "--trace", str(tmp_path / "no" / "t.json"))
+    assert code == 2 and "No such file" in err and "Traceback" not in err
