@@ -79,10 +79,14 @@ def activation_bytes_per_layer(
     return replicated / replicated_div + (split + attn_scores) / t
 
 
-def model_state_bytes(params: float, dp: int, zero: int, precision: str = "bf16") -> dict:
+def model_state_bytes(params: float, dp: int, zero: int, precision: str = "bf16",
+                      grad_bytes: float | None = None) -> dict:
     """{'weights', 'grads', 'optimizer'} bytes on one device holding ``params`` parameters
     (already divided by tp and pp). ZeRO (Rajbhandari et al. 2020) shards over the dp
-    ranks: stage 1 the optimizer states, stage 2 also the gradients, stage 3 also the weights."""
+    ranks: stage 1 the optimizer states, stage 2 also the gradients, stage 3 also the weights.
+    ``grad_bytes`` overrides the gradient buffer's bytes per parameter: frameworks that
+    accumulate bf16 gradients in fp32 (Megatron-LM's main_grad, DeepSpeed's BF16_Optimizer)
+    hold 4, which makes the 18 bytes per parameter BLOOM's planning used."""
     if precision not in _STATE_BYTES:
         raise InputError(None, "plan.precision", f"got {precision!r}; allowed: {', '.join(_STATE_BYTES)}")
     if zero not in (0, 1, 2, 3):
@@ -92,6 +96,8 @@ def model_state_bytes(params: float, dp: int, zero: int, precision: str = "bf16"
     if params < 0:
         raise InputError(None, "params", f"must be >= 0, got {params!r}")
     w, g, o = _STATE_BYTES[precision]
+    if grad_bytes is not None:
+        g = grad_bytes
     return {
         "weights": params * w / (dp if zero >= 3 else 1),
         "grads": params * g / (dp if zero >= 2 else 1),

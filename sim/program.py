@@ -319,7 +319,9 @@ def build_program(model: ModelSpec, plan: Plan, cluster: Cluster, profile: Profi
                     cache[key] = chunk_work(model, plan, cluster, profile, ranks[s], *key[1:])
                 chunks[(s, c)] = cache[key]
             params = sum(chunks[(s, c)].params for c in range(v))
-            states = mem.model_state_bytes(params, plan.dp, plan.zero, plan.precision)
+            # The gradient buffer has the dtype gradients are accumulated and reduced in.
+            states = mem.model_state_bytes(params, plan.dp, plan.zero, plan.precision,
+                                           grad_bytes=grad_reduce_bytes(plan.precision, profile.runtime))
             opt_params = params / plan.dp if plan.zero >= 1 else params
             opt.append(optimizer_time_s(opt_params, gpu, profile.gpu(gpu.name), plan.precision))
             acts = peak_activation_bytes(actions[s], {c: chunks[(s, c)].act_bytes for c in range(v)})

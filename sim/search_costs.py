@@ -274,7 +274,8 @@ class CostTables:
                     params += prm
                     acts += act
                     holds_last |= vs == p * v - 1
-                states = mem.model_state_bytes(params, plan.dp, plan.zero, plan.precision)
+                states = mem.model_state_bytes(params, plan.dp, plan.zero, plan.precision,
+                                               grad_bytes=self.grad_bytes(plan.precision))
                 peak = sum(states.values()) + acts / v * peak_inflight(plan.schedule, p, m, v, s)
                 if holds_last:
                     peak += mem.logits_bytes(self.model, plan.mbs, plan.tp)

@@ -115,3 +115,14 @@ def test_bad_recompute_and_tp():
         activation_bytes_per_layer(GPT_22B, 4, 8, False, "partial")
     with pytest.raises(InputError, match="tp=5"):
         activation_bytes_per_layer(GPT_22B, 4, 5, False, "none")
+
+
+def test_fp32_gradient_buffer_makes_18_bytes_per_param():
+    """bf16 training that accumulates gradients in fp32 holds 2 + 4 + 12 = 18 bytes per
+    parameter without ZeRO, the figure BLOOM's planning used (chronicles-prequel.md:
+    'params * 18 bytes'); ZeRO-1 then shards only the 12 optimizer bytes."""
+    from costmodel.memory import model_state_bytes
+    st = model_state_bytes(1e9, dp=8, zero=0, precision="bf16", grad_bytes=4)
+    assert sum(st.values()) == 18e9
+    st = model_state_bytes(1e9, dp=8, zero=1, precision="bf16", grad_bytes=4)
+    assert sum(st.values()) == 2e9 + 4e9 + 12e9 / 8
