@@ -146,7 +146,6 @@ def estimate_step(pipes: list[PipelineCost]) -> StepEstimate:
     if not pipes:
         raise ValueError("estimate_step needs at least one pipeline")
     p = len(pipes[0].stages)
-    v = pipes[0].vpp
     info = []
     for pipe in pipes:
         if len(pipe.stages) != p:

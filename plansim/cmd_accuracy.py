@@ -14,6 +14,10 @@ import os
 import sys
 
 
+def _print_row(r) -> None:
+    print(f"  simulated {r.row.run_id}", file=sys.stderr, flush=True)
+
+
 def register(subparsers) -> None:
     p = subparsers.add_parser("accuracy", help="predicted vs published figures of published training runs")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -43,11 +47,8 @@ def cmd_accuracy(args) -> int:
     jobs = args.jobs if args.jobs is not None else min(os.cpu_count() or 1, 4)
     if jobs < 1:
         raise InputError("--jobs", None, f"must be a positive integer (got {jobs})")
-    progress = None
-    if not args.json and sys.stderr.isatty():
-        def progress(r):
-            print(f"  simulated {r.row.run_id}", file=sys.stderr, flush=True)
-    res = run_accuracy(args.rows, profile=args.profile, progress=progress, jobs=jobs)
+    show = not args.json and sys.stderr.isatty()
+    res = run_accuracy(args.rows, profile=args.profile, progress=_print_row if show else None, jobs=jobs)
     if args.report:
         from reports.accuracy import write_accuracy_report
         write_accuracy_report(args.report, res)

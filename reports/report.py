@@ -13,7 +13,6 @@ from pathlib import Path
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 from tabulate import tabulate
 
-from costmodel.errors import InputError
 from reports import plots
 from reports.tables import device_groups, group_utilisation, plans_csv, tp_pp_grid
 from reports.files import output_dir, write_files

@@ -15,13 +15,11 @@ other, slower replicas before the reduction can start is 'idle'.
 """
 from __future__ import annotations
 
-import time
 from collections import defaultdict
 
 import simpy
 
 from costmodel import efficiency as ce
-from costmodel import flops as fl
 from sim import collective_flows as cf
 from sim.flownet import FlowNetwork
 from sim.program import BYTES, GRAD_REDUCE_BYTES, TOPK_ENTRY_BYTES, Program

@@ -10,28 +10,22 @@ from __future__ import annotations
 
 import json
 import random
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from costmodel.errors import InputError
-from costmodel.profile import FabricEfficiency, GpuEfficiency, Profile
 from costmodel.shapes import ModelSpec
+from engine_fixtures import fixed_program, run_engine
 from plansim.cli import main
 from reports.accuracy import FILES, render, write_accuracy_report
 from sim.accuracy import (DEFAULT_ROWS, FRAMEWORKS, NETWORKS, load_rows, mape, row_plan_text, row_profile_names,
                           run_accuracy, spearman)
-from sim.engine import Engine
-from sim.metrics import summarize
 from sim.plan import resolve_plan
-from sim.program import build_program
 from sim.schedules import list_schedule_makespan, make_schedule
 from sim.topology import load_topology
 
 DATA = Path(__file__).parent / "data"
-IDEAL = Profile(gpus={"default": GpuEfficiency()},
-                fabrics={"default": FabricEfficiency(bw_eff=1.0, call_latency_us=0.0)})
 
 
 # ------------------------------------------------------------------ the rows
@@ -182,21 +176,7 @@ def _model(layers=4, batch=8):
 
 def _program(plan_text, f, b, grad=(), p2p=0.0, params=None, batch=8):
     cluster = load_topology(str(DATA / "two-nodes.yaml"))
-    model = _model(batch=batch)
-    plan = resolve_plan(plan_text, model, cluster.num_devices)
-    prog = build_program(model, plan, cluster, IDEAL)
-    for pipe in prog.pipelines:
-        for key, w in pipe.chunks.items():
-            pipe.chunks[key] = replace(w, fwd_s=f, bwd_s=b, fwd_tp_s=0.0, bwd_tp_s=0.0, p2p_bytes=p2p,
-                                       grad_buckets=tuple(grad), params=w.params if params is None else params)
-        pipe.optimizer_s = (0.0,) * plan.pp
-    return prog
-
-
-def _run(prog):
-    eng = Engine(prog)
-    step = eng.run()
-    return step, summarize(prog, eng, step)
+    return fixed_program(cluster, _model(batch=batch), plan_text, f, b, grad, p2p, params)
 
 
 @pytest.mark.parametrize("schedule,m", [("1f1b", 4), ("gpipe", 4), ("1f1b", 1)])
@@ -207,12 +187,12 @@ def test_blocking_pipeline_sends_match_list_scheduler(schedule, m):
     f, b, c = 0.02, 0.04, 0.01
     prog = _program(f"tp=2,pp=2,mbs=2,schedule={schedule}", f, b, p2p=1e8, batch=2 * m)
     prog.p2p_blocking = True
-    step, res = _run(prog)
+    step, res = run_engine(prog)
     ref, _ = list_schedule_makespan(make_schedule(schedule, 2, m), 2, 1,
                                     lambda r, a: f + c if r == 0 else f, lambda r, a: b + c if r == 1 else b)
     assert step == pytest.approx(ref, rel=1e-9)
     prog.p2p_blocking = False
-    assert _run(prog)[0] <= step + 1e-12
+    assert run_engine(prog)[0] <= step + 1e-12
 
 
 def test_zero1_gradients_all_reduced_cost_twice_a_reduce_scatter():
@@ -220,10 +200,10 @@ def test_zero1_gradients_all_reduced_cost_twice_a_reduce_scatter():
     per rank (S/2 / 1e10 s); DeepSpeed's bf16 optimizer all-reduces instead: S / 1e10 s."""
     S = 1e9
     prog = _program("tp=2,dp=2,mbs=2,zero=1,overlap_grad_reduce=false", 0.0, 0.01, grad=[S], params=0.0)
-    _, res = _run(prog)
+    _, res = run_engine(prog)
     assert res.exposed_comm_s["dp"] == pytest.approx(S / 2 / 1e10, rel=1e-9)
     prog.zero_grad_all_reduce = True
-    _, res2 = _run(prog)
+    _, res2 = run_engine(prog)
     assert res2.exposed_comm_s["dp"] == pytest.approx(S / 1e10, rel=1e-9)
 
 
@@ -236,5 +216,5 @@ def test_hierarchical_reduce_scatter_spreads_over_nics():
     ring = _program("dp=4,mbs=2,zero=1,overlap_grad_reduce=false", 0.0, 0.01, grad=[S], params=0.0)
     hier = _program("dp=4,mbs=2,zero=1,overlap_grad_reduce=false,allreduce=hierarchical", 0.0, 0.01,
                     grad=[S], params=0.0)
-    assert _run(ring)[1].exposed_comm_s["dp"] == pytest.approx(0.75 * S / 1e10, rel=1e-9)
-    assert _run(hier)[1].exposed_comm_s["dp"] == pytest.approx(0.3 * S / 1e10, rel=1e-9)
+    assert run_engine(ring)[1].exposed_comm_s["dp"] == pytest.approx(0.75 * S / 1e10, rel=1e-9)
+    assert run_engine(hier)[1].exposed_comm_s["dp"] == pytest.approx(0.3 * S / 1e10, rel=1e-9)

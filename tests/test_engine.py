@@ -2,49 +2,27 @@
 reduction with backward, and per-device memory from the schedule."""
 from __future__ import annotations
 
-from dataclasses import replace
-from fractions import Fraction
 from pathlib import Path
 
 import pytest
 
 from costmodel import memory as mem
-from costmodel.profile import FabricEfficiency, GpuEfficiency, Profile
+from costmodel.profile import FabricEfficiency, Profile
 from costmodel.shapes import ModelSpec
-from sim.engine import Engine
-from sim.metrics import simulate, summarize
+from engine_fixtures import IDEAL, fixed_program, run_engine
+from sim.metrics import simulate
 from sim.plan import resolve_plan
 from sim.program import build_program
 from sim.schedules import list_schedule_makespan, make_schedule
 from sim.topology import load_topology
 
 DATA = Path(__file__).parent / "data"
-# Ideal links: full line rate, no per-call cost, so times are pure bytes / bandwidth.
-IDEAL = Profile(gpus={"default": GpuEfficiency()},
-                fabrics={"default": FabricEfficiency(bw_eff=1.0, call_latency_us=0.0)})
-
-
 def _model(layers=16, batch=64):
     return ModelSpec("tiny", layers, 1024, 16, 512, 32000, batch)
 
 
 def _program(cluster, model, plan_text, f, b, grad_bytes=(), p2p=0.0):
-    """A real program whose per-chunk work is replaced by the given durations (seconds per
-    microbatch per chunk), so the engine's timing can be checked against hand numbers."""
-    plan = resolve_plan(plan_text, model, cluster.num_devices)
-    prog = build_program(model, plan, cluster, IDEAL)
-    for pipe in prog.pipelines:
-        for key, w in pipe.chunks.items():
-            pipe.chunks[key] = replace(w, fwd_s=f, bwd_s=b, fwd_tp_s=0.0, bwd_tp_s=0.0,
-                                       p2p_bytes=p2p, grad_buckets=tuple(grad_bytes))
-        pipe.optimizer_s = (0.0,) * plan.pp
-    return prog
-
-
-def _run(prog):
-    eng = Engine(prog)
-    step = eng.run()
-    return step, summarize(prog, eng, step)
+    return fixed_program(cluster, model, plan_text, f, b, grad_bytes, p2p)
 
 
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
@@ -56,7 +34,7 @@ def test_bubble_gpipe_1f1b(schedule, p, m):
     model = _model(layers=16, batch=m * (8 // p))
     f, b = 0.001, 0.002
     prog = _program(cluster, model, f"pp={p},schedule={schedule}", f, b)
-    step, res = _run(prog)
+    step, res = run_engine(prog)
     ideal = m * (f + b)
     assert step == pytest.approx((m + p - 1) * (f + b), rel=1e-9)
     assert res.breakdown["bubble"] / ideal == pytest.approx((p - 1) / m, rel=1e-9)
@@ -70,7 +48,7 @@ def test_bubble_interleaved(p, m, v):
     model = _model(layers=p * v * 2, batch=m * (8 // p))
     f, b = 0.003, 0.006
     prog = _program(cluster, model, f"pp={p},vpp={v}", f / v, b / v)
-    step, res = _run(prog)
+    step, res = run_engine(prog)
     ideal = m * (f + b)
     assert step == pytest.approx(ideal * (1 + (p - 1) / (v * m)), rel=1e-9)
     assert res.bubble_fraction * step / ideal == pytest.approx((p - 1) / (v * m), rel=1e-9)
@@ -85,7 +63,7 @@ def test_engine_matches_list_scheduler_with_comm(schedule, m):
     # tp=2, pp=2: each stage is one node; both TP ranks send 1e8 B over their own
     # 80 Gb/s NIC (10 GB/s; PCIe is 50 GB/s): 0.01 s per transfer, no sharing.
     prog = _program(cluster, model, f"tp=2,pp=2,mbs=2,schedule={schedule}", 0.02, 0.04, p2p=1e8)
-    step, res = _run(prog)
+    step, res = run_engine(prog)
     ref, _ = list_schedule_makespan(make_schedule(schedule, 2, m), 2, 1, 0.02, 0.04, comm_time=0.01)
     assert step == pytest.approx(ref, rel=1e-9)
     assert res.breakdown["pp"] > 0
@@ -108,7 +86,7 @@ def test_grad_reduction_overlap(buckets, bucket_s):
     except for the last bucket while K*c < B, exposed by the difference beyond it."""
     B = 0.01
     prog = _dp_program(B, buckets, bucket_s * 1e10)
-    step, res = _run(prog)
+    step, res = run_engine(prog)
     m = prog.pipelines[0].microbatches
     K, c = buckets, bucket_s
     exposed = max(c, K * c - B * (1 - 1 / K))
@@ -120,7 +98,7 @@ def test_grad_reduction_without_overlap():
     """overlap_grad_reduce=false: every bucket waits for the end of backward, so all
     K*c of reduction is exposed."""
     B, K, c = 0.01, 4, 0.002
-    step, res = _run(_dp_program(B, K, c * 1e10, overlap=False))
+    step, res = run_engine(_dp_program(B, K, c * 1e10, overlap=False))
     assert res.exposed_comm_s["dp"] == pytest.approx(K * c, rel=1e-9)
 
 
@@ -164,7 +142,7 @@ def test_breakdown_sums_to_step():
     """Every device's breakdown (compute, tp, pp, dp, bubble, idle) adds up to the step time."""
     cluster = load_topology("hetero-a100-v100")
     model = ModelSpec("m", 16, 2048, 16, 1024, 32000, 64)
-    res = simulate(model, resolve_plan(f"tp=8,pp=2", model, cluster.num_devices), cluster, IDEAL)
+    res = simulate(model, resolve_plan("tp=8,pp=2", model, cluster.num_devices), cluster, IDEAL)
     for d in res.devices:
         assert sum(d.breakdown_s.values()) == pytest.approx(res.step_time_s, rel=1e-9)
     assert sum(res.breakdown.values()) == pytest.approx(res.step_time_s, rel=1e-9)
@@ -180,6 +158,6 @@ def test_overlapped_reduction_slows_compute():
     prog = _dp_program(B, 2, c * 1e10)
     prog.profile = Profile(gpus=IDEAL.gpus, fabrics={"default": FabricEfficiency(
         bw_eff=1.0, call_latency_us=0.0, compute_slowdown=s)})
-    step, res = _run(prog)
+    step, res = run_engine(prog)
     assert step == pytest.approx(B + s * c + c, rel=1e-9)
     assert res.breakdown["dp"] == pytest.approx(s * c + c, rel=1e-9)

@@ -1,0 +1,36 @@
+"""Shared by the engine tests: ideal links and programs whose per-chunk work is set by
+hand, so the engine's timing can be checked against hand-worked numbers."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from costmodel.profile import FabricEfficiency, GpuEfficiency, Profile
+from sim.engine import Engine
+from sim.metrics import summarize
+from sim.plan import resolve_plan
+from sim.program import build_program
+
+# Ideal links: full line rate, no per-call cost, so times are pure bytes / bandwidth.
+IDEAL = Profile(gpus={"default": GpuEfficiency()},
+                fabrics={"default": FabricEfficiency(bw_eff=1.0, call_latency_us=0.0)})
+
+
+def fixed_program(cluster, model, plan_text, f, b, grad_bytes=(), p2p=0.0, params=None):
+    """A real program whose chunks take f / b seconds forward / backward per microbatch,
+    send p2p bytes, reduce the given gradient buckets, and have no TP or optimizer time."""
+    plan = resolve_plan(plan_text, model, cluster.num_devices)
+    prog = build_program(model, plan, cluster, IDEAL)
+    for pipe in prog.pipelines:
+        for key, w in pipe.chunks.items():
+            pipe.chunks[key] = replace(w, fwd_s=f, bwd_s=b, fwd_tp_s=0.0, bwd_tp_s=0.0, p2p_bytes=p2p,
+                                       grad_buckets=tuple(grad_bytes),
+                                       params=w.params if params is None else params)
+        pipe.optimizer_s = (0.0,) * plan.pp
+    return prog
+
+
+def run_engine(prog):
+    """(step time, StepResult) of one engine run."""
+    eng = Engine(prog)
+    step = eng.run()
+    return step, summarize(prog, eng, step)
