@@ -22,7 +22,7 @@ import simpy
 from costmodel import efficiency as ce
 from sim import collective_flows as cf
 from sim.flownet import FlowNetwork
-from sim.program import BYTES, GRAD_REDUCE_BYTES, TOPK_ENTRY_BYTES, Program
+from sim.program import BYTES, TOPK_ENTRY_BYTES, Program, grad_reduce_bytes
 from sim.result import CATEGORIES, Segment
 
 
@@ -363,7 +363,7 @@ class Engine:
         return self._run_dp(s, self._dp_phases(s, nbytes, "all_gather"), f"zero3 gather {a.kind}{a.mb}")
 
     def _zero3_reduce_scatter(self, pi, s, w):
-        nbytes = w.params * GRAD_REDUCE_BYTES[self.plan.precision]
+        nbytes = w.params * grad_reduce_bytes(self.plan.precision, self.prog.profile.runtime)
         return self._run_dp(s, self._dp_phases(s, nbytes, "reduce_scatter"), "zero3 reduce-scatter")
 
     # ------------------------------------------------------------------ run
