@@ -24,8 +24,8 @@ def _add_common(p: argparse.ArgumentParser, topology_default: str | None = DEFAU
 
 def _load_inputs(args):
     from costmodel.profile import load_profile
-    from sim.model import DEFAULT_MODEL, load_model
-    from sim.topology import load_topology
+    from specs.model import DEFAULT_MODEL, load_model
+    from specs.topology import load_topology
 
     if args.nodes is not None and args.nodes <= 0:
         raise InputError("--nodes", None, f"must be a positive integer (got {args.nodes})")
@@ -40,7 +40,7 @@ def cmd_simulate(args) -> int:
     from plansim.summary import summary_text
     from reports.trace import write_trace
     from sim.metrics import simulate
-    from sim.plan import resolve_plan
+    from specs.plan import resolve_plan
 
     cluster, model, profile = _load_inputs(args)
     plan = resolve_plan(args.plan or "", model, cluster.num_devices)
@@ -64,7 +64,7 @@ def cmd_simulate(args) -> int:
 def cmd_models(args) -> int:
     from tabulate import tabulate
 
-    from sim.model import PRESETS
+    from specs.model import PRESETS
     rows = [[k, m.num_layers, m.hidden_size, m.num_attention_heads, m.kv_groups, m.ffn, m.seq_length,
              m.vocab_size, m.global_batch_size, m.activation, f"{m.total_params / 1e9:.2f}"]
             for k, m in PRESETS.items()]
@@ -74,7 +74,7 @@ def cmd_models(args) -> int:
 
 
 def cmd_topologies(args) -> int:
-    from sim.topology import list_topologies, load_topology
+    from specs.topology import list_topologies, load_topology
     for name in list_topologies():
         c = load_topology(name)
         gpus = sorted({d.gpu.name for d in c.devices})

@@ -42,7 +42,7 @@ def accuracy_text(res) -> str:
 
 def cmd_accuracy(args) -> int:
     from costmodel.errors import InputError
-    from sim.accuracy import run_accuracy
+    from validate.accuracy import run_accuracy
 
     jobs = args.jobs if args.jobs is not None else min(os.cpu_count() or 1, 4)
     if jobs < 1:

@@ -57,7 +57,7 @@ def record_top(sr: SearchResult, model, cluster, profile, count: int = 2) -> Sea
     replace the unrecorded ones in place so that the report can draw their Gantt charts.
     """
     from sim.metrics import simulate
-    from sim.plan import resolve_plan
+    from specs.plan import resolve_plan
 
     for i, r in enumerate(sr.ranked[:count]):
         if not r.segments:
@@ -75,9 +75,9 @@ def write_search_report(out_dir: str | Path, sr: SearchResult, model, cluster, p
 
 def _run_search(model, cluster, profile, top: int) -> SearchResult:
     try:
-        from sim.search import search
+        from search.search import search
     except ModuleNotFoundError as err:
-        if err.name != "sim.search":  # a broken search module is a bug, not missing input
+        if err.name != "search.search":  # a broken search module is a bug, not missing input
             raise
         raise InputError("report", "--search", "the plan search is not available in this build; "
                          "give the plans to compare with --plans") from None
@@ -86,7 +86,7 @@ def _run_search(model, cluster, profile, top: int) -> SearchResult:
 
 def cmd_report(args) -> int:
     from sim.metrics import simulate
-    from sim.plan import resolve_plan
+    from specs.plan import resolve_plan
 
     if args.top <= 0:
         raise InputError("--top", None, f"must be a positive integer (got {args.top})")

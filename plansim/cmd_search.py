@@ -55,7 +55,7 @@ def search_text(result, top: int) -> str:
 
 
 def cmd_search(args) -> int:
-    from sim.search import search
+    from search.search import search
 
     if args.top < 1:
         raise InputError("--top", None, f"must be a positive integer (got {args.top})")

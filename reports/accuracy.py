@@ -21,7 +21,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from reports.files import output_dir, write_files
-from sim.accuracy import AccuracyResult
+from validate.accuracy import AccuracyResult
 
 FILES = ("index.html", "report.md", "accuracy.png", "accuracy.csv")
 BAND = 0.10  # the +-10 % band drawn around y = x (issue #3's accuracy target)

@@ -1,1 +1,1 @@
-"""Discrete-event simulator of one training step (SimPy), plus topology, model and plan specs."""
+"""Discrete-event simulator of one training step (SimPy): program, schedules, engine, flow network, metrics."""

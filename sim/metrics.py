@@ -7,10 +7,10 @@ from costmodel import flops as fl
 from costmodel.profile import Profile
 from costmodel.shapes import ModelSpec
 from sim.engine import Engine
-from sim.plan import Plan
+from specs.plan import Plan
 from sim.program import Program, build_program
 from sim.result import CATEGORIES, DeviceResult, StepResult
-from sim.topology import Cluster
+from specs.topology import Cluster
 
 GIB = 2.0 ** 30
 

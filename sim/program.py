@@ -19,9 +19,9 @@ from costmodel.flops import matmul_flops
 from costmodel.errors import InputError
 from costmodel.profile import Profile, RuntimeSettings
 from costmodel.shapes import ModelSpec
-from sim.plan import Plan
+from specs.plan import Plan
 from sim.schedules import Action, make_schedule
-from sim.topology import Cluster
+from specs.topology import Cluster
 
 BYTES = {"bf16": 2, "fp16": 2, "fp8": 1, "fp32": 4}
 # Gradients are accumulated and reduced in fp32 for bf16 training (Megatron-LM's

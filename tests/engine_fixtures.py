@@ -7,7 +7,7 @@ from dataclasses import replace
 from costmodel.profile import FabricEfficiency, GpuEfficiency, Profile
 from sim.engine import Engine
 from sim.metrics import summarize
-from sim.plan import resolve_plan
+from specs.plan import resolve_plan
 from sim.program import build_program
 
 # Ideal links: full line rate, no per-call cost, so times are pure bytes / bandwidth.

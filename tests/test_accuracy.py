@@ -2,7 +2,7 @@
 accuracy report) and the framework behaviours those runs rely on (blocking pipeline sends,
 all-reduced ZeRO-1 gradients, NIC-spreading reduce-scatter).
 
-The guard: over tests/data/published_runs.csv (Korthikanti et al. 2022 and BigScience
+The guard: over validate/data/published_runs.csv (Korthikanti et al. 2022 and BigScience
 BLOOM rows, cited in the file) the mean absolute percentage error stays <= 10 % and the
 Spearman rank correlation of the BLOOM sweep stays >= 0.8 (issue #3).
 """
@@ -19,11 +19,11 @@ from costmodel.shapes import ModelSpec
 from engine_fixtures import fixed_program, run_engine
 from plansim.cli import main
 from reports.accuracy import FILES, render, write_accuracy_report
-from sim.accuracy import (DEFAULT_ROWS, FRAMEWORKS, NETWORKS, load_rows, mape, row_plan_text, row_profile_names,
+from validate.accuracy import (DEFAULT_ROWS, FRAMEWORKS, NETWORKS, load_rows, mape, row_plan_text, row_profile_names,
                           run_accuracy, spearman)
-from sim.plan import resolve_plan
+from specs.plan import resolve_plan
 from sim.schedules import list_schedule_makespan, make_schedule
-from sim.topology import load_topology
+from specs.topology import load_topology
 
 DATA = Path(__file__).parent / "data"
 

@@ -21,9 +21,9 @@ from costmodel.gpus import get_gpu
 from costmodel.profile import (GpuEfficiency, RuntimeSettings, bundled_profiles, load_profile,
                                profile_to_dict)
 from costmodel.shapes import ModelSpec
-from sim.plan import resolve_plan
+from specs.plan import resolve_plan
 from sim.program import chunk_work, grad_accumulation_ops, tp_layer_comm_s
-from sim.topology import load_topology
+from specs.topology import load_topology
 
 A100 = get_gpu("A100-SXM4-80GB")
 M22 = ModelSpec("22b", 48, 6144, 64, 2048, 51200, 4)  # Korthikanti et al. 2022, 22B

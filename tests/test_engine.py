@@ -11,10 +11,10 @@ from costmodel.profile import FabricEfficiency, Profile
 from costmodel.shapes import ModelSpec
 from engine_fixtures import IDEAL, fixed_program, run_engine
 from sim.metrics import simulate
-from sim.plan import resolve_plan
+from specs.plan import resolve_plan
 from sim.program import build_program
 from sim.schedules import list_schedule_makespan, make_schedule
-from sim.topology import load_topology
+from specs.topology import load_topology
 
 DATA = Path(__file__).parent / "data"
 def _model(layers=16, batch=64):

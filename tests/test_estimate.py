@@ -12,10 +12,10 @@ from costmodel.estimate import (ChunkGrads, PipelineCost, StageCost, estimate_st
 from costmodel.profile import load_profile
 from costmodel.shapes import ModelSpec
 from sim.metrics import simulate
-from sim.plan import resolve_plan
+from specs.plan import resolve_plan
 from sim.schedules import list_schedule_makespan, make_schedule, peak_inflight_total
-from sim.search_costs import CostTables, peak_inflight
-from sim.topology import load_topology
+from search.costs import CostTables, peak_inflight
+from specs.topology import load_topology
 
 PROFILE = load_profile(None)
 SMALL = ModelSpec("small", 16, 2048, 16, 2048, 51200, 128)

@@ -8,12 +8,12 @@ import pytest
 
 from costmodel.profile import load_profile
 from costmodel.shapes import ModelSpec
-from sim.hetero import group_speeds, nonuniform_variant, water_fill
+from search.hetero import group_speeds, nonuniform_variant, water_fill
 from sim.metrics import simulate
-from sim.plan import resolve_plan
-from sim.search import SearchSpace, search
-from sim.search_costs import CostTables
-from sim.topology import load_topology
+from specs.plan import resolve_plan
+from search.search import SearchSpace, search
+from search.costs import CostTables
+from specs.topology import load_topology
 
 PROFILE = load_profile(None)
 SMALL = ModelSpec("small", 16, 2048, 16, 2048, 51200, 128)

@@ -22,10 +22,10 @@ from reports import plots
 from reports.report import write_report
 from reports.tables import group_utilisation, plan_fields, tp_pp_grid
 from sim.metrics import simulate
-from sim.model import load_model
-from sim.plan import resolve_plan
+from specs.model import load_model
+from specs.plan import resolve_plan
 from sim.result import CATEGORIES, DeviceResult, SearchResult, StepResult
-from sim.topology import load_topology
+from specs.topology import load_topology
 
 PLANS = ["tp=2,pp=2", "tp=1", "tp=8", "tp=4,pp=2", "tp=1,pp=4"]
 FILES = {"index.html", "report.md", "plans.csv", "trace.json"}
@@ -276,7 +276,7 @@ def test_report_command_bad_plan_writes_nothing(tmp_path, capsys):
 
 
 def test_report_command_uses_the_search(tmp_path, capsys, monkeypatch):
-    """Without --plans, `report` calls sim.search.search(model, cluster, profile, top=K) and
+    """Without --plans, `report` calls search.search.search(model, cluster, profile, top=K) and
     reports its ranked plans, notes and pruning; the top two are re-simulated with timelines."""
     calls = []
 
@@ -285,7 +285,7 @@ def test_report_command_uses_the_search(tmp_path, capsys, monkeypatch):
         sr = _simulate_all("dgx-a100", 2, ["tp=1", "tp=2,pp=2", "tp=8"], record=False)
         sr.notes = ["Top-k compression does not pay on this fabric."]
         return sr
-    monkeypatch.setitem(sys.modules, "sim.search", types.SimpleNamespace(search=fake_search))
+    monkeypatch.setitem(sys.modules, "search.search", types.SimpleNamespace(search=fake_search))
     out = tmp_path / "r"
     assert main(["report", "dgx-a100", "--nodes", "2", "--top", "3", "--out", str(out)]) == 0
     capsys.readouterr()

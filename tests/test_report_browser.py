@@ -21,10 +21,10 @@ import pytest
 from costmodel.profile import load_profile
 from reports.report import write_report
 from sim.metrics import simulate
-from sim.model import load_model
-from sim.plan import resolve_plan
+from specs.model import load_model
+from specs.plan import resolve_plan
 from sim.result import SearchResult
-from sim.topology import load_topology
+from specs.topology import load_topology
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome")
 TIMEOUT_S = 20.0

@@ -11,10 +11,10 @@ from costmodel.errors import InputError
 from costmodel.profile import load_profile
 from costmodel.shapes import ModelSpec
 from plansim.cli import main
-from sim import search as S
+from search import search as S
 from sim.metrics import simulate
-from sim.plan import resolve_plan
-from sim.topology import load_topology
+from specs.plan import resolve_plan
+from specs.topology import load_topology
 
 PROFILE = load_profile(None)
 SMALL = ModelSpec("small", 16, 2048, 16, 2048, 51200, 128)

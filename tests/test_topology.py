@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from costmodel.errors import InputError
-from sim.topology import load_topology, list_topologies
+from specs.topology import load_topology, list_topologies
 
 # A small valid cluster used as the base of the variants below: 3 nodes x 2 GPUs, 1 NIC each.
 BASE = {

@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from costmodel.errors import InputError
 from costmodel.shapes import ModelSpec
-from sim.validation import first_error
+from specs.validation import first_error
 
 class PlanFile(BaseModel):
     """What a user may write in a plan; omitted keys take the defaults."""

@@ -24,11 +24,11 @@ from costmodel.errors import InputError
 from costmodel.profile import Profile, load_profile
 from costmodel.shapes import ModelSpec
 from sim.metrics import simulate
-from sim.plan import resolve_plan
-from sim.topology import load_topology
+from specs.plan import resolve_plan
+from specs.topology import load_topology
 
 # The rows shipped with the project (a copy of the shared data with citations).
-DEFAULT_ROWS = Path(__file__).resolve().parent.parent / "tests" / "data" / "published_runs.csv"
+DEFAULT_ROWS = Path(__file__).resolve().parent / "data" / "published_runs.csv"
 
 # network column -> (bundled topology, bundled profile of that GPU type and fabric)
 NETWORKS: dict[str, tuple[str, str]] = {

@@ -24,10 +24,10 @@ from costmodel.estimate import ChunkGrads, PipelineCost, StageCost
 from costmodel.profile import Profile
 from costmodel.shapes import ModelSpec
 from sim import collective_flows as cf
-from sim.plan import Plan
+from specs.plan import Plan
 from sim.program import (BUCKET_BYTES, BYTES, TOPK_ENTRY_BYTES, ChunkWork, chunk_work,
                          grad_reduce_bytes, group_link)
-from sim.topology import Cluster
+from specs.topology import Cluster
 
 GIB = 2.0 ** 30
 

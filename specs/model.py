@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from costmodel.errors import InputError
 from costmodel.shapes import ModelSpec
-from sim.validation import first_error
+from specs.validation import first_error
 
 
 class ModelFile(BaseModel):

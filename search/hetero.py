@@ -20,8 +20,8 @@ import math
 from dataclasses import replace
 
 from costmodel import memory as mem
-from sim.plan import Plan
-from sim.search_costs import CostTables, peak_inflight
+from specs.plan import Plan
+from search.costs import CostTables, peak_inflight
 
 
 def water_fill(total: int, unit_cost: list[float], fixed: list[float], lo: list[int],

@@ -36,7 +36,7 @@ from pydantic import ValidationError
 
 from costmodel.errors import InputError
 from costmodel.gpus import GpuSpec, get_gpu
-from sim import topology_schema as schema
+from specs import topology_schema as schema
 
 _BUNDLE = "topologies"
 _NODE_VERTEX = re.compile(r"^n\d+\.")

@@ -23,13 +23,13 @@ from tqdm import tqdm
 from costmodel.estimate import StepEstimate, estimate_step
 from costmodel.profile import Profile
 from costmodel.shapes import ModelSpec
-from sim.hetero import nonuniform_variant
+from search.hetero import nonuniform_variant
 from sim.metrics import simulate
-from sim.plan import Plan, resolve_plan
+from specs.plan import Plan, resolve_plan
 from sim.result import SearchResult, StepResult
-from sim.search_costs import CostTables
-from sim.search_notes import compression_note, estimate_note, hetero_note
-from sim.topology import Cluster
+from search.costs import CostTables
+from search.findings import compression_note, estimate_note, hetero_note
+from specs.topology import Cluster
 
 MIN_SIMULATED = 10
 

@@ -8,11 +8,11 @@ from typing import Callable
 
 from costmodel.efficiency import topk_compress_time_s, topk_decompress_time_s
 from costmodel.estimate import StepEstimate, estimate_step
-from sim.hetero import describe_split, group_speeds
-from sim.plan import Plan, resolve_plan
+from search.hetero import describe_split, group_speeds
+from specs.plan import Plan, resolve_plan
 from sim.program import TOPK_ENTRY_BYTES
 from sim.result import StepResult
-from sim.search_costs import CostTables, n_buckets
+from search.costs import CostTables, n_buckets
 
 TOPK_FRACTIONS = ("topk:0.01", "topk:0.001")
 

@@ -1,0 +1,1 @@
+"""Plan search: enumeration, pruning with reasons, analytic ranking, heterogeneous balancing, findings."""
