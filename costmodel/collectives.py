@@ -11,7 +11,7 @@ import math
 
 from costmodel.errors import InputError
 
-# nccl-tests "bus bandwidth" factors: busbw = algbw * factor (reference_facts.md, NCCL
+# nccl-tests "bus bandwidth" factors: busbw = algbw * factor (docs/facts.md, NCCL
 # bus bandwidth): the bytes each rank must move over its link per byte of the operation.
 _BUSBW = {
     "all_reduce": lambda n: 2 * (n - 1) / n,

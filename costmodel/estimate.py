@@ -6,7 +6,7 @@ this module combines them with closed forms of the pipeline schedules:
 
 * Pipeline flush (GPipe and 1F1B) with stage times t_s = f_s + b_s per microbatch and m
   microbatches: (m - 1) * max_s t_s + sum_s t_s, which for equal stages is the
-  (m + p - 1) * t of Narayanan et al. 2021 (bubble (p-1)/m, reference_facts.md "Pipeline
+  (m + p - 1) * t of Narayanan et al. 2021 (bubble (p-1)/m, docs/facts.md "Pipeline
   bubble"). Interleaved with v chunks per rank: m * max_s t_s + (sum_s t_s - max_s t_s) / v,
   i.e. bubble (p-1)/(v m) for equal stages.
 * Point-to-point transfers of c seconds on the critical path. Counted by running the

@@ -104,28 +104,28 @@ def _spec(name: str, mem_gib: float, mem_bw_GBps: float, source: str, **tflops: 
 
 
 GPU_CATALOG: dict[str, GpuSpec] = {s.name: s for s in (
-    # reference_facts.md "Datasheet peaks": V100 SXM2 125 TFLOP/s fp16 tensor core, 15.7 fp32,
+    # docs/facts.md "Datasheet peaks": V100 SXM2 125 TFLOP/s fp16 tensor core, 15.7 fp32,
     # 32 GB HBM2 at 900 GB/s (NVIDIA Tesla V100 datasheet). No bf16/tf32/fp8 units (see _FALLBACK).
-    _spec("V100-SXM2-32GB", 32, 900, "NVIDIA Tesla V100 datasheet (SXM2); reference_facts.md",
+    _spec("V100-SXM2-32GB", 32, 900, "NVIDIA Tesla V100 datasheet (SXM2); docs/facts.md",
           fp16=125.0, fp32=15.7),
-    # reference_facts.md: A100 SXM 312 bf16/fp16, 156 tf32, 19.5 fp32; 40 GB at 1,555 GB/s
-    # (NVIDIA A100 datasheet; reference_facts rounds it to 1.6 TB/s).
-    _spec("A100-SXM4-40GB", 40, 1555, "NVIDIA A100 Tensor Core GPU datasheet (SXM4 40GB); reference_facts.md",
+    # docs/facts.md: A100 SXM 312 bf16/fp16, 156 tf32, 19.5 fp32; 40 GB at 1,555 GB/s
+    # (NVIDIA A100 datasheet; docs/facts.md rounds it to 1.6 TB/s).
+    _spec("A100-SXM4-40GB", 40, 1555, "NVIDIA A100 Tensor Core GPU datasheet (SXM4 40GB); docs/facts.md",
           bf16=312.0, fp16=312.0, tf32=156.0, fp32=19.5),
-    # Same compute; 80 GB HBM2e at 2,039 GB/s (NVIDIA A100 datasheet; "about 2.0 TB/s" in reference_facts.md).
-    _spec("A100-SXM4-80GB", 80, 2039, "NVIDIA A100 Tensor Core GPU datasheet (SXM4 80GB); reference_facts.md",
+    # Same compute; 80 GB HBM2e at 2,039 GB/s (NVIDIA A100 datasheet; "about 2.0 TB/s" in docs/facts.md).
+    _spec("A100-SXM4-80GB", 80, 2039, "NVIDIA A100 Tensor Core GPU datasheet (SXM4 80GB); docs/facts.md",
           bf16=312.0, fp16=312.0, tf32=156.0, fp32=19.5),
-    # reference_facts.md: H100 SXM ~989 bf16/fp16 dense, ~1979 fp8 dense, 80 GB HBM3 at 3.35 TB/s.
+    # docs/facts.md: H100 SXM ~989 bf16/fp16 dense, ~1979 fp8 dense, 80 GB HBM3 at 3.35 TB/s.
     # tf32 494.7 and fp32 67 dense from the NVIDIA H100 Tensor Core GPU datasheet (SXM5).
-    _spec("H100-SXM5-80GB", 80, 3350, "NVIDIA H100 Tensor Core GPU datasheet (SXM5); reference_facts.md",
+    _spec("H100-SXM5-80GB", 80, 3350, "NVIDIA H100 Tensor Core GPU datasheet (SXM5); docs/facts.md",
           bf16=989.4, fp16=989.4, fp8=1978.9, tf32=494.7, fp32=67.0),
     # NVIDIA H100 datasheet (PCIe): 1,513 bf16 / 3,026 fp8 *with sparsity*, i.e. 756 / 1,513 dense;
     # tf32 378 dense, fp32 51; 80 GB HBM2e at 2.0 TB/s.
     _spec("H100-PCIe", 80, 2000, "NVIDIA H100 Tensor Core GPU datasheet (PCIe, 80GB)",
           bf16=756.5, fp16=756.5, fp8=1513.0, tf32=378.0, fp32=51.2),
-    # reference_facts.md: H200 SXM has H100's compute with 141 GB HBM3e at 4.8 TB/s
+    # docs/facts.md: H200 SXM has H100's compute with 141 GB HBM3e at 4.8 TB/s
     # (NVIDIA H200 datasheet). 141 GB is the usable capacity of six 24 GiB stacks.
-    _spec("H200", 141, 4800, "NVIDIA H200 Tensor Core GPU datasheet (SXM); reference_facts.md",
+    _spec("H200", 141, 4800, "NVIDIA H200 Tensor Core GPU datasheet (SXM); docs/facts.md",
           bf16=989.4, fp16=989.4, fp8=1978.9, tf32=494.7, fp32=67.0),
     # NVIDIA L40S datasheet: 733 bf16/fp16 and 1,466 fp8 with sparsity -> 362 / 733 dense;
     # tf32 183 dense, fp32 91.6; 48 GB GDDR6 at 864 GB/s.

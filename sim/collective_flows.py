@@ -9,7 +9,7 @@ while its bytes stream through (the alpha-beta ring model: time = steps*alpha + 
 (including unsimulated symmetric replicas) slow them down by max-min sharing.
 
 Byte counts per flow follow the nccl-tests bus-bandwidth factors quoted in
-shared/data/reference_facts.md (NCCL bus bandwidth): all-reduce 2(n-1)/n of the buffer,
+docs/facts.md (NCCL bus bandwidth): all-reduce 2(n-1)/n of the buffer,
 all-gather and reduce-scatter (n-1)/n of the full (gathered) buffer.
 """
 from __future__ import annotations

@@ -7,7 +7,7 @@ these lists; ``list_schedule_makespan`` is a small independent executor used as 
 reference that the engine is tested against.
 
 Bubble fractions checked in the tests come from Narayanan et al. 2021 (SC21), as quoted
-in shared/data/reference_facts.md, "Pipeline bubble"; the interleaved activation factor
+in docs/facts.md, "Pipeline bubble"; the interleaved activation factor
 comes from Korthikanti et al. 2022 (same file, "Activation memory").
 """
 from __future__ import annotations

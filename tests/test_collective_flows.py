@@ -1,6 +1,6 @@
 """Collectives as flows on a FlowNetwork, against alpha-beta closed forms worked by hand.
 
-Byte factors: nccl-tests bus bandwidth definitions in shared/data/reference_facts.md
+Byte factors: nccl-tests bus bandwidth definitions in docs/facts.md
 (all-reduce 2(n-1)/n, all-gather / reduce-scatter (n-1)/n).
 """
 from collections import Counter

@@ -2,7 +2,7 @@
 parameterise it (costmodel/profile.py) and the per-layer times sim/program.py derives.
 
 Numbers are worked out by hand from the formulas in the module docstrings, or compared with
-Korthikanti et al. 2022 Table 4 (reference_facts.md), the published per-layer times of the
+Korthikanti et al. 2022 Table 4 (docs/facts.md), the published per-layer times of the
 22B model on A100 80GB that the A100 entry of the default profile is checked against.
 """
 from __future__ import annotations

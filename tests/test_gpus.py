@@ -20,7 +20,7 @@ def test_catalog_has_the_required_entries_with_sources():
 
 
 def test_reference_fact_peaks_in_si_units():
-    """reference_facts.md: A100 312 TFLOP/s bf16, 156 tf32, 19.5 fp32; H100 SXM ~989 bf16 and ~1979 fp8 (2x)."""
+    """docs/facts.md: A100 312 TFLOP/s bf16, 156 tf32, 19.5 fp32; H100 SXM ~989 bf16 and ~1979 fp8 (2x)."""
     a100 = get_gpu("A100-SXM4-80GB")
     assert a100.peak_flops("bf16") == pytest.approx(312e12)
     assert a100.peak_flops("tf32") == pytest.approx(156e12)
@@ -31,7 +31,7 @@ def test_reference_fact_peaks_in_si_units():
 
 
 def test_h200_is_h100_compute_with_more_memory():
-    """reference_facts.md: H200 has H100's compute, 141 GB HBM3e at 4.8 TB/s (vs 80 GB at 3.35 TB/s)."""
+    """docs/facts.md: H200 has H100's compute, 141 GB HBM3e at 4.8 TB/s (vs 80 GB at 3.35 TB/s)."""
     h100, h200 = get_gpu("H100-SXM5-80GB"), get_gpu("H200")
     for p in PRECISIONS:
         assert h200.peak_flops(p) == h100.peak_flops(p)

@@ -2,7 +2,7 @@
 
 Closed forms: Narayanan et al. 2021 (bubble (p-1)/m, interleaved (p-1)/(v*m)) and
 Korthikanti et al. 2022 (interleaved first-stage activation factor), both quoted in
-shared/data/reference_facts.md.
+docs/facts.md.
 """
 from collections import Counter
 from fractions import Fraction

@@ -116,7 +116,7 @@ def test_fat_tree_oversubscription_rule():
 
 
 def test_v100_hybrid_cube_mesh():
-    """DGX-1V: every GPU has 6 NVLink2 links (reference_facts: 300 GB/s total = 6 x 25 GB/s x 2 directions);
+    """DGX-1V: every GPU has 6 NVLink2 links (docs/facts.md: 300 GB/s total = 6 x 25 GB/s x 2 directions);
     doubled pair 0-3 carries 50 GB/s; 0 -> 5 has no direct link and takes two NVLink hops."""
     cluster = load_topology("hetero-a100-v100")
     node = cluster.nodes[4]
