@@ -18,7 +18,7 @@ from costmodel import efficiency as ce
 from costmodel.errors import InputError
 from sim import collective_flows as cf
 from sim.accountant import RankKey, StepAccountant
-from sim.calls import call_latency_s, run_call
+from sim.calls import EnginePart
 from sim.flownet import FlowNetwork
 from sim.program import BYTES, TOPK_ENTRY_BYTES, ChunkWork, Program, grad_reduce_bytes
 
@@ -31,14 +31,9 @@ class BucketId(NamedTuple):
     bucket: int
 
 
-class GradientReducer:
+class GradientReducer(EnginePart):
     def __init__(self, env: simpy.Environment, net: FlowNetwork, program: Program, accountant: StepAccountant):
-        self.env = env
-        self.net = net
-        self.prog = program
-        self.plan = program.plan
-        self.cluster = program.cluster
-        self.acct = accountant
+        super().__init__(env, net, program, accountant)
         p = self.plan.pp
         self.n_classes = len(program.pipelines)
         if self.plan.zero == 3 and self.n_classes > 1:
@@ -50,8 +45,8 @@ class GradientReducer:
         self._started: dict[int, float] = {}                    # stage -> first bucket's start
         self._gathered = [env.event() for _ in range(p)]        # ZeRO-1/2 parameter gather done
         self._optimized = [0] * p                               # classes past the optimizer
-        self._call_s = [call_latency_s(self.cluster, program.profile, self.plan.dp_group(s, 0))
-                        if self.plan.dp > 1 else 0.0 for s in range(p)]
+        self._call_s = [self.call_latency_s(self.plan.dp_group(s, 0)) if self.plan.dp > 1 else 0.0
+                        for s in range(p)]
 
     # ------------------------------------------------------------ the executor's side
     def bucket_elements(self, stage: int, chunk: int) -> float:
@@ -159,4 +154,4 @@ class GradientReducer:
         """One data-parallel collective call of stage s; the DP groups of TP indices
         1..tp-1 run the same call alongside (unsimulated replicas)."""
         replicas = [self.plan.dp_group(s, t) for t in range(1, self.plan.tp)]
-        return run_call(self.env, self.net, self.cluster, phases, replicas, label, self._call_s[s])
+        return self.call(phases, replicas, label, self._call_s[s])

@@ -17,7 +17,7 @@ import simpy
 
 from sim import collective_flows as cf
 from sim.accountant import RankKey, StepAccountant
-from sim.calls import call_latency_s, group_kind, run_call
+from sim.calls import EnginePart, group_kind
 from sim.flownet import FlowNetwork
 from sim.gradient_reducer import GradientReducer
 from sim.program import Program
@@ -33,15 +33,10 @@ class Handoff(NamedTuple):
     mb: int
 
 
-class PipelineExecutor:
+class PipelineExecutor(EnginePart):
     def __init__(self, env: simpy.Environment, net: FlowNetwork, program: Program,
                  accountant: StepAccountant, reducer: GradientReducer):
-        self.env = env
-        self.net = net
-        self.prog = program
-        self.plan = program.plan
-        self.cluster = program.cluster
-        self.acct = accountant
+        super().__init__(env, net, program, accountant)
         self.reducer = reducer
         self.p, self.v = self.plan.pp, self.plan.vpp
         self.V = self.p * self.v
@@ -121,8 +116,8 @@ class PipelineExecutor:
             self._p2p_replicas[(pi, src_stage, dst_stage)] = replicas
         call_s = self._p2p_call_s.get((src, dst))
         if call_s is None:
-            call_s = self._p2p_call_s[(src, dst)] = call_latency_s(self.cluster, self.prog.profile, [src, dst])
-        done = run_call(self.env, self.net, self.cluster, cf.p2p(src, dst, nbytes), replicas, label, call_s)
+            call_s = self._p2p_call_s[(src, dst)] = self.call_latency_s([src, dst])
+        done = self.call(cf.p2p(src, dst, nbytes), replicas, label, call_s)
         t_start = self.env.now
         if self.acct.record:
             key = RankKey(pi, src_stage)

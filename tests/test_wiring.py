@@ -12,12 +12,14 @@ and the search's best against every plan of a small space simulated.
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import networkx as nx
 import pytest
 import simpy
 
 from costmodel.gpus import get_gpu
-from costmodel.profile import FabricEfficiency, GpuEfficiency, Profile, load_profile
+from costmodel.profile import GpuEfficiency, Profile, load_profile
 from costmodel.shapes import ModelSpec
 from engine_fixtures import IDEAL, fixed_program, run_engine
 from search import search as S
@@ -25,8 +27,6 @@ from sim.flownet import FlowNetwork
 from sim.metrics import simulate
 from specs.plan import resolve_plan
 from specs.topology import load_topology
-
-from pathlib import Path
 
 DATA = Path(__file__).parent / "data"
 GIB = 2.0 ** 30
