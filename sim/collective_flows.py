@@ -1,7 +1,7 @@
 """Collective algorithms as flows, independent of topology.
 
 A collective on a group of ranks becomes a list of phases run one after another; the
-flows of one phase, (src_rank, dst_rank, nbytes), run concurrently. A phase also says
+flows of one phase (Flow: src rank, dst rank, bytes) run concurrently. A phase also says
 how many sequential latency hops it pays: a pipelined ring moves data through n-1 (or
 2(n-1)) neighbour steps, so each flow pays latency_steps times its path latency once,
 while its bytes stream through (the alpha-beta ring model: time = steps*alpha + bytes/bw).
@@ -15,7 +15,7 @@ all-gather and reduce-scatter (n-1)/n of the full (gathered) buffer.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 import simpy
 
@@ -23,7 +23,7 @@ from costmodel.errors import InputError
 from sim.flownet import Edge, FlowNetwork
 
 __all__ = [
-    "Phase", "ring_allreduce", "tree_allreduce", "hierarchical_allreduce",
+    "Flow", "Phase", "ring_allreduce", "tree_allreduce", "hierarchical_allreduce",
     "hierarchical_reduce_scatter", "hierarchical_allgather", "allgather", "reduce_scatter",
     "sparse_allgather", "p2p", "build", "run_phases", "double_binary_trees",
     "ALGORITHMS", "OPS",
@@ -33,19 +33,27 @@ ALGORITHMS = ("ring", "tree", "hierarchical")
 OPS = ("allreduce", "allgather", "reduce_scatter", "sparse_allgather", "p2p")
 
 
+class Flow(NamedTuple):
+    """``nbytes`` bytes from rank ``src`` to rank ``dst``."""
+
+    src: int
+    dst: int
+    nbytes: float
+
+
 @dataclass(frozen=True)
 class Phase:
-    """Flows (src_rank, dst_rank, nbytes) that run concurrently; each pays
-    ``latency_steps`` times its path latency. ``group`` is the ordered group the flows
-    belong to (used to map flows onto replica groups by position); () if unknown."""
-    flows: tuple[tuple[int, int, float], ...]
+    """Flows that run concurrently; each pays ``latency_steps`` times its path latency.
+    ``group`` is the ordered group the flows belong to (used to map flows onto replica
+    groups by position); () if unknown."""
+    flows: tuple[Flow, ...]
     latency_steps: int
     group: tuple[int, ...] = ()
 
 
-def _ring_flows(members: Sequence[int], nbytes: float) -> list[tuple[int, int, float]]:
+def _ring_flows(members: Sequence[int], nbytes: float) -> list[Flow]:
     n = len(members)
-    return [(members[i], members[(i + 1) % n], nbytes) for i in range(n)]
+    return [Flow(members[i], members[(i + 1) % n], nbytes) for i in range(n)]
 
 
 def _group(group: Sequence[int]) -> tuple[int, ...]:
@@ -97,7 +105,7 @@ def p2p(src: int, dst: int, nbytes: float) -> list[Phase]:
     """One point-to-point transfer, one latency hop. To itself: nothing."""
     if src == dst:
         return []
-    return [Phase(((src, dst, nbytes),), 1, (src, dst))]
+    return [Phase((Flow(src, dst, nbytes),), 1, (src, dst))]
 
 
 def double_binary_trees(n: int) -> tuple[list[int | None], list[int | None]]:
@@ -157,8 +165,8 @@ def tree_allreduce(group: Sequence[int], nbytes: float) -> list[Phase]:
     for tree in (t1, t2):
         for r, parent in enumerate(tree):
             if parent is not None:
-                up.append((g[r], g[parent], half))
-                down.append((g[parent], g[r], half))
+                up.append(Flow(g[r], g[parent], half))
+                down.append(Flow(g[parent], g[r], half))
     return [Phase(tuple(up), steps, g), Phase(tuple(down), steps, g)]
 
 

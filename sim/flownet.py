@@ -17,14 +17,23 @@ from __future__ import annotations
 
 import heapq
 import math
-from typing import Mapping, Sequence
+from typing import Mapping, NamedTuple, Sequence
 
 import networkx
 import simpy
 
 Edge = tuple[str, str]
 
-__all__ = ["Edge", "FlowNetwork"]
+__all__ = ["Edge", "FlowNetwork", "LinkSample"]
+
+
+class LinkSample(NamedTuple):
+    """From ``t_s`` on, the flows on directed link ``edge`` move ``rate_Bps`` bytes/s in
+    all (copies counted); recorded whenever that total changes."""
+
+    t_s: float
+    edge: Edge
+    rate_Bps: float
 
 # A flow is finished when at most this fraction of its bytes is left: float rounding in
 # rate * dt leaves ~1e-15 relative residue, and 1e-9 of a transfer is far below any
@@ -61,7 +70,7 @@ class FlowNetwork:
         self.graph = graph
         self.record = record
         self.bytes_carried: dict[Edge, float] = {}
-        self.samples: list[tuple[float, Edge, float]] = []
+        self.samples: list[LinkSample] = []
         # Scratch space for callers that derive data from this network and want to reuse
         # it across calls (collective_flows keeps routes and multiplicity maps here).
         self.cache: dict = {}
@@ -201,7 +210,7 @@ class FlowNetwork:
                 total = sum((w * f.rate for f, w in self._on_edge.get(e, {}).items()), 0.0)
                 if total != self._last_sample.get(e, 0.0):
                     self._last_sample[e] = total
-                    self.samples.append((now, e, total))
+                    self.samples.append(LinkSample(now, e, total))
 
     def _retire(self, f: _Flow) -> None:
         f.done = True
@@ -255,6 +264,9 @@ class FlowNetwork:
                 wsum[e] += w
         index = {e: i for i, e in enumerate(edges)}   # heap tie-break: stable and cheap
         ver = [0] * len(edges)
+        # Entries (fair share in bytes/s, edge index, version): plain tuples on purpose,
+        # the solver's innermost loop pushes one per touched edge and a named record
+        # costs several times a tuple to build.
         heap = [(bw[e] / wsum[e], index[e], 0) for e in edges if wsum[e] > 0]
         heapq.heapify(heap)
         unfrozen = set(flows)

@@ -3,8 +3,9 @@ accuracy report) and the framework behaviours those runs rely on (blocking pipel
 all-reduced ZeRO-1 gradients, NIC-spreading reduce-scatter).
 
 The guard: over validate/data/published_runs.csv (Korthikanti et al. 2022 and BigScience
-BLOOM rows, cited in the file) the mean absolute percentage error stays <= 10 % and the
-Spearman rank correlation of the BLOOM sweep stays >= 0.8 (issue #3).
+BLOOM rows, cited in the file) the mean absolute percentage error stays <= 2.8 % and the
+Spearman rank correlation of the BLOOM sweep stays >= 0.82, a small margin over today's
+2.47 % and 0.841 (issue 8: a guard at 4x slack let wrong wiring through).
 """
 from __future__ import annotations
 
@@ -119,14 +120,17 @@ def accuracy():
 
 
 def test_accuracy_guard(accuracy):
-    """Issue #3: MAPE <= 10 % over all published rows and Spearman >= 0.8 over the BLOOM
-    sweep, with one profile per GPU type and fabric and no per-row tuning; and no single
-    row more than 15 % off."""
+    """Over all published rows MAPE <= 2.8 % (2.47 % now) and over the BLOOM sweep
+    Spearman >= 0.82 (0.841 now), with one profile per GPU type and fabric and no per-row
+    tuning; no single row more than 8 % off (7.3 % now). Issue #3 asked for 10 % / 0.8;
+    issue 8 keeps the guard near the current figures so that a wiring change that moves
+    the predictions fails here. A change that legitimately moves them updates these
+    figures in the same commit, with the reason."""
     assert len(accuracy.rows) == 23 and len(accuracy.sweep_ids) == 13
-    assert accuracy.mape <= 0.10, f"MAPE {100 * accuracy.mape:.2f} %"
-    assert accuracy.spearman >= 0.8, f"Spearman {accuracy.spearman:.3f}"
+    assert accuracy.mape <= 0.028, f"MAPE {100 * accuracy.mape:.2f} %"
+    assert accuracy.spearman >= 0.82, f"Spearman {accuracy.spearman:.3f}"
     worst = max(accuracy.rows, key=lambda r: abs(r.error))
-    assert abs(worst.error) <= 0.15, f"{worst.row.run_id} {100 * worst.error:+.1f} %"
+    assert abs(worst.error) <= 0.08, f"{worst.row.run_id} {100 * worst.error:+.1f} %"
     # The errors are what the table says: (predicted - published) / published.
     r = accuracy.rows[0]
     assert r.error == pytest.approx((r.predicted - r.row.figure) / r.row.figure)

@@ -1,35 +1,57 @@
 """FlowNetwork: latency plus max-min fair bandwidth sharing, checked against hand numbers."""
+from __future__ import annotations
+
 import random
+from typing import Hashable, Mapping, NamedTuple, Sequence
 
 import networkx as nx
 import pytest
 import simpy
 
-from sim.flownet import FlowNetwork
+from sim.flownet import Edge, FlowNetwork
 
 
-def graph(*edges):
-    """DiGraph from (u, v, bw_Bps, latency_s) tuples."""
+class Link(NamedTuple):
+    """One directed link of a test graph."""
+
+    u: str
+    v: str
+    bw_Bps: float
+    latency_s: float
+
+
+class Send(NamedTuple):
+    """One transfer of a test: started at ``start_s``, named ``name`` in the results."""
+
+    name: Hashable
+    start_s: float
+    path: Sequence[Edge]
+    nbytes: float
+    multiplicity: Mapping[Edge, int] | None = None
+    latency_steps: int = 1
+
+
+def graph(*links: Link):
+    """DiGraph of the given links."""
     g = nx.DiGraph()
-    for u, v, bw, lat in edges:
+    for u, v, bw, lat in links:
         g.add_edge(u, v, bw_Bps=bw, latency_s=lat)
     return g
 
 
-def run_transfers(g, specs, record=False):
-    """specs: (name, start_s, path, nbytes[, multiplicity[, latency_steps]]).
-    Returns (finish time per name, network)."""
+def run_transfers(g, sends: Sequence[Send], record=False):
+    """Run the sends; returns (finish time per name, network)."""
     env = simpy.Environment()
     net = FlowNetwork(env, g, record=record)
     done = {}
 
-    def go(name, start, path, nbytes, mult=None, steps=1):
-        yield env.timeout(start)
-        yield net.transfer(path, nbytes, mult, latency_steps=steps, label=name)
-        done[name] = env.now
+    def go(t: Send):
+        yield env.timeout(t.start_s)
+        yield net.transfer(t.path, t.nbytes, t.multiplicity, latency_steps=t.latency_steps, label=t.name)
+        done[t.name] = env.now
 
-    for spec in specs:
-        env.process(go(*spec))
+    for t in sends:
+        env.process(go(t))
     env.run()
     return done, net
 
@@ -37,9 +59,9 @@ def run_transfers(g, specs, record=False):
 def test_single_flow_is_size_over_bandwidth_plus_latency():
     """One 1 MB flow on a 1 GB/s link with 2 us latency: 1 ms + 2 us. Over two links
     (1 and 0.5 GB/s, 2 and 3 us) with latency_steps=3: 3*(5 us) + 1 MB / 0.5 GB/s."""
-    g = graph(("a", "b", 1e9, 2e-6), ("b", "c", 0.5e9, 3e-6))
-    done, net = run_transfers(g, [("one", 0, [("a", "b")], 1e6),
-                                  ("two", 1.0, [("a", "b"), ("b", "c")], 1e6, None, 3)])
+    g = graph(Link("a", "b", 1e9, 2e-6), Link("b", "c", 0.5e9, 3e-6))
+    done, net = run_transfers(g, [Send("one", 0, [("a", "b")], 1e6),
+                                  Send("two", 1.0, [("a", "b"), ("b", "c")], 1e6, None, 3)])
     assert done["one"] == pytest.approx(1e-3 + 2e-6, rel=1e-12)
     assert done["two"] == pytest.approx(1.0 + 15e-6 + 2e-3, rel=1e-12)
     assert net.bytes_carried == {("a", "b"): 2e6, ("b", "c"): 1e6}
@@ -48,8 +70,8 @@ def test_single_flow_is_size_over_bandwidth_plus_latency():
 def test_n_simultaneous_flows_share_equally_and_finish_together():
     """4 flows of 1 MB start together on a 1 GB/s link: each gets 0.25 GB/s and all finish
     at 4 ms; the recorded link rate is 1 GB/s from 0 and drops to 0 at 4 ms."""
-    g = graph(("a", "b", 1e9, 0.0))
-    done, net = run_transfers(g, [(i, 0, [("a", "b")], 1e6) for i in range(4)], record=True)
+    g = graph(Link("a", "b", 1e9, 0.0))
+    done, net = run_transfers(g, [Send(i, 0, [("a", "b")], 1e6) for i in range(4)], record=True)
     assert len(set(done.values())) == 1   # all at the very same instant
     assert done[0] == pytest.approx(4e-3, rel=1e-12)
     assert [(t, e) for t, e, _ in net.samples] == [(0, ("a", "b")), (pytest.approx(4e-3), ("a", "b"))]
@@ -59,8 +81,8 @@ def test_n_simultaneous_flows_share_equally_and_finish_together():
 def test_multiplicity_counts_unsimulated_identical_flows():
     """A flow with multiplicity 3 alone on a link behaves like 3 identical flows: it
     finishes at 3*S/B and the link is charged 3*S bytes."""
-    g = graph(("a", "b", 2e9, 0.0))
-    done, net = run_transfers(g, [("x", 0, [("a", "b")], 1e6, {("a", "b"): 3})])
+    g = graph(Link("a", "b", 2e9, 0.0))
+    done, net = run_transfers(g, [Send("x", 0, [("a", "b")], 1e6, {("a", "b"): 3})])
     assert done["x"] == pytest.approx(3 * 1e6 / 2e9, rel=1e-12)
     assert net.bytes_carried[("a", "b")] == pytest.approx(3e6)
 
@@ -69,9 +91,9 @@ def test_max_min_gives_slow_flow_its_bottleneck_and_the_other_the_rest():
     """Link a-b 10 B/s carries A (60 B) and B (20 B); B also crosses b-c at 4 B/s.
     Max-min: B gets 4, A gets 6. B ends at 20/4 = 5 s with A at 30 B sent; A then has the
     whole 10 B/s for its last 30 B: ends at 8 s."""
-    g = graph(("a", "b", 10.0, 0.0), ("b", "c", 4.0, 0.0))
-    done, net = run_transfers(g, [("A", 0, [("a", "b")], 60.0),
-                                  ("B", 0, [("a", "b"), ("b", "c")], 20.0)], record=True)
+    g = graph(Link("a", "b", 10.0, 0.0), Link("b", "c", 4.0, 0.0))
+    done, net = run_transfers(g, [Send("A", 0, [("a", "b")], 60.0),
+                                  Send("B", 0, [("a", "b"), ("b", "c")], 20.0)], record=True)
     assert done == {"A": pytest.approx(8.0), "B": pytest.approx(5.0)}
     assert net.samples == [(0, ("a", "b"), pytest.approx(10.0)), (0, ("b", "c"), pytest.approx(4.0)),
                            (pytest.approx(5.0), ("b", "c"), 0.0), (pytest.approx(8.0), ("a", "b"), 0.0)]
@@ -82,10 +104,10 @@ def test_weighted_max_min_three_flows_piecewise():
     Filling: L2's share 10/(1+3) = 2.5 is lowest, so X = Z = 2.5 and Y = 10 - 2.5 = 7.5.
     Y (15 B) ends at 2 s; X stays 2.5 (L2 still binds); Z (10 B) ends at 4 s; X has sent
     10 of 25 B and then runs alone at 10 B/s: ends at 5.5 s."""
-    g = graph(("s", "m", 10.0, 0.0), ("m", "t", 10.0, 0.0))
+    g = graph(Link("s", "m", 10.0, 0.0), Link("m", "t", 10.0, 0.0))
     L1, L2 = ("s", "m"), ("m", "t")
-    done, _ = run_transfers(g, [("X", 0, [L1, L2], 25.0), ("Y", 0, [L1], 15.0),
-                                ("Z", 0, [L2], 10.0, {L2: 3})])
+    done, _ = run_transfers(g, [Send("X", 0, [L1, L2], 25.0), Send("Y", 0, [L1], 15.0),
+                                Send("Z", 0, [L2], 10.0, {L2: 3})])
     assert done == {"X": pytest.approx(5.5), "Y": pytest.approx(2.0), "Z": pytest.approx(4.0)}
 
 
@@ -93,16 +115,16 @@ def test_late_starter_shares_then_first_flow_gets_full_bandwidth():
     """10 B/s link. A (100 B) alone 0-4 s sends 40 B; B (30 B) joins at 4 s, both at 5 B/s,
     B ends at 10 s when A has 30 B left; A alone at 10 B/s ends at 13 s. C (50 B) starts
     at 20 s on the idle link and ends at 25 s."""
-    g = graph(("a", "b", 10.0, 0.0))
-    done, _ = run_transfers(g, [("A", 0, [("a", "b")], 100.0), ("B", 4, [("a", "b")], 30.0),
-                                ("C", 20, [("a", "b")], 50.0)])
+    g = graph(Link("a", "b", 10.0, 0.0))
+    done, _ = run_transfers(g, [Send("A", 0, [("a", "b")], 100.0), Send("B", 4, [("a", "b")], 30.0),
+                                Send("C", 20, [("a", "b")], 50.0)])
     assert done == {"A": pytest.approx(13.0), "B": pytest.approx(10.0), "C": pytest.approx(25.0)}
 
 
 def test_zero_bytes_and_empty_path_pay_only_latency():
     """nbytes == 0 costs latency_steps * path latency; an empty path costs nothing."""
-    g = graph(("a", "b", 1e9, 5e-6))
-    done, net = run_transfers(g, [("zero", 0, [("a", "b")], 0.0, None, 2), ("local", 0, [], 1e9)])
+    g = graph(Link("a", "b", 1e9, 5e-6))
+    done, net = run_transfers(g, [Send("zero", 0, [("a", "b")], 0.0, None, 2), Send("local", 0, [], 1e9)])
     assert done == {"zero": pytest.approx(1e-5), "local": 0}
     assert net.flows_started == 0
 
@@ -112,10 +134,10 @@ def test_busy_link_is_work_conserving():
     never idle (the first flow alone outlasts all start times), so the last one ends at
     total bytes / bandwidth, whatever the sharing; every flow completes; bytes add up."""
     rng = random.Random(7)
-    specs = [("first", 0.0, [("a", "b")], 1e9)]
-    specs += [(i, rng.uniform(0, 0.5), [("a", "b")], rng.uniform(1e5, 1e7)) for i in range(200)]
-    total = sum(s[3] for s in specs)
-    done, net = run_transfers(graph(("a", "b", 1e9, 0.0)), specs)
+    sends = [Send("first", 0.0, [("a", "b")], 1e9)]
+    sends += [Send(i, rng.uniform(0, 0.5), [("a", "b")], rng.uniform(1e5, 1e7)) for i in range(200)]
+    total = sum(t.nbytes for t in sends)
+    done, net = run_transfers(graph(Link("a", "b", 1e9, 0.0)), sends)
     assert len(done) == 201
     assert max(done.values()) == pytest.approx(total / 1e9, rel=1e-9)
     assert net.bytes_carried[("a", "b")] == pytest.approx(total)
@@ -124,13 +146,13 @@ def test_busy_link_is_work_conserving():
 def test_tiny_transfer_late_in_time_completes():
     """A 1-byte flow at t = 1e4 s on a 1 TB/s link ends 1 ps later: the finish is not
     lost to float rounding of the clock (no endless zero-length wake-ups)."""
-    done, _ = run_transfers(graph(("a", "b", 1e12, 0.0)), [("t", 1e4, [("a", "b")], 1.0)])
+    done, _ = run_transfers(graph(Link("a", "b", 1e12, 0.0)), [Send("t", 1e4, [("a", "b")], 1.0)])
     assert done["t"] == pytest.approx(1e4 + 1e-12, rel=1e-15)
 
 
 def test_bad_edges_are_rejected():
     """An edge missing from the graph, or one without bandwidth, is an error naming it."""
-    g = graph(("a", "b", 1e9, 0.0))
+    g = graph(Link("a", "b", 1e9, 0.0))
     g.add_edge("b", "c")
     net = FlowNetwork(simpy.Environment(), g)
     with pytest.raises(ValueError, match="'x', 'y'"):

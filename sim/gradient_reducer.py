@@ -1,0 +1,157 @@
+"""The data-parallel side of one engine run: gradient buckets reduced as backward
+produces them, ZeRO's reduce-scatters and all-gathers, and top-k compressed exchange.
+
+One DP stream per pipeline stage reduces that stage's buckets in the order they become
+ready on every simulated replica class; it stands for every DP group of the stage (TP
+index t > 0 sends alongside as unsimulated replicas). The pipeline executor reports
+ready buckets (bucket_ready), waits for a stage's reduction (stage_reduced), and starts
+ZeRO-3's per-microbatch gathers and reduce-scatters and ZeRO-1/2's parameter gather.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import NamedTuple
+
+import simpy
+
+from costmodel import efficiency as ce
+from costmodel.errors import InputError
+from sim import collective_flows as cf
+from sim.accountant import RankKey, StepAccountant
+from sim.calls import EnginePart
+from sim.flownet import FlowNetwork
+from sim.program import BYTES, TOPK_ENTRY_BYTES, ChunkWork, Program, grad_reduce_bytes
+
+
+class BucketId(NamedTuple):
+    """Gradient bucket ``bucket`` of model chunk ``chunk`` on pipeline stage ``stage``."""
+
+    stage: int
+    chunk: int
+    bucket: int
+
+
+class GradientReducer(EnginePart):
+    def __init__(self, env: simpy.Environment, net: FlowNetwork, program: Program, accountant: StepAccountant):
+        super().__init__(env, net, program, accountant)
+        p = self.plan.pp
+        self.n_classes = len(program.pipelines)
+        if self.plan.zero == 3 and self.n_classes > 1:
+            raise InputError("--plan", "zero", "zero=3 is simulated only when all data-parallel replicas "
+                             "are identical (one GPU type per stage and equal mb_shares)")
+        self._queue = [simpy.Store(env) for _ in range(p)]      # ready (chunk, bucket) per stage
+        self._ready_count: dict[BucketId, int] = defaultdict(int)  # classes that have the bucket
+        self._done = [env.event() for _ in range(p)]            # stage's reduction finished
+        self._started: dict[int, float] = {}                    # stage -> first bucket's start
+        self._gathered = [env.event() for _ in range(p)]        # ZeRO-1/2 parameter gather done
+        self._optimized = [0] * p                               # classes past the optimizer
+        self._call_s = [self.call_latency_s(self.plan.dp_group(s, 0)) if self.plan.dp > 1 else 0.0
+                        for s in range(p)]
+
+    # ------------------------------------------------------------ the executor's side
+    def bucket_elements(self, stage: int, chunk: int) -> float:
+        w = self.prog.pipelines[0].chunks[(stage, chunk)]
+        return w.params / len(w.grad_buckets)
+
+    def compress_time_s(self, key: RankKey, stage: int, chunk: int) -> float:
+        """Top-k selection of one bucket on ``key``'s GPU (error-feedback residual added,
+        top k selected): GPU kernels that run on the compute stream."""
+        gpu = self.cluster.devices[self.prog.pipelines[key[0]].ranks[key[1]]].gpu
+        return ce.topk_compress_time_s(self.bucket_elements(stage, chunk), gpu, self.prog.profile.gpu(gpu.name))
+
+    def bucket_ready(self, stage: int, chunk: int, j: int) -> None:
+        """One simulated class has bucket j of (stage, chunk); the DP stream may reduce it
+        once every class has it."""
+        k = BucketId(stage, chunk, j)
+        self._ready_count[k] += 1
+        if self._ready_count[k] == self.n_classes:
+            self._queue[stage].put((chunk, j))
+
+    def stage_reduced(self, stage: int) -> simpy.Event:
+        """Succeeds when every gradient bucket of ``stage`` is reduced."""
+        return self._done[stage]
+
+    def first_start(self, stage: int, default: float) -> float:
+        """When ``stage``'s first bucket reduction started (``default`` if none did)."""
+        return self._started.get(stage, default)
+
+    def optimizer_done(self, pi: int, stage: int) -> simpy.Event:
+        """Class ``pi`` has updated its shard of ``stage`` (ZeRO-1/2); once every class
+        has, the updated weights are all-gathered. Returns the gather's end."""
+        self._optimized[stage] += 1
+        if self._optimized[stage] == self.n_classes:
+            self.env.process(self._param_gather(stage))
+        return self._gathered[stage]
+
+    def zero3_gather(self, pi: int, stage: int, action) -> simpy.Process:
+        """ZeRO-3: all-gather the weights of the chunk ``action`` runs."""
+        w = self.prog.pipelines[pi].chunks[(stage, action.chunk)]
+        nbytes = w.params * BYTES[self.plan.precision]
+        return self._run(stage, self._phases(stage, nbytes, "all_gather"), f"zero3 gather {action.kind}{action.mb}")
+
+    def zero3_reduce_scatter(self, stage: int, w: ChunkWork) -> simpy.Process:
+        """ZeRO-3: reduce-scatter one microbatch's gradients of chunk ``w``."""
+        nbytes = w.params * grad_reduce_bytes(self.plan.precision, self.prog.profile.runtime)
+        return self._run(stage, self._phases(stage, nbytes, "reduce_scatter"), "zero3 reduce-scatter")
+
+    # ------------------------------------------------------------ the DP stream
+    def dp_stream(self, s: int):
+        """Reduce each gradient bucket of stage `s` as soon as every replica has it."""
+        pipe = self.prog.pipelines[0]
+        total = sum(len(pipe.chunks[(s, c)].grad_buckets) for c in range(self.plan.vpp))
+        if self.plan.zero == 3:
+            total = 0  # ZeRO-3 reduce-scatters per microbatch instead (zero3_reduce_scatter)
+        frac = self.plan.topk_fraction
+        gpu = self.cluster.devices[pipe.ranks[s]].gpu
+        eff = self.prog.profile.gpu(gpu.name)
+        dpn = self.plan.dp
+        for i in range(total):
+            chunk, j = yield self._queue[s].get()
+            if i == 0:
+                self._started[s] = self.env.now
+            nbytes = pipe.chunks[(s, chunk)].grad_buckets[j]
+            t0 = self.acct.dp_started(s)
+            if frac is not None:
+                elems = self.bucket_elements(s, chunk)
+                nnz = max(1.0, frac * elems)
+                yield self._run(s, cf.sparse_allgather(self.plan.dp_group(s, 0), nnz, TOPK_ENTRY_BYTES),
+                                f"topk c{chunk}b{j}")
+                yield self.env.timeout(ce.topk_decompress_time_s(elems, (dpn - 1) * nnz, TOPK_ENTRY_BYTES, gpu, eff))
+            else:
+                reduce_all = self.plan.zero == 0 or self.prog.zero_grad_all_reduce
+                op = "all_reduce" if reduce_all else "reduce_scatter"
+                yield self._run(s, self._phases(s, nbytes, op), f"{op} c{chunk}b{j}")
+            self.acct.dp_finished(s, t0)
+            if self.acct.record:
+                for pi in range(self.n_classes):
+                    self.acct.seg(RankKey(pi, s), "dp", "collective", t0, self.env.now, f"grad c{chunk}b{j}")
+        self._done[s].succeed()
+
+    def _param_gather(self, s: int):
+        pipe = self.prog.pipelines[0]
+        params = sum(pipe.chunks[(s, c)].params for c in range(self.plan.vpp))
+        nbytes = params * BYTES[self.plan.precision]
+        t0 = self.env.now
+        yield self._run(s, self._phases(s, nbytes, "all_gather"), "param all-gather")
+        if self.acct.record:
+            for q in range(self.n_classes):
+                self.acct.seg(RankKey(q, s), "dp", "collective", t0, self.env.now, "param all-gather")
+        self._gathered[s].succeed()
+
+    # ------------------------------------------------------------ collectives
+    def _phases(self, s: int, nbytes: float, op: str) -> list[cf.Phase]:
+        group = self.plan.dp_group(s, 0)
+        algo = self.prog.dp_algorithm[s]
+        if op == "all_reduce":
+            return cf.build(algo, "all_reduce", group, nbytes, node_of=self.cluster.node_of)
+        # Reduce-scatter and all-gather have ring and hierarchical forms (no tree): the
+        # hierarchical one spreads the inter-node traffic over every local member's NIC, as
+        # NCCL's multi-channel rings do.
+        return cf.build("hierarchical" if algo == "hierarchical" else "ring", op, group, nbytes,
+                        node_of=self.cluster.node_of)
+
+    def _run(self, s: int, phases: list[cf.Phase], label: str) -> simpy.Process:
+        """One data-parallel collective call of stage s; the DP groups of TP indices
+        1..tp-1 run the same call alongside (unsimulated replicas)."""
+        replicas = [self.plan.dp_group(s, t) for t in range(1, self.plan.tp)]
+        return self.call(phases, replicas, label, self._call_s[s])
