@@ -97,3 +97,52 @@ def test_fault_ends_run_naming_the_rank(fn, cause, timeout_s):
     assert "\n" not in str(info.value)
     assert elapsed < (timeout_s + 10 if fn is _hangs else 40)
     assert _worker_children() == []
+
+
+def _children(pid: int, needle: str) -> list[int]:
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except (OSError, IndexError, ValueError):
+                continue
+            if ppid == pid and needle in cmd:
+                out.append(int(d.name))
+    return sorted(out)
+
+
+def test_killed_worker_ends_the_runner_without_output(tmp_path):
+    """End to end: `python3 -m validate.runner --out F` with a worker SIGKILLed mid-run
+    exits 1 with one line naming the killed rank, writes no F (not even a partial one),
+    and leaves none of its worker processes alive."""
+    import subprocess
+    import sys
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path / "run.json"
+    proc = subprocess.Popen([sys.executable, "-m", "validate.runner", "--model", "tiny", "--plan", "dp=2",
+                             "--steps", "500", "--out", str(out)], cwd=root,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        workers: list[int] = []
+        while len(workers) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+            workers = _children(proc.pid, "spawn_main")
+        assert len(workers) == 2, "the runner did not start two workers"
+        time.sleep(3.0)  # let them get into the training loop
+        os.kill(workers[-1], signal.SIGKILL)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 1, err
+    line = err.strip().splitlines()[-1]
+    assert line.startswith("error: rank ") and "killed by SIGKILL" in line, err
+    assert not out.exists() and list(tmp_path.iterdir()) == []
+    time.sleep(0.5)
+    alive = [p for p in workers if Path(f"/proc/{p}").exists()
+             and (Path(f"/proc/{p}") / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"]
+    assert alive == []
