@@ -53,7 +53,7 @@ def test_step_statistics_by_hand():
     assert rec.phases_s["compute"] == pytest.approx(0.6)
     assert rec.detail_s["forward"] == pytest.approx(0.2)
     assert rec.losses == pytest.approx([3.1, 2.1, 1.1, 0.6, 0.35, 0.225])
-    assert rec.per_rank[1]["bytes_sent"] == {"dp": 2000.0}
+    assert rec.per_rank[1]["bytes_sent"] == {"dp": 2000.0, "tp": 0.0, "pp": 0.0}
 
 
 def test_json_round_trip(tmp_path):

@@ -97,7 +97,7 @@ class GradReducer:
             if cur:
                 self._add_bucket(c, cur, dp)
         for b in self.buckets:
-            for pos, p in enumerate(b.params):
+            for p in b.params:
                 p.register_post_accumulate_grad_hook(self._hook)
         self._torch = torch
 

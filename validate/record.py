@@ -75,7 +75,8 @@ class RunRecord:
         """workers[r]: what rank r returned (see validate/runner.py ``_worker``): its
         coordinates, 'steps' (per step: wall_s, phases_s, detail_s, bytes_sent), the last
         step's 'segments', 'peak_memory_bytes' and 'losses' (replica loss per step, on
-        the rank that computes it)."""
+        the rank that computes it). ``losses`` of the record cover every step, warm-up
+        included; everything else only the measured steps."""
         measured = range(warmup, warmup + steps)
         step_times = [max(w["steps"][j]["wall_s"] for w in workers) for j in measured]
         per_rank, mean_phases, mean_detail = [], [], []
@@ -91,7 +92,8 @@ class RunRecord:
                 "rank": w["rank"], "stage": w["stage"], "tp_rank": w["tp_rank"], "dp_rank": w["dp_rank"],
                 "phases_s": _median_over_steps(ph_steps),
                 "peak_memory_bytes": int(w["peak_memory_bytes"]),
-                "bytes_sent": dict(w["steps"][measured[-1]]["bytes_sent"]),
+                "bytes_sent": {k: float(w["steps"][measured[-1]]["bytes_sent"].get(k, 0.0))
+                               for k in ("dp", "tp", "pp")},
             })
             mean_phases.append(ph_steps)
             mean_detail.append([w["steps"][j]["detail_s"] for j in measured])
