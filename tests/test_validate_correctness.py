@@ -219,3 +219,21 @@ def test_cuda_nccl_matches_cpu_reference(one_thread):
     assert rec.backend == "nccl" and rec.device != "cpu"
     np.testing.assert_allclose(rec.losses, reference_run(MODEL, 3)["losses"], rtol=1e-3)
     assert all(r["peak_memory_bytes"] > 0 for r in rec.per_rank)
+
+
+def _dp_vs_backward(workers):
+    """(first DP collective launch, end of the last backward) of each rank's last step."""
+    out = []
+    for w in workers:
+        dp = [s["start_s"] for s in w["segments"] if s["stream"] == "dp"]
+        bwd = [s["end_s"] for s in w["segments"] if s["stream"] == "compute" and s["label"].startswith("B")]
+        out.append((min(dp), max(bwd)))
+    return out
+
+
+def test_overlap_reduces_buckets_while_backward_runs(runs_2):
+    """overlap_grad_reduce=true launches the first gradient bucket's reduction before the
+    last backward has finished (the hooks fire during backward); with false, every
+    reduction starts after it."""
+    assert all(first < last for first, last in _dp_vs_backward(runs_2["dp=2"]))
+    assert all(first >= last for first, last in _dp_vs_backward(runs_2["dp=2,overlap_grad_reduce=false"]))

@@ -14,6 +14,11 @@ start this module with torchrun on every node; e.g. two nodes of 8 GPUs each:
 Rank 0 prints the summary and writes the record. On one machine the same path runs as
 ``torchrun --standalone --nproc-per-node 2 -m validate.runner --model tiny --plan dp=2``.
 
+The runner trains in fp32 whatever the plan's ``precision`` (CPUs have no fast bf16
+matmul, and fp32 makes the correctness checks exact to roundoff); simulate the plan with
+precision=fp32 to compare like with like. ``allreduce=`` is left to the backend (gloo and
+NCCL pick their own algorithms).
+
 Process layout (README "Placement"; specs/plan.py): rank = tp_index + tp * (stage + pp *
 dp_index) for the default tp-pp-dp placement; every TP, DP and embedding group is created
 with new_group by every rank in the same order.
@@ -177,12 +182,22 @@ def _worker(rank: int, world: int, model: ModelSpec, plan: Plan, cfg: RunConfig)
     return out
 
 
+def check_supported(model: ModelSpec, plan: Plan) -> None:
+    """What the runner does not implement is an input error before any process starts."""
+    from validate.gpt import check_tp
+    check_tp(model, plan.tp)
+    if plan.zero >= 3:
+        raise InputError("--plan", "zero", f"the runner implements zero=0, 1 and 2 (as 1: reduce-scattered "
+                         f"gradients, sharded Adam state), not zero={plan.zero}")
+
+
 def _worker_many(rank: int, world: int, model: ModelSpec, runs: list[tuple[Plan, RunConfig]]) -> list[dict]:
     return [_worker(rank, world, model, plan, cfg) for plan, cfg in runs]
 
 
 def run_workers(model: ModelSpec, plan: Plan, cfg: RunConfig, timeout_s: float) -> list[dict] | None:
     """Every rank's raw measurements (None on torchrun ranks other than 0)."""
+    check_supported(model, plan)
     return launch(_worker, plan.num_devices, (model, plan, cfg), timeout_s=timeout_s, backend=cfg.backend)
 
 
@@ -190,6 +205,8 @@ def run_workers_many(model: ModelSpec, runs: list[tuple[Plan, RunConfig]], timeo
     """Several plans of the same world size one after another in one set of processes
     (saves the process start-up, ~1-2 s per launch; for tests, not for timing: a later
     plan runs in warm processes). Returns, per plan, every rank's raw measurements."""
+    for plan, _ in runs:
+        check_supported(model, plan)
     worlds = {plan.num_devices for plan, _ in runs}
     backends = {cfg.backend for _, cfg in runs}
     if len(worlds) != 1 or len(backends) != 1:
