@@ -41,6 +41,7 @@ TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
 _TERM_GRACE_S = 2.0
 # Seconds to keep listening after a first failure, to find the rank that caused it.
 _FAILURE_GRACE_S = 1.0
+_PORT_ATTEMPTS = 3
 
 
 class WorkerError(RuntimeError):
@@ -111,7 +112,11 @@ def _worker(rank: int, world: int, port: int, backend_name: str | None, fn: Call
     os.environ["LOCAL_RANK"] = str(rank)
     dist = None
     try:
-        dist = _init_group(backend_name, rank, world, f"tcp://127.0.0.1:{port}", timeout_s)
+        try:
+            dist = _init_group(backend_name, rank, world, f"tcp://127.0.0.1:{port}", timeout_s)
+        except Exception as err:  # noqa: BLE001
+            conn.send(("init", _one_line(err)))
+            return
         out = fn(rank, world, *args)
         conn.send(("ok", out))
     except BaseException as err:  # noqa: BLE001 - every failure must reach the parent
@@ -201,6 +206,8 @@ def _spawn(fn: Callable, world: int, args: tuple, timeout_s: float,
                     failures[r] = (3, _exit_cause(procs[r].exitcode))
                 elif msg[0] == "ok":
                     results[r] = msg[1]
+                elif msg[0] == "init":
+                    failures[r] = (2, f"could not join the process group: {msg[1]}")
                 else:
                     failures[r] = (2 if msg[0] == "err" else 1, f"raised {msg[1]}")
                 if failures:
@@ -244,4 +251,12 @@ def launch(fn: Callable, world: int, args: tuple = (), *, timeout_s: float,
         raise InputError("--world", "world", f"world={world!r} must be an integer >= 1")
     if under_torchrun():
         return _torchrun(fn, world, args, timeout_s, backend)
-    return _spawn(fn, world, args, timeout_s, backend)
+    for attempt in range(_PORT_ATTEMPTS):
+        try:
+            return _spawn(fn, world, args, timeout_s, backend)
+        except WorkerError as err:
+            # The free port was taken between our probe and rank 0's bind (other jobs
+            # on the machine): nothing ran yet, so start again on a new port.
+            taken = "could not join" in err.cause and "address already in use" in err.cause.lower()
+            if not taken or attempt == _PORT_ATTEMPTS - 1:
+                raise
