@@ -13,12 +13,15 @@ from validate.timeline import Recorder
 class Comm:
     """One group (TP, DP, or the embedding pair) as seen by this rank.
 
-    kind: 'tp' or 'dp' (the run record's byte and time category); ranks: global ranks
-    of the group in group order. With one member every operation is the identity and
-    nothing is recorded."""
+    kind: 'tp' or 'dp' (the run record's byte and time category); name: how its
+    collectives are named in the record's details (default: kind, e.g. 'tp_all_reduce';
+    'embedding' for the tied-embedding pair); ranks: global ranks of the group in group
+    order. With one member every operation is the identity and nothing is recorded."""
 
-    def __init__(self, kind: str, ranks: list[int], rank: int, rec: Recorder, group=None):
+    def __init__(self, kind: str, ranks: list[int], rank: int, rec: Recorder, group=None,
+                 name: str | None = None):
         self.kind = kind
+        self.name = name or kind
         self.ranks = list(ranks)
         self.size = len(ranks)
         self.index = self.ranks.index(rank)
@@ -33,7 +36,7 @@ class Comm:
         if self.size == 1:
             return t
         import torch.distributed as dist
-        with self.rec.span(self.kind, f"{self.kind}_all_reduce", f"{self.kind} {label}"):
+        with self.rec.span(self.kind, f"{self.name}_all_reduce", f"{self.name} {label}"):
             dist.all_reduce(t, group=self.group)
         self.count("all_reduce", t.numel() * t.element_size())
         return t
@@ -46,7 +49,7 @@ class Comm:
         import torch.distributed as dist
         t = t.contiguous()
         parts = [torch.empty_like(t) for _ in range(self.size)]
-        with self.rec.span(self.kind, f"{self.kind}_all_gather", f"{self.kind} {label}"):
+        with self.rec.span(self.kind, f"{self.name}_all_gather", f"{self.name} {label}"):
             dist.all_gather(parts, t, group=self.group)
         self.count("all_gather", self.size * t.numel() * t.element_size())
         return torch.cat(parts, dim=dim)
@@ -59,7 +62,7 @@ class Comm:
         import torch.distributed as dist
         parts = [p.contiguous() for p in t.chunk(self.size, dim=dim)]
         out = torch.empty_like(parts[self.index])
-        with self.rec.span(self.kind, f"{self.kind}_reduce_scatter", f"{self.kind} {label}"):
+        with self.rec.span(self.kind, f"{self.name}_reduce_scatter", f"{self.name} {label}"):
             dist.reduce_scatter(out, parts, group=self.group)
         self.count("reduce_scatter", t.numel() * t.element_size())
         return out

@@ -56,6 +56,7 @@ class Bucket:
     ready: int = 0
     state: object = None  # in-flight work
     launched_s: float = 0.0
+    op: str = ""  # the collective in flight, for the record's details
     adam: dict = field(default_factory=dict)
 
 
@@ -160,7 +161,8 @@ class GradReducer:
             b.state = "done"
             return
         t0 = self.rec.now()
-        with self.rec.span("dp", "dp_launch", f"launch grad c{b.chunk}b{b.index}"):
+        op = "topk_all_gather" if self.topk is not None else "reduce_scatter" if self.zero >= 1 else "all_reduce"
+        with self.rec.span("dp", f"dp_{op}", f"launch {op} c{b.chunk}b{b.index}"):
             if self.topk is not None:
                 b.state = ("topk", self.topk.start(b.index, b.flat_grad))
             elif self.zero >= 1:
@@ -173,6 +175,7 @@ class GradReducer:
                 b.state = ("work", dist.all_reduce(b.flat_grad, group=self.comm.group, async_op=True))
                 self.comm.count("all_reduce", b.flat_grad.numel() * b.flat_grad.element_size())
         b.launched_s = t0
+        b.op = op
 
     # -- after backward ----------------------------------------------------------------
     def finish(self) -> None:
@@ -189,12 +192,12 @@ class GradReducer:
         if b.state in (None, "done"):
             return
         kind, st = b.state
-        with self.rec.span("dp", "dp_wait", f"wait grad c{b.chunk}b{b.index}"):
+        with self.rec.span("dp", f"dp_{b.op}", f"wait {b.op} c{b.chunk}b{b.index}"):
             if kind == "topk":
                 self.topk.finish(st, b.flat_grad)
             else:
                 st.wait()
-        self.rec.segment("dp", "collective", b.launched_s, self.rec.now(), f"grad c{b.chunk}b{b.index}")
+        self.rec.segment("dp", "collective", b.launched_s, self.rec.now(), f"{b.op} c{b.chunk}b{b.index}")
         b.state = "done"
 
     def step(self, step: int) -> None:
@@ -217,7 +220,7 @@ class GradReducer:
                 adam_update(p, g, b.adam["m"], b.adam["v"], step)
         if sharded:
             t0 = self.rec.now()
-            with self.rec.span("dp", "dp_param_all_gather", "param all-gather"):
+            with self.rec.span("dp", "dp_all_gather", "param all-gather"):
                 for b in self.buckets:
                     parts = list(b.flat_param.chunk(self.comm.size))
                     mine = parts[self.comm.index].clone()

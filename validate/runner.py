@@ -93,7 +93,7 @@ def _groups(plan: Plan, rank: int, rec):
                 ranks = [plan.rank(dd, 0, tt), plan.rank(dd, plan.pp - 1, tt)]
                 g = dist.new_group(ranks)
                 if rank in ranks:
-                    emb = Comm("dp", ranks, rank, rec, g)
+                    emb = Comm("dp", ranks, rank, rec, g, name="embedding")
     return tp, dp, emb
 
 
