@@ -21,6 +21,7 @@ Plans of one world size run in one launch (process start-up costs seconds here).
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -32,6 +33,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from costmodel.shapes import ModelSpec  # noqa: E402
 from specs.model import load_model  # noqa: E402
 from specs.plan import resolve_plan  # noqa: E402
 from validate.gpt import all_params, full_weights  # noqa: E402
@@ -50,7 +52,6 @@ SMALL_BUCKET_BYTES = 256 * 1024
 
 MODEL = load_model("tiny")
 SPECS = {s.name: s for s in all_params(MODEL)}
-INIT = {n: t.numpy() for n, t in full_weights(MODEL, 0).items()}
 
 PLANS_2 = [
     "dp=2", "dp=2,overlap_grad_reduce=false", "dp=2,zero=1", "dp=2,recompute=full",
@@ -58,16 +59,16 @@ PLANS_2 = [
     "pp=2,schedule=gpipe", "pp=2,schedule=1f1b", "pp=2,vpp=2,schedule=interleaved",
 ]
 PLANS_4 = ["tp=2,pp=2"]
+# Llama-style variant of tiny: SwiGLU MLP and grouped-query attention (2 K/V groups for 4
+# query heads), split by tp=2 with sequence parallelism.
+GQA = ModelSpec("tiny-gqa", 4, 128, 4, 64, 512, 16, num_query_groups=2, ffn_hidden_size=256,
+                activation="swiglu")
+GQA_PLAN = "tp=2,sp=true"
 
 
 @pytest.fixture(scope="module")
 def one_thread():
     torch.set_num_threads(1)  # as the workers do (validate/backend.configure_cpu_threads)
-
-
-@pytest.fixture(scope="module")
-def reference(one_thread):
-    return reference_run(MODEL, TOPK_STEPS)
 
 
 def _cfg(steps=STEPS):
@@ -77,24 +78,25 @@ def _cfg(steps=STEPS):
 
 @pytest.fixture(scope="module")
 def runs_2(one_thread):
-    runs = [(resolve_plan(p, MODEL, 2), _cfg()) for p in PLANS_2]
-    runs += [(resolve_plan("dp=2", MODEL, 2), _cfg(TOPK_STEPS)),
-             (resolve_plan("dp=2,compress=topk:0.1", MODEL, 2), _cfg(TOPK_STEPS))]
-    out = run_workers_many(MODEL, runs, timeout_s=240)
-    return dict(zip(PLANS_2 + ["dense", "topk"], out))
+    runs = [(MODEL, resolve_plan(p, MODEL, 2), _cfg()) for p in PLANS_2]
+    runs += [(MODEL, resolve_plan("dp=2", MODEL, 2), _cfg(TOPK_STEPS)),
+             (MODEL, resolve_plan("dp=2,compress=topk:0.1", MODEL, 2), _cfg(TOPK_STEPS)),
+             (GQA, resolve_plan(GQA_PLAN, GQA, 2), _cfg())]
+    out = run_workers_many(runs, timeout_s=240)
+    return dict(zip(PLANS_2 + ["dense", "topk", "gqa"], out))
 
 
 @pytest.fixture(scope="module")
 def runs_4(one_thread):
-    runs = [(resolve_plan(p, MODEL, 4), _cfg()) for p in PLANS_4]
-    return dict(zip(PLANS_4, run_workers_many(MODEL, runs, timeout_s=240)))
+    runs = [(MODEL, resolve_plan(p, MODEL, 4), _cfg()) for p in PLANS_4]
+    return dict(zip(PLANS_4, run_workers_many(runs, timeout_s=240)))
 
 
 def _losses(workers):
     return [sum(w["losses"][j] for w in workers if w["losses"]) for j in range(len(workers[0]["steps"]))]
 
 
-def _assemble(workers, key):
+def _assemble(workers, key, specs=SPECS):
     """Full tensors from every rank's slices; checks that copies agree exactly enough
     (DP replicas, TP ranks holding a replicated weight, both ends of the tied embedding)."""
     parts: dict[str, dict[int, np.ndarray]] = {}
@@ -108,64 +110,68 @@ def _assemble(workers, key):
                 have[w["tp_rank"]] = arr
     out = {}
     for name, by_tp in parts.items():
-        dim = SPECS[name].split_dim
+        dim = specs[name].split_dim
         slices = [by_tp[t] for t in sorted(by_tp)]
         out[name] = slices[0] if dim is None else np.concatenate(slices, axis=dim)
     return out
 
 
-def _check(workers, reference, plan, grads=True):
-    losses = _losses(workers)
-    np.testing.assert_allclose(losses, reference["losses"][:STEPS], rtol=LOSS_RTOL, err_msg=plan)
+@functools.lru_cache(maxsize=None)
+def _ref(model: ModelSpec, steps: int) -> dict:
+    """The single-process reference (losses, first-step gradients, final weights)."""
+    torch.set_num_threads(1)  # as the workers do (validate/backend.configure_cpu_threads)
+    return reference_run(model, steps)
+
+
+def _check(workers, plan, model=MODEL, grads=True):
+    ref = _ref(model, STEPS)
+    specs = {s.name: s for s in all_params(model)}
+    np.testing.assert_allclose(_losses(workers), ref["losses"], rtol=LOSS_RTOL, err_msg=plan)
     if grads:
-        got = _assemble(workers, "grads")
-        assert set(got) == set(SPECS), plan
+        got = _assemble(workers, "grads", specs)
+        assert set(got) == set(specs), plan
         for name, g in got.items():
-            ref = reference["grads"][name]
-            assert np.abs(g - ref).max() <= GRAD_TOL * np.abs(ref).max() + GRAD_ATOL, f"{plan}: grad of {name}"
-    weights = _assemble(workers, "weights")
-    ref_w = reference_run_weights(reference)
-    for name, wt in weights.items():
-        if np.abs(reference["grads"][name]).max() <= GRAD_ATOL:
+            r = ref["grads"][name]
+            assert np.abs(g - r).max() <= GRAD_TOL * np.abs(r).max() + GRAD_ATOL, f"{plan}: grad of {name}"
+    init = {n: t.numpy() for n, t in full_weights(model, 0).items()}
+    for name, wt in _assemble(workers, "weights", specs).items():
+        if np.abs(ref["grads"][name]).max() <= GRAD_ATOL:
             continue  # zero gradient: Adam's step there is the sign of roundoff
-        update = np.linalg.norm(ref_w[name] - INIT[name])
-        assert np.linalg.norm(wt - ref_w[name]) <= UPDATE_RTOL * update, f"{plan}: weight {name} after {STEPS} steps"
-
-
-_REF_W = {}
-
-
-def reference_run_weights(reference):
-    """Reference weights after STEPS steps (the fixture trains longer, for top-k)."""
-    if "w" not in _REF_W:
-        _REF_W["w"] = reference_run(MODEL, STEPS)["weights"]
-    return _REF_W["w"]
+        update = np.linalg.norm(ref["weights"][name] - init[name])
+        assert np.linalg.norm(wt - ref["weights"][name]) <= UPDATE_RTOL * update, \
+            f"{plan}: weight {name} after {STEPS} steps"
 
 
 @pytest.mark.parametrize("plan", PLANS_2)
-def test_two_process_layouts_match_reference(runs_2, reference, plan):
+def test_two_process_layouts_match_reference(runs_2, plan):
     """dp=2 (overlap on/off, ZeRO-1, full recompute), tp=2 (with and without sequence
     parallelism, selective recompute), pp=2 under GPipe, 1F1B and interleaved (vpp=2):
     losses, first-step gradients and weights after 3 steps equal the reference's within
     the module's tolerances. (ZeRO-1 holds only a shard of the reduced gradient, so its
     gradients are checked through the weights they produce.)"""
-    _check(runs_2[plan], reference, plan, grads="zero" not in plan)
+    _check(runs_2[plan], plan, grads="zero" not in plan)
 
 
 @pytest.mark.parametrize("plan", PLANS_4)
-def test_four_process_layouts_match_reference(runs_4, reference, plan):
+def test_four_process_layouts_match_reference(runs_4, plan):
     """tp=2 x pp=2 on 4 processes (TP inside each stage, the tied embedding reduced
     between the pipeline ends) matches the reference."""
-    _check(runs_4[plan], reference, plan, grads="zero" not in plan)
+    _check(runs_4[plan], plan, grads="zero" not in plan)
 
 
-def test_topk_sends_under_30pct_and_tracks_dense_loss(runs_2, reference):
+def test_swiglu_grouped_query_attention_matches_reference(runs_2):
+    """A Llama-style layer (SwiGLU, 2 K/V groups for 4 heads) split by tp=2 with sequence
+    parallelism matches its own single-process reference."""
+    _check(runs_2["gqa"], GQA_PLAN, model=GQA)
+
+
+def test_topk_sends_under_30pct_and_tracks_dense_loss(runs_2):
     """Top-k (10 % of entries) with error feedback: per step each rank sends at most 30 %
     of the dense run's DP bytes (both counted the same way, validate/comm.py), and after
     8 steps its loss is within 2 % of the dense run's, while the dense run has really
     learned (loss down by more than 5 %; 8 % measured) and the compressed one is not the dense one."""
     dense, topk = runs_2["dense"], runs_2["topk"]
-    np.testing.assert_allclose(_losses(dense), reference["losses"], rtol=LOSS_RTOL)
+    np.testing.assert_allclose(_losses(dense), _ref(MODEL, TOPK_STEPS)["losses"], rtol=LOSS_RTOL)
     for d, t in zip(dense, topk):
         dense_b = d["steps"][-1]["bytes_sent"]["dp"]
         topk_b = t["steps"][-1]["bytes_sent"]["dp"]
@@ -204,7 +210,7 @@ def test_torchrun_standalone_two_processes(tmp_path, one_thread):
     assert res.stdout.count("median step") == 1, res.stdout
     rec = json.loads(out.read_text())
     assert rec["world"] == 2 and rec["steps"] == 2 and len(rec["losses"]) == 3
-    assert rec["losses"][0] == pytest.approx(reference_run(MODEL, 1)["losses"][0], rel=LOSS_RTOL)
+    assert rec["losses"][0] == pytest.approx(_ref(MODEL, STEPS)["losses"][0], rel=LOSS_RTOL)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (NCCL)")
@@ -217,7 +223,7 @@ def test_cuda_nccl_matches_cpu_reference(one_thread):
     plan = resolve_plan(f"dp={world}", MODEL, world)
     rec = run_plan(MODEL, plan, steps=2, warmup=1, backend="nccl", timeout_s=300)
     assert rec.backend == "nccl" and rec.device != "cpu"
-    np.testing.assert_allclose(rec.losses, reference_run(MODEL, 3)["losses"], rtol=1e-3)
+    np.testing.assert_allclose(rec.losses, _ref(MODEL, 3)["losses"], rtol=1e-3)
     assert all(r["peak_memory_bytes"] > 0 for r in rec.per_rank)
 
 

@@ -191,8 +191,8 @@ def check_supported(model: ModelSpec, plan: Plan) -> None:
                          f"gradients, sharded Adam state), not zero={plan.zero}")
 
 
-def _worker_many(rank: int, world: int, model: ModelSpec, runs: list[tuple[Plan, RunConfig]]) -> list[dict]:
-    return [_worker(rank, world, model, plan, cfg) for plan, cfg in runs]
+def _worker_many(rank: int, world: int, runs: list[tuple[ModelSpec, Plan, RunConfig]]) -> list[dict]:
+    return [_worker(rank, world, model, plan, cfg) for model, plan, cfg in runs]
 
 
 def run_workers(model: ModelSpec, plan: Plan, cfg: RunConfig, timeout_s: float) -> list[dict] | None:
@@ -201,17 +201,18 @@ def run_workers(model: ModelSpec, plan: Plan, cfg: RunConfig, timeout_s: float) 
     return launch(_worker, plan.num_devices, (model, plan, cfg), timeout_s=timeout_s, backend=cfg.backend)
 
 
-def run_workers_many(model: ModelSpec, runs: list[tuple[Plan, RunConfig]], timeout_s: float) -> list[list[dict]]:
-    """Several plans of the same world size one after another in one set of processes
-    (saves the process start-up, ~1-2 s per launch; for tests, not for timing: a later
-    plan runs in warm processes). Returns, per plan, every rank's raw measurements."""
-    for plan, _ in runs:
+def run_workers_many(runs: list[tuple[ModelSpec, Plan, RunConfig]], timeout_s: float) -> list[list[dict]]:
+    """Several (model, plan, config) runs of the same world size one after another in
+    one set of processes (saves the process start-up, seconds per launch here; for
+    tests, not for timing: a later run finds warm processes). Returns, per run, every
+    rank's raw measurements."""
+    for model, plan, _ in runs:
         check_supported(model, plan)
-    worlds = {plan.num_devices for plan, _ in runs}
-    backends = {cfg.backend for _, cfg in runs}
+    worlds = {plan.num_devices for _, plan, _ in runs}
+    backends = {cfg.backend for _, _, cfg in runs}
     if len(worlds) != 1 or len(backends) != 1:
-        raise ValueError(f"plans of one launch need one world size and backend, got {worlds}, {backends}")
-    per_rank = launch(_worker_many, worlds.pop(), (model, runs), timeout_s=timeout_s, backend=backends.pop())
+        raise ValueError(f"runs of one launch need one world size and backend, got {worlds}, {backends}")
+    per_rank = launch(_worker_many, worlds.pop(), (runs,), timeout_s=timeout_s, backend=backends.pop())
     return [[r[i] for r in per_rank] for i in range(len(runs))]
 
 
