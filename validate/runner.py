@@ -182,10 +182,18 @@ def _worker(rank: int, world: int, model: ModelSpec, plan: Plan, cfg: RunConfig)
     return out
 
 
-def check_supported(model: ModelSpec, plan: Plan) -> None:
+def check_supported(model: ModelSpec, plan: Plan, backend: str | None = None) -> None:
     """What the runner does not implement is an input error before any process starts."""
     from validate.gpt import check_tp
     check_tp(model, plan.tp)
+    if backend == "nccl" and plan.pp > 1:
+        # validate/pp.py posts each send alone (isend) and tells messages apart by tag.
+        # NCCL ignores tags and runs a pair's sends and receives in order on one stream,
+        # so two neighbours sending to each other at once (1F1B's steady state) would
+        # wait on each other; that needs Megatron-style batched send+recv, not written
+        # yet. Refuse rather than hang.
+        raise InputError("--plan", "pp", "pipeline parallelism runs on gloo only for now "
+                         "(NCCL point-to-point needs batched send/recv); set PLANSIM_BACKEND=gloo")
     if plan.zero >= 3:
         raise InputError("--plan", "zero", f"the runner implements zero=0, 1 and 2 (as 1: reduce-scattered "
                          f"gradients, sharded Adam state), not zero={plan.zero}")
@@ -197,7 +205,7 @@ def _worker_many(rank: int, world: int, runs: list[tuple[ModelSpec, Plan, RunCon
 
 def run_workers(model: ModelSpec, plan: Plan, cfg: RunConfig, timeout_s: float) -> list[dict] | None:
     """Every rank's raw measurements (None on torchrun ranks other than 0)."""
-    check_supported(model, plan)
+    check_supported(model, plan, cfg.backend)
     return launch(_worker, plan.num_devices, (model, plan, cfg), timeout_s=timeout_s, backend=cfg.backend)
 
 
@@ -206,8 +214,8 @@ def run_workers_many(runs: list[tuple[ModelSpec, Plan, RunConfig]], timeout_s: f
     one set of processes (saves the process start-up, seconds per launch here; for
     tests, not for timing: a later run finds warm processes). Returns, per run, every
     rank's raw measurements."""
-    for model, plan, _ in runs:
-        check_supported(model, plan)
+    for model, plan, cfg in runs:
+        check_supported(model, plan, cfg.backend)
     worlds = {plan.num_devices for _, plan, _ in runs}
     backends = {cfg.backend for _, _, cfg in runs}
     if len(worlds) != 1 or len(backends) != 1:
