@@ -262,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
             world = int(raw.get("tp", 1)) * int(raw.get("pp", 1)) * int(raw.get("dp", 1))
         plan = resolve_plan(a.plan, model, world)
         rec = run_plan(model, plan, steps=a.steps, warmup=a.warmup, seed=a.seed, timeout_s=a.timeout)
-    except (InputError, ValueError) as err:
+    except InputError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     except WorkerError as err:
