@@ -1,0 +1,92 @@
+"""validate/record.py: the run record's statistics, its JSON, and its trace layout;
+validate/ stays importable without torch."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from reports.trace import STREAM_TID, trace_events
+from sim.result import CATEGORIES
+from validate.record import RunRecord, timeline
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _worker(rank, walls, compute, seg_label):
+    steps = [{"wall_s": w, "phases_s": {"compute": c, "dp": 0.01}, "detail_s": {"forward": c / 3},
+              "bytes_sent": {"dp": 1000.0 * (rank + 1)}} for w, c in zip(walls, compute)]
+    return {"rank": rank, "stage": 0, "tp_rank": 0, "dp_rank": rank, "steps": steps,
+            "segments": [{"stream": "compute", "cat": "compute", "start_s": 0.0, "end_s": 0.1,
+                          "label": seg_label},
+                         {"stream": "dp", "cat": "collective", "start_s": 0.05, "end_s": 0.12,
+                          "label": "grad c0b0"}],
+            "losses": [3.0, 2.0, 1.0, 0.5, 0.25, 0.125][: len(walls)] if rank == 0 else [0.1] * len(walls),
+            "peak_memory_bytes": 123456}
+
+
+def _record():
+    # 1 warm-up step (wall 9 s, ignored) then 5 measured steps.
+    w0 = _worker(0, [9.0, 1.0, 2.0, 3.0, 4.0, 5.0], [8.0, 0.5, 0.5, 0.5, 0.5, 0.5], "F0.0")
+    w1 = _worker(1, [9.0, 1.5, 1.0, 3.5, 4.0, 4.0], [8.0, 0.7, 0.7, 0.7, 0.7, 0.7], "F0.0")
+    return RunRecord.from_workers([w0, w1], model="tiny", plan="dp=2", backend="gloo", device="cpu",
+                                  steps=5, warmup=1, seed=0)
+
+
+def test_step_statistics_by_hand():
+    """Step time = slowest rank's wall time: [1.5, 2, 3.5, 4, 5] -> median 3.5; numpy's
+    linear percentiles: p10 = 1.5 + 0.4 * 0.5 = 1.7, p90 = 4 + 0.6 * 1 = 4.6. Rank 0's idle
+    in step 1 is 1.5 - 0.5 - 0.01 = 0.99 (median over steps: step 3: 3.5 - 0.51 = 2.99).
+    Losses are summed over the replicas that hold them (their shares of the global mean)."""
+    rec = _record()
+    assert rec.step_times_s == [1.5, 2.0, 3.5, 4.0, 5.0]
+    assert rec.median_step_time_s == 3.5
+    assert rec.p10_step_time_s == pytest.approx(1.7)
+    assert rec.p90_step_time_s == pytest.approx(4.6)
+    r0 = rec.per_rank[0]["phases_s"]
+    assert r0["idle"] == pytest.approx(3.5 - 0.51)
+    assert set(rec.phases_s) == set(CATEGORIES)
+    # mean over ranks of compute (0.5, 0.7) = 0.6 in every step
+    assert rec.phases_s["compute"] == pytest.approx(0.6)
+    assert rec.detail_s["forward"] == pytest.approx(0.2)
+    assert rec.losses == pytest.approx([3.1, 2.1, 1.1, 0.6, 0.35, 0.225])
+    assert rec.per_rank[1]["bytes_sent"] == {"dp": 2000.0, "tp": 0.0, "pp": 0.0}
+
+
+def test_json_round_trip(tmp_path):
+    """write_json/read_json give back an equal record, and no temporary file is left."""
+    rec = _record()
+    path = tmp_path / "run.json"
+    rec.write_json(path)
+    assert RunRecord.read_json(path) == rec
+    assert [p.name for p in tmp_path.iterdir()] == ["run.json"]
+    assert json.loads(path.read_text())["median_step_time_s"] == 3.5
+
+
+def test_measured_timeline_uses_the_simulator_trace_layout():
+    """reports/trace.trace_events renders a measured step like a simulated one: one
+    process per rank, threads named compute/pp/dp, segments on their stream's thread."""
+    ev = trace_events(timeline(_record()))
+    procs = {e["pid"]: e["args"]["name"] for e in ev if e.get("name") == "process_name"}
+    assert sorted(procs) == [0, 1] and procs[1].startswith("rank 1 stage 0 cpu")
+    threads = {(e["pid"], e["args"]["name"]) for e in ev if e.get("name") == "thread_name"}
+    assert threads == {(p, s) for p in (0, 1) for s in STREAM_TID}
+    xs = [e for e in ev if e["ph"] == "X"]
+    assert {(e["pid"], e["tid"], e["name"]) for e in xs} == {
+        (p, STREAM_TID["compute"], "F0.0") for p in (0, 1)} | {(p, STREAM_TID["dp"], "grad c0b0") for p in (0, 1)}
+    assert all(e["dur"] > 0 for e in xs)
+
+
+def test_validate_imports_without_torch():
+    """With torch unimportable, the runner modules still import (torch is lazy) and
+    asking for a backend raises the one-line install hint (an InputError)."""
+    code = ("import sys; sys.modules['torch'] = None\n"
+            "import plansim, validate.runner, validate.record, validate.launch, validate.backend\n"
+            "from costmodel.errors import InputError\n"
+            "try:\n    validate.backend.pick_backend()\nexcept InputError as e:\n    print('ERR', e)\n")
+    res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert "ERR --: torch: plansim validate needs torch: pip install 'plansim[validate]'" in res.stdout
