@@ -78,6 +78,11 @@ PRESETS: dict[str, ModelSpec] = {
     "llama3-8b": ModelSpec("llama3-8b", 32, 4096, 32, 8192, 128256, 2048, 8, 14336, "swiglu"),
     "llama3-70b": ModelSpec("llama3-70b", 80, 8192, 64, 8192, 128256, 2048, 8, 28672, "swiglu"),
     "llama3-405b": ModelSpec("llama3-405b", 126, 16384, 128, 8192, 128256, 2048, 8, 53248, "swiglu"),
+    # Not a published model: the smallest GPT that exercises every plan the real runner
+    # validates on a CPU machine (validate/): 4 layers and 4 heads split over tp, pp,
+    # vpp = 2 and dp up to 4, 16 sequences = 2+ microbatches per replica; one step takes
+    # well under a second per gloo process.
+    "tiny": ModelSpec("tiny", 4, 128, 4, 64, 512, 16),
 }
 
 DEFAULT_MODEL = "gpt3-1.3b"

@@ -1,0 +1,77 @@
+"""The one place that picks the torch.distributed backend and the device.
+
+NCCL on CUDA devices when torch sees any, gloo on the CPU otherwise; the environment
+variable PLANSIM_BACKEND ('gloo' or 'nccl') overrides the choice. Every other module in
+validate/ asks this one, so the same code path runs on this machine and on a GPU cluster.
+
+torch is an optional extra: it is imported here lazily, inside functions, so that
+``import plansim`` and ``plansim simulate`` work without it.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from costmodel.errors import InputError
+
+BACKENDS = ("gloo", "nccl")
+ENV_BACKEND = "PLANSIM_BACKEND"
+
+
+@dataclass(frozen=True)
+class Backend:
+    """name: the torch.distributed backend; kind: 'cpu' or 'cuda'; device: torch.device
+    of this process (the CUDA device is picked from LOCAL_RANK by ``device_for``)."""
+
+    name: str
+    device: Any  # torch.device (typed Any so this module imports without torch)
+    kind: str
+
+    def device_for(self, local_rank: int):
+        """The device a worker with this local rank (index on its node) computes on."""
+        torch = require_torch()
+        if self.kind == "cuda":
+            return torch.device("cuda", local_rank % torch.cuda.device_count())
+        return torch.device("cpu")
+
+    def device_name(self) -> str:
+        """'cpu', or the CUDA device's product name (for run records)."""
+        if self.kind != "cuda":
+            return "cpu"
+        torch = require_torch()
+        return torch.cuda.get_device_name(self.device)
+
+
+def require_torch():
+    """Import torch or raise the one-line InputError telling the user how to install it."""
+    try:
+        import torch
+    except ImportError:
+        raise InputError(
+            "--", "torch",
+            "plansim validate needs torch: pip install 'plansim[validate]' (install the torch "
+            "build you want first, e.g. pip install torch==2.13.0 for CPU)",
+        ) from None
+    return torch
+
+
+def pick_backend(name: str | None = None) -> Backend:
+    """``name`` (or $PLANSIM_BACKEND) when given, else nccl+cuda if CUDA is available,
+    else gloo+cpu. NCCL only runs on CUDA tensors, so asking for it without CUDA is an
+    input error rather than a hang later."""
+    torch = require_torch()
+    name = name or os.environ.get(ENV_BACKEND) or None
+    has_cuda = torch.cuda.is_available()
+    if name is None:
+        name = "nccl" if has_cuda else "gloo"
+    if name not in BACKENDS:
+        raise InputError(ENV_BACKEND if os.environ.get(ENV_BACKEND) == name else "--backend",
+                         "backend", f"unknown backend {name!r}; allowed: {', '.join(BACKENDS)}")
+    if name == "nccl" and not has_cuda:
+        raise InputError("--backend", "backend", "nccl needs CUDA devices and torch sees none; use gloo")
+    # gloo on a CUDA machine still computes on the CPU here: one code path, one device kind
+    # per backend, so measured gloo runs are CPU runs wherever they happen.
+    kind = "cuda" if name == "nccl" else "cpu"
+    device = torch.device("cuda") if kind == "cuda" else torch.device("cpu")
+    return Backend(name=name, device=device, kind=kind)

@@ -1,0 +1,431 @@
+"""Microbenchmarks that calibration fits the hardware profile to.
+
+Four families, each run in ``world`` worker processes at the same time (validate/launch.py),
+because the plans they calibrate for run that many processes on the same cores: what one
+process achieves while its peers compute is what a plan's rank gets.
+
+(a) GEMMs: the shapes a plan's TP slicing produces (taken from costmodel/flops.py's op
+    listing, so calibration covers exactly the shapes the cost model asks about) plus a
+    sweep of square and skinny sizes.
+(b) Memory-bound ops (add, gelu, layernorm, softmax) over sizes, with bytes counted as
+    costmodel/flops.py counts them (each operand read once, each result written once).
+(c) Per-op overhead: chains of tiny ops, plain (no autograd) and as training runs them
+    (forward under autograd, then backward), per op as the cost model counts ops.
+(d) Collectives (all-reduce, all-gather, reduce-scatter, broadcast, send/recv) from 4 KiB
+    to 64 MiB, median of repeats, in nccl-tests' columns (NVIDIA/nccl-tests, doc/PERFORMANCE.md:
+    algbw = size / time, busbw = algbw x the collective's bus factor).
+
+Timings are per call. Compute: each rank takes the median over repeats of its own calls,
+and the figure kept is the median over ranks (every rank measures the same thing).
+Collectives: per repeat the slowest rank's time (a collective ends when its last rank
+does), then the median over repeats.
+
+torch is imported inside the functions only: this module imports without it.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+
+from costmodel import flops as fl
+from costmodel.collectives import busbw_factor
+from costmodel.shapes import ModelSpec
+
+KIB, MIB = 1024, 1024 * 1024
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "send_recv")
+MEMORY_OPS = ("add", "gelu", "layernorm", "softmax")
+# nccl-tests' sendrecv: every rank sends S to its successor and receives S from its
+# predecessor; its bus factor is 1 (NVIDIA/nccl-tests, src/sendrecv.cu, SendRecvGetBw).
+# costmodel.collectives has no send/recv entry, so it is defined here, once.
+_SENDRECV_FACTOR = 1.0
+
+
+def bus_factor(op: str, n: int) -> float:
+    """busbw / algbw of ``op`` over n ranks (nccl-tests' definition)."""
+    return _SENDRECV_FACTOR if op == "send_recv" else busbw_factor(op, n)
+
+
+def sizes_bytes(min_bytes: int = 4 * KIB, max_bytes: int = 64 * MIB) -> list[int]:
+    """Message sizes from min to max, doubling (nccl-tests' -b 4K -e 64M -f 2)."""
+    out, s = [], min_bytes
+    while s <= max_bytes:
+        out.append(s)
+        s *= 2
+    return out
+
+
+# ----------------------------------------------------------------------- records
+@dataclass
+class GemmSample:
+    m: int
+    n: int
+    k: int
+    batch: int
+    seconds: float  # per call
+
+    @property
+    def flops(self) -> float:
+        return 2.0 * self.m * self.n * self.k * self.batch
+
+
+@dataclass
+class MemorySample:
+    op: str
+    elems: int
+    bytes: float  # as costmodel/flops.py counts the op's traffic
+    seconds: float
+
+
+@dataclass
+class OverheadSample:
+    what: str  # 'plain' (no autograd) or 'train' (forward + backward under autograd)
+    model_ops: int  # ops of the chain as the cost model counts them
+    seconds: float  # per chain
+
+    @property
+    def per_op_s(self) -> float:
+        return self.seconds / self.model_ops
+
+
+@dataclass
+class CollectiveSample:
+    op: str
+    nbytes: int  # the nccl-tests 'size': the buffer each rank holds (gathered size for all-gather)
+    n: int  # ranks
+    seconds: float  # median over repeats of the slowest rank's time
+
+    @property
+    def count(self) -> int:
+        return self.nbytes // 4  # float32 elements
+
+    @property
+    def algbw_GBps(self) -> float:
+        return self.nbytes / self.seconds / 1e9
+
+    @property
+    def busbw_GBps(self) -> float:
+        return self.algbw_GBps * bus_factor(self.op, self.n)
+
+
+@dataclass
+class MicrobenchResult:
+    world: int
+    backend: str
+    threads: int  # torch intra-op threads per process
+    gemm: list[GemmSample] = field(default_factory=list)
+    memory: list[MemorySample] = field(default_factory=list)
+    overhead: list[OverheadSample] = field(default_factory=list)
+    collectives: list[CollectiveSample] = field(default_factory=list)
+    wall_s: float = 0.0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "MicrobenchResult":
+        return cls(world=d["world"], backend=d["backend"], threads=d["threads"],
+                   gemm=[GemmSample(**x) for x in d.get("gemm", [])],
+                   memory=[MemorySample(**x) for x in d.get("memory", [])],
+                   overhead=[OverheadSample(**x) for x in d.get("overhead", [])],
+                   collectives=[CollectiveSample(**x) for x in d.get("collectives", [])],
+                   wall_s=d.get("wall_s", 0.0))
+
+
+# ------------------------------------------------------------------------ shapes
+def model_gemm_shapes(model: ModelSpec, tps: list[int], mbs_list: list[int] = (1,)) -> list[tuple[int, int, int, int]]:
+    """(m, n, k, batch) of every matmul the cost model lists for one layer forward and
+    backward and the output layer, for each TP degree and microbatch size; deduplicated,
+    sorted."""
+    shapes = set()
+    for tp in tps:
+        for mbs in mbs_list:
+            ops = (fl.layer_forward_ops(model, mbs, tp, False) + fl.layer_backward_ops(model, mbs, tp, False)
+                   + fl.head_forward_ops(model, mbs, tp) + fl.head_backward_ops(model, mbs, tp))
+            shapes.update((o.m, o.n, o.k, o.batch) for o in ops if o.is_matmul)
+    return sorted(shapes)
+
+
+def sweep_gemm_shapes(max_dim: int = 1024) -> list[tuple[int, int, int, int]]:
+    """Square GEMMs 32..max_dim and skinny ones (small m, small k), batch 1: the curve
+    efficiency-vs-shape is fitted over these as well as the model's own shapes."""
+    out = []
+    d = 32
+    while d <= max_dim:
+        out.append((d, d, d, 1))
+        d *= 2
+    for small in (16, 64):
+        out += [(small, 512, 512, 1), (512, 512, small, 1), (512, small, 512, 1)]
+    return sorted(set(out))
+
+
+def memory_sizes(model: ModelSpec | None, tps: list[int], lo: int = 4 * KIB, hi: int = 4 * MIB) -> list[int]:
+    """Element counts for the memory-bound sweep: powers of 4 from lo to hi plus the
+    model's activation sizes (b*s*h and b*s*ffn/t per TP degree, microbatch 1)."""
+    out, s = set(), lo
+    while s <= hi:
+        out.add(s)
+        s *= 4
+    if model is not None:
+        for tp in tps:
+            out.add(model.seq_length * model.hidden_size)
+            out.add(model.seq_length * model.ffn // tp)
+    return sorted(out)
+
+
+def memory_op_bytes(op: str, elems: int, width: int, row: int) -> float:
+    """HBM bytes of one memory-bound op as costmodel/flops.py counts them: add reads two
+    and writes one (its 'residual'), gelu and softmax read one and write one, layernorm
+    reads and writes the activation and reads gamma and beta of the row width."""
+    if op == "add":
+        return 3.0 * elems * width
+    if op in ("gelu", "softmax"):
+        return 2.0 * elems * width
+    if op == "layernorm":
+        return (2.0 * elems + 2.0 * row) * width
+    raise ValueError(op)
+
+
+# Ops per link of the overhead chain as the cost model counts them: a linear is one GEMM
+# forward and two backward (input and weight gradient, flops._gemm_backward); gelu,
+# layernorm and the residual add are one op each way.
+CHAIN_FWD_OPS = 4  # linear, gelu, layernorm, add
+CHAIN_BWD_OPS = 5  # linear dgrad + wgrad, gelu_bwd, layernorm_bwd, add (residual_bwd)
+
+
+# ------------------------------------------------------------------------- timing
+def _median_time(fn, repeats: int, inner: int, sync=None) -> float:
+    """Median over ``repeats`` of the mean time of ``inner`` back-to-back calls."""
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(inner):
+            fn()
+        if sync is not None:
+            sync()
+        times.append((time.perf_counter() - t0) / inner)
+    return statistics.median(times)
+
+
+def _inner_for(est_s: float, target_s: float = 2e-3) -> int:
+    """Back-to-back calls per timed repeat so that one repeat lasts about target_s."""
+    return max(1, min(200, int(target_s / max(est_s, 1e-7))))
+
+
+@dataclass(frozen=True)
+class ComputeConfig:
+    gemm_shapes: tuple
+    mem_sizes: tuple
+    repeats: int = 5
+    threads: int = 1
+
+
+def compute_worker(rank: int, world: int, cfg: ComputeConfig) -> dict:
+    """One rank's compute microbenchmarks (a)-(c); every rank runs the same list at the
+    same time, meeting at a barrier before each item so that they overlap."""
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(cfg.threads)
+    torch.manual_seed(rank)
+    sync = dist.barrier if dist.is_initialized() and world > 1 else (lambda: None)
+    out = {"gemm": [], "memory": [], "overhead": []}
+    with torch.no_grad():
+        for (m, n, k, b) in cfg.gemm_shapes:
+            a = torch.randn(b, m, k) if b > 1 else torch.randn(m, k)
+            w = torch.randn(b, k, n) if b > 1 else torch.randn(k, n)
+            f = (lambda: torch.bmm(a, w)) if b > 1 else (lambda: torch.mm(a, w))
+            f()
+            t0 = time.perf_counter()
+            f()
+            inner = _inner_for(time.perf_counter() - t0)
+            sync()
+            out["gemm"].append([m, n, k, b, _median_time(f, cfg.repeats, inner)])
+        for op in MEMORY_OPS:
+            for elems in cfg.mem_sizes:
+                row = 128 if elems % 128 == 0 else 1
+                x = torch.randn(elems // row, row)
+                y = torch.randn(elems // row, row)
+                g, bta = torch.ones(row), torch.zeros(row)
+                f = {
+                    "add": lambda: torch.add(x, y),
+                    "gelu": lambda: torch.nn.functional.gelu(x),
+                    "layernorm": lambda: torch.nn.functional.layer_norm(x, (row,), g, bta),
+                    "softmax": lambda: torch.softmax(x, -1),
+                }[op]
+                f()
+                t0 = time.perf_counter()
+                f()
+                inner = _inner_for(time.perf_counter() - t0)
+                sync()
+                out["memory"].append([op, elems, memory_op_bytes(op, elems, 4, row), _median_time(f, cfg.repeats, inner)])
+    # (c) overhead chains of tiny (8-wide) blocks: their work is negligible, what remains
+    # is the per-op cost of issuing them.
+    width, links = 8, 16
+    lin = [torch.nn.Linear(width, width) for _ in range(links)]
+    lns = [torch.nn.LayerNorm(width) for _ in range(links)]
+    x0 = torch.randn(4, width)
+
+    def chain():
+        x = x0
+        for li, ln in zip(lin, lns):
+            x = ln(torch.nn.functional.gelu(li(x))) + x
+        return x
+
+    def plain():
+        with torch.no_grad():
+            chain()
+
+    def train():
+        chain().sum().backward()
+
+    for what, f, ops in (("plain", plain, CHAIN_FWD_OPS * links),
+                         ("train", train, (CHAIN_FWD_OPS + CHAIN_BWD_OPS) * links)):
+        f()
+        sync()
+        out["overhead"].append([what, ops, _median_time(f, cfg.repeats * 2, 5)])
+    return out
+
+
+@dataclass(frozen=True)
+class CollectiveConfig:
+    sizes: tuple
+    ops: tuple = COLLECTIVES
+    repeats: int = 5
+    warmup: int = 1
+    budget_s: float = 0.5  # stop repeating a size once this much time went into it
+    threads: int = 1
+
+
+def collective_worker(rank: int, world: int, cfg: CollectiveConfig) -> list:
+    """One rank's collective timings: [op, nbytes, seconds] per op and size, seconds =
+    median over repeats of the slowest rank's time (one extra max-reduce per repeat,
+    outside the timed region)."""
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(cfg.threads)
+    # torch 2.13 renamed *_into_tensor / *_tensor to *_single (same arguments).
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    rows = []
+    nxt, prv = (rank + 1) % world, (rank - 1) % world
+    for op in cfg.ops:
+        for nbytes in cfg.sizes:
+            count = nbytes // 4
+            if op == "all_gather":
+                send, recv = torch.ones(count // world), torch.empty(count // world * world)
+                call = lambda: gather(recv, send)  # noqa: E731
+            elif op == "reduce_scatter":
+                send, recv = torch.ones(count // world * world), torch.empty(count // world)
+                call = lambda: scatter(recv, send)  # noqa: E731
+            elif op == "all_reduce":
+                buf = torch.ones(count)
+                call = lambda: dist.all_reduce(buf)  # noqa: E731
+            elif op == "broadcast":
+                buf = torch.ones(count)
+                call = lambda: dist.broadcast(buf, 0)  # noqa: E731
+            else:  # send_recv: a ring of simultaneous sends and receives
+                sbuf, rbuf = torch.ones(count), torch.empty(count)
+
+                def call():
+                    reqs = dist.batch_isend_irecv([dist.P2POp(dist.isend, sbuf, nxt),
+                                                   dist.P2POp(dist.irecv, rbuf, prv)])
+                    for r in reqs:
+                        r.wait()
+            for _ in range(cfg.warmup):
+                call()
+            times, spent = [], 0.0
+            mx = torch.zeros(1, dtype=torch.float64)
+            while len(times) < cfg.repeats:
+                dist.barrier()
+                t0 = time.perf_counter()
+                call()
+                mx[0] = time.perf_counter() - t0
+                dist.all_reduce(mx, op=dist.ReduceOp.MAX)
+                times.append(float(mx[0]))
+                spent += times[-1]
+                if spent > cfg.budget_s and len(times) >= 3:
+                    break
+            rows.append([op, nbytes, statistics.median(times)])
+    return rows
+
+
+def default_threads(world: int) -> int:
+    """Intra-op threads per worker: the cores shared evenly, at least one."""
+    import os
+    return max(1, (os.cpu_count() or 1) // world)
+
+
+def run_microbenchmarks(world: int, gemm_shapes, mem_sizes, coll_sizes, *, repeats: int = 5,
+                        threads: int | None = None, backend: str | None = None,
+                        timeout_s: float = 600.0, progress=None) -> MicrobenchResult:
+    """Run (a)-(d) in ``world`` processes; compute medians over ranks."""
+    from validate.backend import pick_backend
+    from validate.launch import launch
+
+    t_wall = time.perf_counter()
+    be = pick_backend() if backend is None else backend
+    be_name = be if isinstance(be, str) else be.name
+    threads = threads or default_threads(world)
+    say = progress or (lambda msg: None)
+    say(f"compute microbenchmarks: {len(gemm_shapes)} GEMM shapes, {len(mem_sizes)} sizes x "
+        f"{len(MEMORY_OPS)} memory ops, {world} concurrent processes, {threads} thread(s) each")
+    ccfg = ComputeConfig(tuple(gemm_shapes), tuple(mem_sizes), repeats, threads)
+    per_rank = launch(compute_worker, world, (ccfg,), timeout_s=timeout_s, backend=be_name)
+    res = MicrobenchResult(world=world, backend=be_name, threads=threads)
+    for i, row in enumerate(per_rank[0]["gemm"]):
+        m, n, k, b, _ = row
+        res.gemm.append(GemmSample(m, n, k, b, statistics.median(r["gemm"][i][4] for r in per_rank)))
+    for i, row in enumerate(per_rank[0]["memory"]):
+        op, elems, nbytes, _ = row
+        res.memory.append(MemorySample(op, elems, nbytes, statistics.median(r["memory"][i][3] for r in per_rank)))
+    for i, row in enumerate(per_rank[0]["overhead"]):
+        what, ops, _ = row
+        res.overhead.append(OverheadSample(what, ops, statistics.median(r["overhead"][i][2] for r in per_rank)))
+    if world > 1 and coll_sizes:
+        ops = COLLECTIVES
+        say(f"collectives: {', '.join(ops)} over {world} processes, {len(coll_sizes)} sizes "
+            f"{coll_sizes[0]} B .. {coll_sizes[-1]} B")
+        # Sizes must split evenly over the ranks for all-gather / reduce-scatter.
+        sizes = tuple(s - s % (4 * world) for s in coll_sizes)
+        kcfg = CollectiveConfig(sizes, ops, repeats=repeats, threads=threads)
+        rows = launch(collective_worker, world, (kcfg,), timeout_s=timeout_s, backend=be_name)[0]
+        res.collectives = [CollectiveSample(op, nbytes, world, s) for op, nbytes, s in rows]
+    res.wall_s = time.perf_counter() - t_wall
+    return res
+
+
+def format_collectives(samples: list[CollectiveSample]) -> str:
+    """nccl-tests' columns, one block per collective: size (B), count (elements), type,
+    time (us), algbw (GB/s), busbw (GB/s)."""
+    lines = []
+    for op in dict.fromkeys(s.op for s in samples):
+        lines.append(f"# {op}")
+        lines.append(f"{'size':>12} {'count':>12} {'type':>6} {'time':>10} {'algbw':>8} {'busbw':>8}")
+        lines.append(f"{'(B)':>12} {'(elements)':>12} {'':>6} {'(us)':>10} {'(GB/s)':>8} {'(GB/s)':>8}")
+        for s in (x for x in samples if x.op == op):
+            lines.append(f"{s.nbytes:>12d} {s.count:>12d} {'float':>6} {s.seconds * 1e6:>10.1f} "
+                         f"{s.algbw_GBps:>8.3f} {s.busbw_GBps:>8.3f}")
+    return "\n".join(lines)
+
+
+def format_compute(res: MicrobenchResult) -> str:
+    """GEMM GFLOP/s per shape, memory-op GB/s per size, per-op overheads."""
+    lines = [f"# GEMM ({res.world} concurrent processes, {res.threads} thread(s) each)",
+             f"{'m':>6} {'n':>6} {'k':>6} {'batch':>5} {'time (us)':>10} {'GFLOP/s':>9}"]
+    for g in res.gemm:
+        lines.append(f"{g.m:>6} {g.n:>6} {g.k:>6} {g.batch:>5} {g.seconds * 1e6:>10.1f} {g.flops / g.seconds / 1e9:>9.2f}")
+    lines += ["# memory-bound ops", f"{'op':>10} {'elements':>10} {'time (us)':>10} {'GB/s':>8}"]
+    for s in res.memory:
+        lines.append(f"{s.op:>10} {s.elems:>10} {s.seconds * 1e6:>10.1f} {s.bytes / s.seconds / 1e9:>8.2f}")
+    lines.append("# per-op overhead (tiny ops, per op as the cost model counts them)")
+    for o in res.overhead:
+        lines.append(f"{o.what:>10} {o.model_ops:>4} ops {o.per_op_s * 1e6:>8.2f} us/op")
+    return "\n".join(lines)
+
+
+def geomean(xs) -> float:
+    xs = list(xs)
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
