@@ -102,6 +102,11 @@ def cmd_calibrate(args) -> int:
         repeats=args.repeats, max_bytes=args.max_bytes)
     cal = calibrate(cluster, model, world, progress=None if args.json else say, **kw)
     _write_yaml(args.out, cal.mapping)
+    # The measurements beside the profile (P.yaml -> P.bench.json): the validation report
+    # draws the calibration curves against them.
+    out = Path(args.out)
+    bench = {**cal.bench.to_dict(), "gpu": cluster.devices[0].gpu.name, "topology": args.topology}
+    out.with_name(out.stem + ".bench.json").write_text(json.dumps(bench, indent=1), encoding="utf-8")
     if args.json:
         print(json.dumps({"bench": cal.bench.to_dict(), "profile": cal.mapping,
                           "residual_rms_pct": {k: cal.fit.rms_pct(k) for k in cal.fit.residuals}}, indent=2))
