@@ -1,0 +1,78 @@
+"""`plansim calibrate` and `plansim validate`: error paths, and one short real smoke run."""
+from __future__ import annotations
+
+import json
+import math
+import sys
+
+import pytest
+
+from plansim.cli import main
+from plansim.cmd_validate import plan_world, profile_for
+
+
+def _no_torch(monkeypatch):
+    # A None entry in sys.modules makes `import torch` raise ImportError, as without torch.
+    monkeypatch.setitem(sys.modules, "torch", None)
+
+
+def test_validate_without_torch_says_how_to_install(monkeypatch, capsys):
+    """Without torch, validate stops before running anything: one line naming the pip
+    command, exit 2 (no traceback)."""
+    _no_torch(monkeypatch)
+    assert main(["validate", "localhost-cpu", "--model", "tiny", "--plan", "dp=2"]) == 2
+    err = capsys.readouterr().err
+    assert "pip install" in err and len(err.strip().splitlines()) == 1
+
+
+def test_calibrate_without_torch_says_how_to_install(monkeypatch, capsys, tmp_path):
+    """Same for calibrate from microbenchmarks; no profile file is written."""
+    _no_torch(monkeypatch)
+    out = tmp_path / "p.yaml"
+    assert main(["calibrate", "localhost-cpu", "--world", "2", "--out", str(out)]) == 2
+    assert "pip install" in capsys.readouterr().err and not out.exists()
+
+
+@pytest.mark.parametrize("world", ["0", "5", "-1"])
+def test_calibrate_bad_world(world, capsys, tmp_path):
+    """localhost-cpu's node has 4 devices: --world must be 1..4; the message says so."""
+    assert main(["calibrate", "localhost-cpu", "--world", world, "--out", str(tmp_path / "p.yaml")]) == 2
+    assert "allowed: 1..4" in capsys.readouterr().err
+
+
+def test_validate_plan_too_big_for_the_host(capsys):
+    """tp=2,dp=4 needs 8 processes, more than localhost-cpu's 4 devices: exit 2, the range named."""
+    assert main(["validate", "localhost-cpu", "--plan", "tp=2,dp=4"]) == 2
+    assert "allowed: 1..4" in capsys.readouterr().err
+
+
+def test_calibrate_multi_node_topology_refused(capsys, tmp_path):
+    """The validator calibrates one host: a multi-node topology is an input error."""
+    assert main(["calibrate", "dgx-a100", "--world", "2", "--out", str(tmp_path / "p.yaml")]) == 2
+    assert "one host" in capsys.readouterr().err
+
+
+def test_plan_world_and_profile_mapping():
+    """Processes = tp*pp*dp with dp defaulting to 1; 'W=FILE' profiles apply to W processes."""
+    assert plan_world("tp=2") == 2 and plan_world("pp=2,schedule=gpipe") == 2
+    assert plan_world("tp=2,dp=2") == 4 and plan_world("dp=2,compress=topk:0.1") == 2
+    assert profile_for(["a.yaml", "4=b.yaml"]) == {None: "a.yaml", 4: "b.yaml"}
+
+
+def test_calibrate_and_validate_smoke(tmp_path, capsys):
+    """A short real run (2 processes, quick sweep, 3 steps): calibrate writes a profile that
+    validate then uses; the JSON has the contract's fields and finite, positive numbers.
+    (No accuracy assertion: timings depend on the machine.)"""
+    pytest.importorskip("torch")
+    pytest.importorskip("validate.runner")
+    prof = tmp_path / "w2.yaml"
+    assert main(["calibrate", "localhost-cpu", "--world", "2", "--quick", "--out", str(prof)]) == 0
+    capsys.readouterr()
+    assert main(["validate", "localhost-cpu", "--model", "tiny", "--plan", "dp=2,precision=fp32",
+                 "--profile", str(prof), "--steps", "3", "--warmup", "1", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    for key in ("measured_step_time_s", "predicted_step_time_s", "error_pct"):
+        assert math.isfinite(d[key])
+    assert d["measured_step_time_s"] > 0 and d["predicted_step_time_s"] > 0
+    assert set(d["phases"]) >= {"compute", "dp"}
+    assert all(set(v) == {"measured_s", "predicted_s"} for v in d["phases"].values())
