@@ -64,19 +64,20 @@ def _from_runs(args) -> int:
 
 
 def resolve_world(topology: str, world: int | None):
-    """The single-node cluster of ``world`` devices the validator runs on; InputError
-    names the allowed range (1 .. the topology node's devices)."""
+    """The one-host cluster of ``world`` devices the validator runs on: one node of the
+    topology's (single) node type. InputError names the allowed range, 1 .. that node's
+    devices."""
     from specs.topology import load_topology
     full = load_topology(topology)
-    if len(full.nodes) != 1:
-        raise InputError(topology, "--world", f"the validator runs on one host; {full.name} has "
-                         f"{len(full.nodes)} nodes (use a single-node topology or --nodes 1)")
+    if len(full.groups()) != 1:
+        raise InputError(topology, "--world", f"the validator runs on one host of one node type; {full.name} "
+                         f"has {len(full.groups())} groups")
     most = full.gpus_per_node
     if world is None:
         world = most
     if isinstance(world, bool) or not 1 <= world <= most:
-        raise InputError(topology, "--world", f"got {world}; allowed: 1..{most} (devices of {full.name}'s node)")
-    return load_topology(topology, gpus_per_node=world), world
+        raise InputError(topology, "--world", f"got {world}; allowed: 1..{most} (devices of one {full.name} node)")
+    return load_topology(topology, nodes=1, gpus_per_node=world), world
 
 
 def cmd_calibrate(args) -> int:

@@ -52,6 +52,24 @@ def plan_world(plan_text: str) -> int:
     return out
 
 
+# validate/gpt.py computes in fp32 (torch's default dtype) whatever the plan says; the
+# simulation must count the same bytes, so a plan without a precision is simulated in fp32.
+RUNNER_PRECISION = "fp32"
+
+
+def with_runner_precision(plan_text: str) -> str:
+    """The plan string with precision=fp32 added when it names none (see RUNNER_PRECISION);
+    a plan that names another precision is refused, as the runner would not honour it."""
+    from specs.plan import load_plan_mapping
+    raw, src = load_plan_mapping(plan_text)
+    got = raw.get("precision")
+    if got is None:
+        return f"{plan_text},precision={RUNNER_PRECISION}" if "=" in plan_text else plan_text
+    if got != RUNNER_PRECISION:
+        raise InputError(src, "precision", f"the validator's runner computes in {RUNNER_PRECISION}; got {got!r}")
+    return plan_text
+
+
 def profile_for(specs: list[str]) -> dict:
     """'FILE' -> {None: FILE}; 'W=FILE' -> {W: FILE}; a plan of W processes takes W's, else None's."""
     out: dict = {}
@@ -78,6 +96,7 @@ def validate_plans(topology: str, model_name: str, plans: list[str], profiles: d
     model = load_model(model_name)
     prepared = []
     for text in plans:  # check every input before the first (slow) run
+        text = with_runner_precision(text)
         world = plan_world(text)
         cluster, _ = resolve_world(topology, world)
         plan = resolve_plan(text, model, cluster.num_devices)

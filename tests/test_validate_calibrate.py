@@ -12,16 +12,16 @@ from costmodel.gpus import get_gpu
 from costmodel.profile import FabricEfficiency, GpuEfficiency, load_profile
 from specs.model import load_model
 from specs.topology import load_topology
-from validate.calibrate import (FIT_PRECISION, _gemm_op, _mem_op, collective_time_s, fit_profile,
+from validate.calibrate import (FIT_PRECISION, _attn_op, _gemm_op, _mem_op, collective_time_s, fit_profile,
                                 per_op_overheads, profile_mapping)
-from validate.microbench import (CollectiveSample, GemmSample, MemorySample, MicrobenchResult, OverheadSample,
+from validate.microbench import (AttentionSample, CollectiveSample, GemmSample, MemorySample, MicrobenchResult, OverheadSample,
                                  format_collectives, memory_op_bytes, model_gemm_shapes, sizes_bytes,
                                  sweep_gemm_shapes)
 
 pytest.importorskip("scipy")
 
 CPU = get_gpu("CPU")
-TRUE_GPU = GpuEfficiency(gemm_eff_max=0.3, gemm_k_half=40.0, gemm_dim_half=20.0, hbm_eff=0.15,
+TRUE_GPU = GpuEfficiency(gemm_eff_max=0.3, gemm_k_half=40.0, gemm_dim_half=20.0, hbm_eff=0.15, attention_eff=0.05,
                          kernel_overhead_us=5.0, sm_count=0.0)
 TRUE_FAB = FabricEfficiency(bw_eff=0.2, call_latency_us=150.0)
 LINK = (10e9, 10e-6, "loopback")
@@ -40,6 +40,10 @@ def synthetic_bench(world: int = 2) -> MicrobenchResult:
             s = MemorySample(op, elems, memory_op_bytes(op, elems, 4, 128), 0.0)
             s.seconds = op_time_s(_mem_op(s), CPU, TRUE_GPU, FIT_PRECISION)
             res.memory.append(s)
+    for bh in (2, 4, 8, 32):
+        a = AttentionSample(bh, 64, 32, 0.0)
+        a.seconds = op_time_s(_attn_op(a), CPU, TRUE_GPU, FIT_PRECISION)
+        res.attention.append(a)
     res.overhead = [OverheadSample("plain", 64, 64 * 5e-6), OverheadSample("train", 144, 144 * 12e-6)]
     for op in ("all_reduce", "all_gather", "reduce_scatter", "send_recv"):
         for nbytes in sizes_bytes(4096, 64 << 20):
@@ -56,6 +60,7 @@ def test_fit_recovers_the_parameters_that_generated_the_data():
     assert fit.gpu.kernel_overhead_us == pytest.approx(5.0)
     assert fit.host_overhead_us == pytest.approx(7.0)
     assert fit.gpu.hbm_eff == pytest.approx(0.15, rel=1e-2)
+    assert fit.gpu.attention_eff == pytest.approx(0.05, rel=1e-2)
     assert fit.gpu.gemm_eff_max == pytest.approx(0.3, rel=1e-2)
     assert fit.gpu.gemm_k_half == pytest.approx(40.0, rel=1e-2)
     assert fit.gpu.gemm_dim_half == pytest.approx(20.0, rel=1e-2)

@@ -46,10 +46,18 @@ def test_validate_plan_too_big_for_the_host(capsys):
     assert "allowed: 1..4" in capsys.readouterr().err
 
 
-def test_calibrate_multi_node_topology_refused(capsys, tmp_path):
-    """The validator calibrates one host: a multi-node topology is an input error."""
-    assert main(["calibrate", "dgx-a100", "--world", "2", "--out", str(tmp_path / "p.yaml")]) == 2
+def test_calibrate_heterogeneous_topology_refused(capsys, tmp_path):
+    """The validator calibrates one host of one node type: a two-group topology is an input error."""
+    assert main(["calibrate", "hetero-a100-v100", "--world", "2", "--out", str(tmp_path / "p.yaml")]) == 2
     assert "one host" in capsys.readouterr().err
+
+
+def test_one_node_of_a_cluster_topology():
+    """A cluster file (dgx-a100, many nodes of 8 GPUs) is cut to the one host the validator
+    runs on: --world 4 gives one node of 4 A100s."""
+    from plansim.cmd_calibrate import resolve_world
+    cluster, world = resolve_world("dgx-a100", 4)
+    assert (world, cluster.num_devices, len(cluster.nodes), cluster.devices[0].gpu.name) == (4, 4, 1, "A100-SXM4-80GB")
 
 
 def test_plan_world_and_profile_mapping():

@@ -37,7 +37,7 @@ from costmodel.efficiency import op_time_s
 from costmodel.flops import Op
 from costmodel.gpus import GpuSpec
 from costmodel.profile import FabricEfficiency, GpuEfficiency
-from validate.microbench import CollectiveSample, GemmSample, MemorySample, MicrobenchResult
+from validate.microbench import AttentionSample, CollectiveSample, GemmSample, MemorySample, MicrobenchResult
 
 FIT_PRECISION = "fp32"  # the microbenchmarks run fp32 tensors
 FITTED_COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "send_recv")
@@ -69,6 +69,10 @@ def _mem_op(s: MemorySample) -> Op:
     return Op(s.op, "memory", 0.0, s.bytes)
 
 
+def _attn_op(a: AttentionSample) -> Op:
+    return Op("flash_attention", "flash_attention", a.flops, a.bytes)
+
+
 def _least_squares(fun, x0, lo, hi):
     from scipy.optimize import least_squares
     x0 = np.clip(np.asarray(x0, float), np.asarray(lo) + 1e-9, np.asarray(hi) - 1e-9)
@@ -91,6 +95,14 @@ def fit_memory(samples: list[MemorySample], gpu: GpuSpec, base: GpuEfficiency) -
         eff = replace(base, hbm_eff=x[0])
         return [math.log(op_time_s(_mem_op(s), gpu, eff, FIT_PRECISION) / s.seconds) for s in samples]
     return float(_least_squares(resid, [0.5], [1e-4], [1.0])[0])
+
+
+def fit_attention(samples: list[AttentionSample], gpu: GpuSpec, base: GpuEfficiency) -> float:
+    """attention_eff (fused attention's fraction of peak) with the overhead fixed."""
+    def resid(x):
+        eff = replace(base, attention_eff=x[0])
+        return [math.log(op_time_s(_attn_op(a), gpu, eff, FIT_PRECISION) / a.seconds) for a in samples]
+    return float(_least_squares(resid, [0.1], [1e-5], [1.0])[0])
 
 
 def fit_gemm(samples: list[GemmSample], gpu: GpuSpec, base: GpuEfficiency) -> tuple[float, float, float]:
@@ -143,11 +155,15 @@ def fit_profile(res: MicrobenchResult, gpu: GpuSpec, base_gpu: GpuEfficiency,
     if res.gemm:
         e_max, k_half, d_half = fit_gemm(res.gemm, gpu, eff)
         eff = replace(eff, gemm_eff_max=e_max, gemm_k_half=k_half, gemm_dim_half=d_half)
+    if res.attention:
+        eff = replace(eff, attention_eff=fit_attention(res.attention, gpu, eff))
     out = FitResult(gpu=eff, fabric=None, host_overhead_us=host_us)
     out.residuals["gemm"] = [(f"{g.m}x{g.n}x{g.k}" + (f"x{g.batch}" if g.batch > 1 else ""), g.seconds,
                               op_time_s(_gemm_op(g), gpu, eff, FIT_PRECISION)) for g in res.gemm]
     out.residuals["memory"] = [(f"{s.op} {s.elems}", s.seconds, op_time_s(_mem_op(s), gpu, eff, FIT_PRECISION))
                                for s in res.memory]
+    out.residuals["attention"] = [(f"sdpa {a.batch}x{a.s}x{a.d}", a.seconds, op_time_s(_attn_op(a), gpu, eff, FIT_PRECISION))
+                                  for a in res.attention]
     out.measured_peak_flops = max((g.flops / g.seconds for g in res.gemm), default=0.0)
     out.measured_peak_Bps = max((s.bytes / s.seconds for s in res.memory), default=0.0)
     if link is not None and res.collectives:
@@ -180,10 +196,12 @@ def where_and_when(res: MicrobenchResult, device_name: str) -> str:
             f"backend {res.backend}, {res.world} concurrent worker process(es), {res.threads} thread(s) each")
 
 
-# Facts about how validate/'s torch runner drives a device (not fits): eager PyTorch, one op
-# at a time; on a CPU the op runs in the issuing thread (launch_blocking), no fused kernels,
-# no flash attention, autograd accumulates gradients in a separate pass, pipeline
-# activations sent whole by every TP rank, no asynchronous TP all-reduce in backward;
+# Facts about how validate/'s torch runner (validate/gpt.py) drives a device (not fits):
+# eager PyTorch, one op at a time; on a CPU the op runs in the issuing thread
+# (launch_blocking); fused attention (torch's scaled_dot_product_attention: no s x s scores
+# in memory); no dropout, so the cost model's dropout + residual pair is the one residual
+# add (fused_bias_dropout_add); autograd accumulates gradients in a separate pass; pipeline
+# activations sent whole by every TP rank; no asynchronous TP all-reduce in backward;
 # gradients reduced in fp32.
 def runtime_facts(kind: str) -> dict:
     return {
@@ -191,9 +209,9 @@ def runtime_facts(kind: str) -> dict:
         "p2p_scatter_gather": False,
         "p2p_blocking": False,
         "tp_bwd_overlap": False,
-        "fused_bias_dropout_add": False,
+        "fused_bias_dropout_add": True,
         "grad_accumulation_fusion": False,
-        "flash_attention": False,
+        "flash_attention": True,
         "grad_reduce_dtype": "fp32",
         "zero1_grad_all_reduce": False,
     }
@@ -215,7 +233,7 @@ def profile_mapping(fit: FitResult, res: MicrobenchResult, gpu_name: str, link_k
         "gpus": {gpu_name: {
             "gemm_eff_max": round(g.gemm_eff_max, 5), "gemm_k_half": round(g.gemm_k_half, 3),
             "gemm_dim_half": round(g.gemm_dim_half, 3), "sm_count": 0,
-            "hbm_eff": round(g.hbm_eff, 5), "kernel_overhead_us": round(g.kernel_overhead_us, 3),
+            "attention_eff": round(g.attention_eff, 5), "hbm_eff": round(g.hbm_eff, 5), "kernel_overhead_us": round(g.kernel_overhead_us, 3),
             "source": gpu_src,
         }},
         "runtime": {"host_overhead_us": round(fit.host_overhead_us, 3), **runtime_facts(device_kind),
@@ -248,7 +266,7 @@ def format_residuals(fit: FitResult) -> str:
 def format_params(fit: FitResult) -> str:
     g, f = fit.gpu, fit.fabric
     s = (f"gemm_eff_max={g.gemm_eff_max:.4f} gemm_k_half={g.gemm_k_half:.1f} gemm_dim_half={g.gemm_dim_half:.1f} "
-         f"hbm_eff={g.hbm_eff:.4f} kernel_overhead_us={g.kernel_overhead_us:.2f} host_overhead_us={fit.host_overhead_us:.2f}")
+         f"attention_eff={g.attention_eff:.4f} hbm_eff={g.hbm_eff:.4f} kernel_overhead_us={g.kernel_overhead_us:.2f} host_overhead_us={fit.host_overhead_us:.2f}")
     if f is not None:
         s += f" bw_eff={f.bw_eff:.4f} call_latency_us={f.call_latency_us:.1f}"
     return s
@@ -271,7 +289,9 @@ def calibrate(cluster, model, world: int, *, tps: list[int] | None = None, repea
     devices on one node (load_topology(..., gpus_per_node=world)). Never runs a plan."""
     from costmodel.profile import load_profile
     from validate.backend import pick_backend
-    from validate.microbench import memory_sizes, model_gemm_shapes, run_microbenchmarks, sizes_bytes, sweep_gemm_shapes
+    from costmodel.profile import RuntimeSettings
+    from validate.microbench import (memory_sizes, model_attention_shapes, model_gemm_shapes, run_microbenchmarks,
+                                     sizes_bytes, sweep_gemm_shapes)
 
     be = pick_backend() if backend is None else None
     be_name = backend or be.name
@@ -280,8 +300,9 @@ def calibrate(cluster, model, world: int, *, tps: list[int] | None = None, repea
     shapes = sorted(set(model_gemm_shapes(model, tps)) | set(sweep_gemm_shapes(max_gemm_dim)))
     mem = memory_sizes(model, tps)
     coll = sizes_bytes(4 * 1024, max_bytes)
-    res = run_microbenchmarks(world, shapes, mem, coll, repeats=repeats, backend=be_name,
-                              progress=progress, timeout_s=timeout_s)
+    runtime = RuntimeSettings(**runtime_facts(kind))
+    res = run_microbenchmarks(world, shapes, mem, coll, attn_shapes=model_attention_shapes(model, tps),
+                              runtime=runtime, repeats=repeats, backend=be_name, progress=progress, timeout_s=timeout_s)
     gpu = cluster.devices[0].gpu
     node = cluster.nodes[0]
     base = load_profile(None, bundled=cluster.profiles)

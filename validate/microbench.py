@@ -71,6 +71,26 @@ class GemmSample:
 
 
 @dataclass
+class AttentionSample:
+    """Fused attention forward (torch's scaled_dot_product_attention) of ``batch`` heads."""
+
+    batch: int  # microbatch x heads on this rank
+    s: int
+    d: int
+    seconds: float
+
+    @property
+    def flops(self) -> float:
+        """QK^T and attention over V, as costmodel/flops.py counts them: 2 x 2*b*s*s*d."""
+        return 4.0 * self.batch * self.s * self.s * self.d
+
+    @property
+    def bytes(self) -> float:
+        """Q, K, V read and O written once (fp32): the fused kernel's HBM traffic."""
+        return 4.0 * 4 * self.batch * self.s * self.d
+
+
+@dataclass
 class MemorySample:
     op: str
     elems: int
@@ -116,6 +136,7 @@ class MicrobenchResult:
     threads: int  # torch intra-op threads per process
     gemm: list[GemmSample] = field(default_factory=list)
     memory: list[MemorySample] = field(default_factory=list)
+    attention: list[AttentionSample] = field(default_factory=list)
     overhead: list[OverheadSample] = field(default_factory=list)
     collectives: list[CollectiveSample] = field(default_factory=list)
     wall_s: float = 0.0
@@ -128,6 +149,7 @@ class MicrobenchResult:
         return cls(world=d["world"], backend=d["backend"], threads=d["threads"],
                    gemm=[GemmSample(**x) for x in d.get("gemm", [])],
                    memory=[MemorySample(**x) for x in d.get("memory", [])],
+                   attention=[AttentionSample(**x) for x in d.get("attention", [])],
                    overhead=[OverheadSample(**x) for x in d.get("overhead", [])],
                    collectives=[CollectiveSample(**x) for x in d.get("collectives", [])],
                    wall_s=d.get("wall_s", 0.0))
@@ -147,6 +169,12 @@ def model_gemm_shapes(model: ModelSpec, tps: list[int], mbs_list: list[int] = (1
     return sorted(shapes)
 
 
+def model_attention_shapes(model: ModelSpec, tps: list[int], mbs_list: list[int] = (1,)) -> list[tuple[int, int, int]]:
+    """(microbatch x heads per rank, s, head dim) of the model's attention per TP degree."""
+    return sorted({(mbs * model.num_attention_heads // tp, model.seq_length, model.head_dim)
+                   for tp in tps for mbs in mbs_list})
+
+
 def sweep_gemm_shapes(max_dim: int = 1024) -> list[tuple[int, int, int, int]]:
     """Square GEMMs 32..max_dim and skinny ones (small m, small k), batch 1: the curve
     efficiency-vs-shape is fitted over these as well as the model's own shapes."""
@@ -160,7 +188,7 @@ def sweep_gemm_shapes(max_dim: int = 1024) -> list[tuple[int, int, int, int]]:
     return sorted(set(out))
 
 
-def memory_sizes(model: ModelSpec | None, tps: list[int], lo: int = 4 * KIB, hi: int = 4 * MIB) -> list[int]:
+def memory_sizes(model: ModelSpec | None, tps: list[int], lo: int = 4 * KIB, hi: int = MIB) -> list[int]:
     """Element counts for the memory-bound sweep: powers of 4 from lo to hi plus the
     model's activation sizes (b*s*h and b*s*ffn/t per TP degree, microbatch 1)."""
     out, s = set(), lo
@@ -187,14 +215,60 @@ def memory_op_bytes(op: str, elems: int, width: int, row: int) -> float:
     raise ValueError(op)
 
 
-# Ops per link of the overhead chain as the cost model counts them: a linear is one GEMM
-# forward and two backward (input and weight gradient, flops._gemm_backward); gelu,
-# layernorm and the residual add are one op each way.
-CHAIN_FWD_OPS = 4  # linear, gelu, layernorm, add
-CHAIN_BWD_OPS = 5  # linear dgrad + wgrad, gelu_bwd, layernorm_bwd, add (residual_bwd)
+# The overhead chain: a pre-LayerNorm GPT layer (the architecture costmodel/flops.py lists)
+# at a width where its arithmetic is negligible, so its time is the per-op cost of issuing
+# it, forward and backward under autograd. It is divided by the number of ops the cost
+# model lists for that layer (chain_op_counts), so the per-op figure is per cost-model op.
+CHAIN_MODEL = ModelSpec("overhead-chain", num_layers=4, hidden_size=8, num_attention_heads=2, seq_length=4,
+                        vocab_size=8, global_batch_size=1)
+
+
+def chain_op_counts(runtime) -> tuple[int, int]:
+    """(forward ops, forward + backward ops) the cost model counts for CHAIN_MODEL's layers
+    under ``runtime`` (its op transforms, e.g. fused attention, and the separate gradient
+    accumulation pass)."""
+    from costmodel.efficiency import transform_ops
+    from sim.program import grad_accumulation_ops
+    m = CHAIN_MODEL
+    f = transform_ops(fl.layer_forward_ops(m, 1, 1, False, 4), runtime)
+    b = transform_ops(fl.layer_backward_ops(m, 1, 1, False, 4)
+                      + grad_accumulation_ops(m, 1, 1, False, False, "fp32", runtime), runtime)
+    return m.num_layers * len(f), m.num_layers * (len(f) + len(b))
+
+
+def _chain_layer(torch, x, p, heads):
+    """One pre-LN GPT layer (as costmodel/flops.py describes it; fused attention)."""
+    F = torch.nn.functional
+    b, s, w = x.shape
+    d = w // heads
+    h = F.layer_norm(x, (w,), p[0], p[1])
+    q, k, v = (F.linear(h, p[2 + 2 * i], p[3 + 2 * i]).view(b, s, heads, d).transpose(1, 2) for i in range(3))
+    a = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, s, w)
+    x = x + (F.linear(a, p[8]) + p[9])
+    h = F.layer_norm(x, (w,), p[10], p[11])
+    return x + (F.linear(F.gelu(F.linear(h, p[12], p[13])), p[14]) + p[15])
+
+
+def _chain_params(torch, w):
+    shapes = [(w,), (w,)] + [(w, w), (w,)] * 3 + [(w, w), (w,), (w,), (w,), (4 * w, w), (4 * w,), (w, 4 * w), (w,)]
+    return [torch.nn.Parameter(torch.randn(*sh) * 0.1) for sh in shapes]
 
 
 # ------------------------------------------------------------------------- timing
+def _device(backend_name: str):
+    """(torch device, synchronize) of this worker: its CUDA device under NCCL (asynchronous
+    kernels: the clock stops only after synchronising), else the CPU (nothing to wait for)."""
+    import torch
+    from validate.backend import pick_backend
+    from validate.launch import local_rank
+    be = pick_backend(backend_name)
+    dev = be.device_for(local_rank())
+    if be.kind == "cuda":
+        torch.cuda.set_device(dev)
+        return dev, torch.cuda.synchronize
+    return dev, None
+
+
 def _median_time(fn, repeats: int, inner: int, sync=None) -> float:
     """Median over ``repeats`` of the mean time of ``inner`` back-to-back calls."""
     times = []
@@ -217,8 +291,10 @@ def _inner_for(est_s: float, target_s: float = 2e-3) -> int:
 class ComputeConfig:
     gemm_shapes: tuple
     mem_sizes: tuple
+    attn_shapes: tuple = ()
     repeats: int = 5
     threads: int = 1
+    backend: str = "gloo"
 
 
 def compute_worker(rank: int, world: int, cfg: ComputeConfig) -> dict:
@@ -229,48 +305,55 @@ def compute_worker(rank: int, world: int, cfg: ComputeConfig) -> dict:
 
     torch.set_num_threads(cfg.threads)
     torch.manual_seed(rank)
+    dev, dsync = _device(cfg.backend)
     sync = dist.barrier if dist.is_initialized() and world > 1 else (lambda: None)
-    out = {"gemm": [], "memory": [], "overhead": []}
+
+    def timed(f):
+        f()
+        if dsync:
+            dsync()
+        t0 = time.perf_counter()
+        f()
+        if dsync:
+            dsync()
+        inner = _inner_for(time.perf_counter() - t0)
+        sync()
+        return _median_time(f, cfg.repeats, inner, dsync)
+
+    out = {"gemm": [], "memory": [], "attention": [], "overhead": []}
     with torch.no_grad():
         for (m, n, k, b) in cfg.gemm_shapes:
-            a = torch.randn(b, m, k) if b > 1 else torch.randn(m, k)
-            w = torch.randn(b, k, n) if b > 1 else torch.randn(k, n)
+            a = torch.randn(b, m, k, device=dev) if b > 1 else torch.randn(m, k, device=dev)
+            w = torch.randn(b, k, n, device=dev) if b > 1 else torch.randn(k, n, device=dev)
             f = (lambda: torch.bmm(a, w)) if b > 1 else (lambda: torch.mm(a, w))
-            f()
-            t0 = time.perf_counter()
-            f()
-            inner = _inner_for(time.perf_counter() - t0)
-            sync()
-            out["gemm"].append([m, n, k, b, _median_time(f, cfg.repeats, inner)])
+            out["gemm"].append([m, n, k, b, timed(f)])
         for op in MEMORY_OPS:
             for elems in cfg.mem_sizes:
                 row = 128 if elems % 128 == 0 else 1
-                x = torch.randn(elems // row, row)
-                y = torch.randn(elems // row, row)
-                g, bta = torch.ones(row), torch.zeros(row)
+                x = torch.randn(elems // row, row, device=dev)
+                y = torch.randn(elems // row, row, device=dev)
+                g, bta = torch.ones(row, device=dev), torch.zeros(row, device=dev)
                 f = {
                     "add": lambda: torch.add(x, y),
                     "gelu": lambda: torch.nn.functional.gelu(x),
                     "layernorm": lambda: torch.nn.functional.layer_norm(x, (row,), g, bta),
                     "softmax": lambda: torch.softmax(x, -1),
                 }[op]
-                f()
-                t0 = time.perf_counter()
-                f()
-                inner = _inner_for(time.perf_counter() - t0)
-                sync()
-                out["memory"].append([op, elems, memory_op_bytes(op, elems, 4, row), _median_time(f, cfg.repeats, inner)])
-    # (c) overhead chains of tiny (8-wide) blocks: their work is negligible, what remains
-    # is the per-op cost of issuing them.
-    width, links = 8, 16
-    lin = [torch.nn.Linear(width, width) for _ in range(links)]
-    lns = [torch.nn.LayerNorm(width) for _ in range(links)]
-    x0 = torch.randn(4, width)
+                out["memory"].append([op, elems, memory_op_bytes(op, elems, 4, row), timed(f)])
+        for (bh, sq, d) in cfg.attn_shapes:
+            q, k, v = (torch.randn(1, bh, sq, d, device=dev) for _ in range(3))
+            f = lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)  # noqa: E731
+            out["attention"].append([bh, sq, d, timed(f)])
+    # (c) the overhead chain (CHAIN_MODEL): plain forward, and forward + backward.
+    m = CHAIN_MODEL
+    params = [[p.to(dev).detach().requires_grad_() for p in _chain_params(torch, m.hidden_size)]
+              for _ in range(m.num_layers)]
+    x0 = torch.randn(1, m.seq_length, m.hidden_size, device=dev)
 
     def chain():
         x = x0
-        for li, ln in zip(lin, lns):
-            x = ln(torch.nn.functional.gelu(li(x))) + x
+        for p in params:
+            x = _chain_layer(torch, x, p, m.num_attention_heads)
         return x
 
     def plain():
@@ -280,11 +363,11 @@ def compute_worker(rank: int, world: int, cfg: ComputeConfig) -> dict:
     def train():
         chain().sum().backward()
 
-    for what, f, ops in (("plain", plain, CHAIN_FWD_OPS * links),
-                         ("train", train, (CHAIN_FWD_OPS + CHAIN_BWD_OPS) * links)):
+    for what, f in (("plain", plain), ("train", train)):
+        f()
         f()
         sync()
-        out["overhead"].append([what, ops, _median_time(f, cfg.repeats * 2, 5)])
+        out["overhead"].append([what, 0, _median_time(f, cfg.repeats * 2, 5, dsync)])
     return out
 
 
@@ -296,6 +379,7 @@ class CollectiveConfig:
     warmup: int = 1
     budget_s: float = 0.5  # stop repeating a size once this much time went into it
     threads: int = 1
+    backend: str = "gloo"
 
 
 def collective_worker(rank: int, world: int, cfg: CollectiveConfig) -> list:
@@ -306,6 +390,7 @@ def collective_worker(rank: int, world: int, cfg: CollectiveConfig) -> list:
     import torch.distributed as dist
 
     torch.set_num_threads(cfg.threads)
+    dev, dsync = _device(cfg.backend)
     # torch 2.13 renamed *_into_tensor / *_tensor to *_single (same arguments).
     gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
     scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
@@ -315,19 +400,19 @@ def collective_worker(rank: int, world: int, cfg: CollectiveConfig) -> list:
         for nbytes in cfg.sizes:
             count = nbytes // 4
             if op == "all_gather":
-                send, recv = torch.ones(count // world), torch.empty(count // world * world)
+                send, recv = torch.ones(count // world, device=dev), torch.empty(count // world * world, device=dev)
                 call = lambda: gather(recv, send)  # noqa: E731
             elif op == "reduce_scatter":
-                send, recv = torch.ones(count // world * world), torch.empty(count // world)
+                send, recv = torch.ones(count // world * world, device=dev), torch.empty(count // world, device=dev)
                 call = lambda: scatter(recv, send)  # noqa: E731
             elif op == "all_reduce":
-                buf = torch.ones(count)
+                buf = torch.ones(count, device=dev)
                 call = lambda: dist.all_reduce(buf)  # noqa: E731
             elif op == "broadcast":
-                buf = torch.ones(count)
+                buf = torch.ones(count, device=dev)
                 call = lambda: dist.broadcast(buf, 0)  # noqa: E731
             else:  # send_recv: a ring of simultaneous sends and receives
-                sbuf, rbuf = torch.ones(count), torch.empty(count)
+                sbuf, rbuf = torch.ones(count, device=dev), torch.empty(count, device=dev)
 
                 def call():
                     reqs = dist.batch_isend_irecv([dist.P2POp(dist.isend, sbuf, nxt),
@@ -337,11 +422,15 @@ def collective_worker(rank: int, world: int, cfg: CollectiveConfig) -> list:
             for _ in range(cfg.warmup):
                 call()
             times, spent = [], 0.0
-            mx = torch.zeros(1, dtype=torch.float64)
+            mx = torch.zeros(1, dtype=torch.float64, device=dev)
             while len(times) < cfg.repeats:
+                if dsync:
+                    dsync()
                 dist.barrier()
                 t0 = time.perf_counter()
                 call()
+                if dsync:
+                    dsync()
                 mx[0] = time.perf_counter() - t0
                 dist.all_reduce(mx, op=dist.ReduceOp.MAX)
                 times.append(float(mx[0]))
@@ -358,10 +447,12 @@ def default_threads(world: int) -> int:
     return max(1, (os.cpu_count() or 1) // world)
 
 
-def run_microbenchmarks(world: int, gemm_shapes, mem_sizes, coll_sizes, *, repeats: int = 5,
-                        threads: int | None = None, backend: str | None = None,
+def run_microbenchmarks(world: int, gemm_shapes, mem_sizes, coll_sizes, *, attn_shapes=(), runtime=None,
+                        repeats: int = 5, threads: int | None = None, backend: str | None = None,
                         timeout_s: float = 600.0, progress=None) -> MicrobenchResult:
-    """Run (a)-(d) in ``world`` processes; compute medians over ranks."""
+    """Run (a)-(d) in ``world`` processes; compute medians over ranks. ``runtime``
+    (costmodel.profile.RuntimeSettings) decides how the cost model counts the chain's ops."""
+    from costmodel.profile import RuntimeSettings
     from validate.backend import pick_backend
     from validate.launch import launch
 
@@ -372,7 +463,7 @@ def run_microbenchmarks(world: int, gemm_shapes, mem_sizes, coll_sizes, *, repea
     say = progress or (lambda msg: None)
     say(f"compute microbenchmarks: {len(gemm_shapes)} GEMM shapes, {len(mem_sizes)} sizes x "
         f"{len(MEMORY_OPS)} memory ops, {world} concurrent processes, {threads} thread(s) each")
-    ccfg = ComputeConfig(tuple(gemm_shapes), tuple(mem_sizes), repeats, threads)
+    ccfg = ComputeConfig(tuple(gemm_shapes), tuple(mem_sizes), tuple(attn_shapes), repeats, threads, be_name)
     per_rank = launch(compute_worker, world, (ccfg,), timeout_s=timeout_s, backend=be_name)
     res = MicrobenchResult(world=world, backend=be_name, threads=threads)
     for i, row in enumerate(per_rank[0]["gemm"]):
@@ -381,16 +472,21 @@ def run_microbenchmarks(world: int, gemm_shapes, mem_sizes, coll_sizes, *, repea
     for i, row in enumerate(per_rank[0]["memory"]):
         op, elems, nbytes, _ = row
         res.memory.append(MemorySample(op, elems, nbytes, statistics.median(r["memory"][i][3] for r in per_rank)))
+    for i, row in enumerate(per_rank[0]["attention"]):
+        bh, sq, d, _ = row
+        res.attention.append(AttentionSample(bh, sq, d, statistics.median(r["attention"][i][3] for r in per_rank)))
+    n_fwd, n_train = chain_op_counts(runtime or RuntimeSettings())
     for i, row in enumerate(per_rank[0]["overhead"]):
-        what, ops, _ = row
-        res.overhead.append(OverheadSample(what, ops, statistics.median(r["overhead"][i][2] for r in per_rank)))
+        what = row[0]
+        res.overhead.append(OverheadSample(what, n_fwd if what == "plain" else n_train,
+                                           statistics.median(r["overhead"][i][2] for r in per_rank)))
     if world > 1 and coll_sizes:
         ops = COLLECTIVES
         say(f"collectives: {', '.join(ops)} over {world} processes, {len(coll_sizes)} sizes "
             f"{coll_sizes[0]} B .. {coll_sizes[-1]} B")
         # Sizes must split evenly over the ranks for all-gather / reduce-scatter.
         sizes = tuple(s - s % (4 * world) for s in coll_sizes)
-        kcfg = CollectiveConfig(sizes, ops, repeats=repeats, threads=threads)
+        kcfg = CollectiveConfig(sizes, ops, repeats=repeats, threads=threads, backend=be_name)
         rows = launch(collective_worker, world, (kcfg,), timeout_s=timeout_s, backend=be_name)[0]
         res.collectives = [CollectiveSample(op, nbytes, world, s) for op, nbytes, s in rows]
     res.wall_s = time.perf_counter() - t_wall
@@ -420,7 +516,10 @@ def format_compute(res: MicrobenchResult) -> str:
     lines += ["# memory-bound ops", f"{'op':>10} {'elements':>10} {'time (us)':>10} {'GB/s':>8}"]
     for s in res.memory:
         lines.append(f"{s.op:>10} {s.elems:>10} {s.seconds * 1e6:>10.1f} {s.bytes / s.seconds / 1e9:>8.2f}")
-    lines.append("# per-op overhead (tiny ops, per op as the cost model counts them)")
+    lines += ["# fused attention (scaled_dot_product_attention, causal)", f"{'heads':>6} {'s':>5} {'d':>4} {'time (us)':>10} {'GFLOP/s':>9}"]
+    for a in res.attention:
+        lines.append(f"{a.batch:>6} {a.s:>5} {a.d:>4} {a.seconds * 1e6:>10.1f} {a.flops / a.seconds / 1e9:>9.2f}")
+    lines.append("# per-op overhead (GPT layer chain at width 8, per op as the cost model counts them)")
     for o in res.overhead:
         lines.append(f"{o.what:>10} {o.model_ops:>4} ops {o.per_op_s * 1e6:>8.2f} us/op")
     return "\n".join(lines)
