@@ -104,6 +104,7 @@ def validate_plans(topology: str, model_name: str, plans: list[str], profiles: d
         profile = load_profile(prof_path, bundled=cluster.profiles)
         prepared.append((plan, cluster, profile, prof_path))
     require_torch()
+    from validate.microbench import worker_threads_env
     from validate.runner import run_plan
 
     out = []
@@ -111,7 +112,8 @@ def validate_plans(topology: str, model_name: str, plans: list[str], profiles: d
         if progress:
             progress(f"running {plan.to_string()} in {plan.num_devices} processes "
                      f"({warmup} warm-up + {steps} steps); profile {prof_path or 'default (uncalibrated)'}")
-        rec = run_plan(model, plan, steps=steps, warmup=warmup, seed=seed, timeout_s=timeout_s)
+        with worker_threads_env(plan.num_devices):  # the threads calibration measured with
+            rec = run_plan(model, plan, steps=steps, warmup=warmup, seed=seed, timeout_s=timeout_s)
         sim = simulate(model, plan, cluster, profile, record=record)
         out.append(compare(rec, sim))
     return out

@@ -24,7 +24,9 @@ torch is imported inside the functions only: this module imports without it.
 """
 from __future__ import annotations
 
+import contextlib
 import math
+import os
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
@@ -293,7 +295,7 @@ class ComputeConfig:
     mem_sizes: tuple
     attn_shapes: tuple = ()
     repeats: int = 5
-    threads: int = 1
+    threads: int = 0  # intra-op threads; 0 keeps what the worker started with
     backend: str = "gloo"
 
 
@@ -303,7 +305,8 @@ def compute_worker(rank: int, world: int, cfg: ComputeConfig) -> dict:
     import torch
     import torch.distributed as dist
 
-    torch.set_num_threads(cfg.threads)
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
     torch.manual_seed(rank)
     dev, dsync = _device(cfg.backend)
     sync = dist.barrier if dist.is_initialized() and world > 1 else (lambda: None)
@@ -378,7 +381,7 @@ class CollectiveConfig:
     repeats: int = 5
     warmup: int = 1
     budget_s: float = 0.5  # stop repeating a size once this much time went into it
-    threads: int = 1
+    threads: int = 0
     backend: str = "gloo"
 
 
@@ -389,7 +392,8 @@ def collective_worker(rank: int, world: int, cfg: CollectiveConfig) -> list:
     import torch
     import torch.distributed as dist
 
-    torch.set_num_threads(cfg.threads)
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
     dev, dsync = _device(cfg.backend)
     # torch 2.13 renamed *_into_tensor / *_tensor to *_single (same arguments).
     gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -441,10 +445,41 @@ def collective_worker(rank: int, world: int, cfg: CollectiveConfig) -> list:
     return rows
 
 
-def default_threads(world: int) -> int:
-    """Intra-op threads per worker: the cores shared evenly, at least one."""
-    import os
+THREADS_ENV = "OMP_NUM_THREADS"
+
+
+def worker_threads(world: int) -> int:
+    """Intra-op threads of each of ``world`` workers on this host: the user's
+    OMP_NUM_THREADS when set, else the cores shared evenly (at least one). torch's default
+    (every core per process) oversubscribes the cores as soon as there are two workers,
+    and with OpenMP's spinning threads that costs far more than it gains for small ops."""
+    got = _USER_THREADS
+    if got:
+        try:
+            if int(got) > 0:
+                return int(got)
+        except ValueError:
+            pass
     return max(1, (os.cpu_count() or 1) // world)
+
+
+_USER_THREADS = os.environ.get(THREADS_ENV)  # as the user started us, before we set it
+
+
+@contextlib.contextmanager
+def worker_threads_env(world: int):
+    """OMP_NUM_THREADS = worker_threads(world) while workers are started (spawned
+    interpreters read it when torch starts), so the measured plans run exactly as the
+    microbenchmarks did; restored afterwards."""
+    old = os.environ.get(THREADS_ENV)
+    os.environ[THREADS_ENV] = str(worker_threads(world))
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(THREADS_ENV, None)
+        else:
+            os.environ[THREADS_ENV] = old
 
 
 def run_microbenchmarks(world: int, gemm_shapes, mem_sizes, coll_sizes, *, attn_shapes=(), runtime=None,
@@ -459,13 +494,15 @@ def run_microbenchmarks(world: int, gemm_shapes, mem_sizes, coll_sizes, *, attn_
     t_wall = time.perf_counter()
     be = pick_backend() if backend is None else backend
     be_name = be if isinstance(be, str) else be.name
-    threads = threads or default_threads(world)
+    threads = threads or worker_threads(world)
+    shown = threads
     say = progress or (lambda msg: None)
     say(f"compute microbenchmarks: {len(gemm_shapes)} GEMM shapes, {len(mem_sizes)} sizes x "
-        f"{len(MEMORY_OPS)} memory ops, {world} concurrent processes, {threads} thread(s) each")
+        f"{len(MEMORY_OPS)} memory ops, {world} concurrent processes, {shown} thread(s) each")
     ccfg = ComputeConfig(tuple(gemm_shapes), tuple(mem_sizes), tuple(attn_shapes), repeats, threads, be_name)
-    per_rank = launch(compute_worker, world, (ccfg,), timeout_s=timeout_s, backend=be_name)
-    res = MicrobenchResult(world=world, backend=be_name, threads=threads)
+    with worker_threads_env(world):
+        per_rank = launch(compute_worker, world, (ccfg,), timeout_s=timeout_s, backend=be_name)
+    res = MicrobenchResult(world=world, backend=be_name, threads=shown)
     for i, row in enumerate(per_rank[0]["gemm"]):
         m, n, k, b, _ = row
         res.gemm.append(GemmSample(m, n, k, b, statistics.median(r["gemm"][i][4] for r in per_rank)))
@@ -487,7 +524,8 @@ def run_microbenchmarks(world: int, gemm_shapes, mem_sizes, coll_sizes, *, attn_
         # Sizes must split evenly over the ranks for all-gather / reduce-scatter.
         sizes = tuple(s - s % (4 * world) for s in coll_sizes)
         kcfg = CollectiveConfig(sizes, ops, repeats=repeats, threads=threads, backend=be_name)
-        rows = launch(collective_worker, world, (kcfg,), timeout_s=timeout_s, backend=be_name)[0]
+        with worker_threads_env(world):
+            rows = launch(collective_worker, world, (kcfg,), timeout_s=timeout_s, backend=be_name)[0]
         res.collectives = [CollectiveSample(op, nbytes, world, s) for op, nbytes, s in rows]
     res.wall_s = time.perf_counter() - t_wall
     return res
