@@ -84,3 +84,38 @@ def test_calibrate_and_validate_smoke(tmp_path, capsys):
     assert d["measured_step_time_s"] > 0 and d["predicted_step_time_s"] > 0
     assert set(d["phases"]) >= {"compute", "dp"}
     assert all(set(v) == {"measured_s", "predicted_s"} for v in d["phases"].values())
+
+
+def _cuda() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+def test_cuda_script_refuses_without_cuda(tmp_path):
+    """benchmarks/calibrate_cuda.sh on a machine without CUDA stops at once with exit 2 and
+    a message, writing no profile."""
+    import subprocess
+    if _cuda():
+        pytest.skip("this machine has CUDA; the refusal path is for CPU-only machines")
+    pytest.importorskip("torch")
+    p = subprocess.run(["bash", "benchmarks/calibrate_cuda.sh", str(tmp_path)], capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 2 and "no CUDA device" in p.stderr
+    assert not list(tmp_path.glob("*.yaml"))
+
+
+@pytest.mark.skipif(not _cuda(), reason="needs a CUDA device (GPU-only test)")
+def test_cuda_script_calibrates_and_validates(tmp_path):
+    """On a CUDA machine the prepared script writes a profile named after the GPU and date
+    whose source names the GPU, and a validation table."""
+    import subprocess
+    p = subprocess.run(["bash", "benchmarks/calibrate_cuda.sh", str(tmp_path)], capture_output=True, text=True,
+                       timeout=1200)
+    assert p.returncode == 0, p.stderr[-2000:]
+    profiles = [q for q in tmp_path.glob("*-20*.yaml")]
+    assert len(profiles) == 1
+    assert "nccl" in profiles[0].read_text()
+    assert (tmp_path / "report" / "validation.json").is_file()
