@@ -17,6 +17,7 @@ from costmodel.errors import InputError
 
 BACKENDS = ("gloo", "nccl")
 ENV_BACKEND = "PLANSIM_BACKEND"
+ENV_THREADS = "PLANSIM_THREADS"
 
 
 @dataclass(frozen=True)
@@ -75,3 +76,23 @@ def pick_backend(name: str | None = None) -> Backend:
     kind = "cuda" if name == "nccl" else "cpu"
     device = torch.device("cuda") if kind == "cuda" else torch.device("cpu")
     return Backend(name=name, device=device, kind=kind)
+
+
+def configure_cpu_threads() -> int:
+    """Set torch's intra-op threads for a CPU worker: $PLANSIM_THREADS, default 1.
+
+    Each worker process stands for one device, and on a shared CPU several run at once;
+    with more than one OpenMP thread each, they spin-wait against each other (measured
+    here: a tiny-model step 50x slower with 2 threads per process than with 1 on a busy
+    2-core machine). Microbenchmarks and runs both call this, so a profile is calibrated
+    under the same threading the plans run with."""
+    torch = require_torch()
+    raw = os.environ.get(ENV_THREADS, "1")
+    try:
+        n = int(raw)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise InputError(ENV_THREADS, "threads", f"must be an integer >= 1, got {raw!r}")
+    torch.set_num_threads(n)
+    return n

@@ -34,7 +34,7 @@ from datetime import timedelta
 from typing import Any, Callable
 
 from costmodel.errors import InputError
-from validate.backend import pick_backend, require_torch
+from validate.backend import configure_cpu_threads, pick_backend, require_torch
 
 TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
 # Seconds a worker gets to exit after being asked (SIGTERM) before SIGKILL.
@@ -84,6 +84,8 @@ def _init_group(backend_name: str | None, rank: int, world: int, init_method: st
     be = pick_backend(backend_name)
     if be.kind == "cuda":
         torch.cuda.set_device(be.device_for(local_rank()))
+    else:
+        configure_cpu_threads()
     if not dist.is_initialized():
         dist.init_process_group(be.name, init_method=init_method, rank=rank, world_size=world,
                                 timeout=timedelta(seconds=max(1.0, timeout_s)))

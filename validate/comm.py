@@ -1,0 +1,71 @@
+"""Collectives of one process group, timed and byte-counted for the run record.
+
+Bytes sent per rank are counted as a ring algorithm moves them, busbw_factor(op, n) x the
+collective's total size (nccl-tests' definition, costmodel/collectives.py), so the
+count is the same whatever algorithm gloo or NCCL picks internally.
+"""
+from __future__ import annotations
+
+from costmodel.collectives import busbw_factor
+from validate.timeline import Recorder
+
+
+class Comm:
+    """One group (TP, DP, or the embedding pair) as seen by this rank.
+
+    kind: 'tp' or 'dp' (the run record's byte and time category); ranks: global ranks
+    of the group in group order. With one member every operation is the identity and
+    nothing is recorded."""
+
+    def __init__(self, kind: str, ranks: list[int], rank: int, rec: Recorder, group=None):
+        self.kind = kind
+        self.ranks = list(ranks)
+        self.size = len(ranks)
+        self.index = self.ranks.index(rank)
+        self.rec = rec
+        self.group = group
+
+    def count(self, op: str, total_bytes: float) -> None:
+        self.rec.sent(self.kind, busbw_factor(op, self.size) * total_bytes)
+
+    def all_reduce(self, t, label: str = "all-reduce"):
+        """Sum ``t`` in place over the group; returns ``t``."""
+        if self.size == 1:
+            return t
+        import torch.distributed as dist
+        with self.rec.span(self.kind, f"{self.kind}_all_reduce", f"{self.kind} {label}"):
+            dist.all_reduce(t, group=self.group)
+        self.count("all_reduce", t.numel() * t.element_size())
+        return t
+
+    def all_gather(self, t, dim: int, label: str = "all-gather"):
+        """Concatenate every member's ``t`` along ``dim`` (group order)."""
+        if self.size == 1:
+            return t
+        import torch
+        import torch.distributed as dist
+        t = t.contiguous()
+        parts = [torch.empty_like(t) for _ in range(self.size)]
+        with self.rec.span(self.kind, f"{self.kind}_all_gather", f"{self.kind} {label}"):
+            dist.all_gather(parts, t, group=self.group)
+        self.count("all_gather", self.size * t.numel() * t.element_size())
+        return torch.cat(parts, dim=dim)
+
+    def reduce_scatter(self, t, dim: int, label: str = "reduce-scatter"):
+        """Sum over the group, keep this member's 1/size slice along ``dim``."""
+        if self.size == 1:
+            return t
+        import torch
+        import torch.distributed as dist
+        parts = [p.contiguous() for p in t.chunk(self.size, dim=dim)]
+        out = torch.empty_like(parts[self.index])
+        with self.rec.span(self.kind, f"{self.kind}_reduce_scatter", f"{self.kind} {label}"):
+            dist.reduce_scatter(out, parts, group=self.group)
+        self.count("reduce_scatter", t.numel() * t.element_size())
+        return out
+
+    def split(self, t, dim: int):
+        """This member's 1/size slice along ``dim`` (no communication)."""
+        if self.size == 1:
+            return t
+        return t.chunk(self.size, dim=dim)[self.index].contiguous()

@@ -1,0 +1,226 @@
+"""Data parallelism: gradient buckets reduced over the DP group, and the Adam step
+(optionally with its state sharded over the DP group, ZeRO stage 1).
+
+Gradients accumulate, microbatch after microbatch, into one flat buffer per bucket.
+With ``overlap`` on, a bucket's reduction starts (asynchronously) as soon as the last
+microbatch's backward has produced every gradient in it, while backward continues
+(post-accumulate-grad hooks, as PyTorch DDP's reducer does); the handles are waited
+before the optimizer. With ``overlap`` off, every bucket is reduced after backward.
+Buckets fill in backward order (last layer first) up to ``bucket_bytes``
+(sim/program.BUCKET_BYTES by default, PyTorch DDP's 25 MB) and never span model chunks.
+
+The reduction is a sum: each microbatch's loss is already scaled by its share of the
+global batch, so the sum is the gradient of the global mean loss, exactly what the
+single-process reference computes.
+
+ZeRO-1 (Rajbhandari et al. 2020, "ZeRO", Sec. 5.1): each bucket is reduce-scattered,
+each DP rank runs Adam on its 1/dp of the bucket (and holds only that part of the Adam
+state), then the updated parameters are all-gathered. With top-k compression the
+gradients come back dense on every rank and each rank uses its part.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from validate.comm import Comm
+from validate.topk import TopKCompressor
+
+# Adam (Kingma and Ba 2015, Algorithm 1); betas as in GPT-3 (Brown et al. 2020, App. B).
+ADAM_LR = 2e-3
+ADAM_BETAS = (0.9, 0.95)
+ADAM_EPS = 1e-8
+
+
+def adam_update(param, grad, m, v, step: int, lr: float = ADAM_LR,
+                betas: tuple[float, float] = ADAM_BETAS, eps: float = ADAM_EPS) -> None:
+    """One Adam step in place on same-shaped tensors; ``step`` counts from 1."""
+    b1, b2 = betas
+    m.mul_(b1).add_(grad, alpha=1 - b1)
+    v.mul_(b2).addcmul_(grad, grad, value=1 - b2)
+    m_hat = m / (1 - b1 ** step)
+    v_hat = v / (1 - b2 ** step)
+    param.sub_(lr * m_hat / (v_hat.sqrt() + eps))
+
+
+@dataclass
+class Bucket:
+    index: int
+    chunk: int
+    names: list[str]
+    params: list
+    offsets: list[int]
+    numel: int  # real elements; buffers are padded to a multiple of dp
+    flat_param: object = None
+    flat_grad: object = None
+    shard_grad: object = None  # ZeRO: this rank's reduced part
+    ready: int = 0
+    state: object = None  # in-flight work
+    launched_s: float = 0.0
+    adam: dict = field(default_factory=dict)
+
+
+class GradReducer:
+    """Owns the flat parameter and gradient buffers of this rank's chunks.
+
+    chunks: list of (chunk index, {name: Parameter}) for this rank; late: names whose
+    gradient is completed by another collective after backward (tied embedding across
+    pipeline ends, sequence-parallel norms and biases), reduced in buckets of their own
+    once ``mark_late_ready`` is called."""
+
+    def __init__(self, chunks, comm: Comm, *, bucket_bytes: float, overlap: bool, zero: int,
+                 topk: float | None, late: set[str]):
+        import torch
+        self.comm, self.overlap, self.zero = comm, overlap, zero
+        self.rec = comm.rec
+        self.topk = TopKCompressor(topk, comm) if topk else None
+        self.buckets: list[Bucket] = []
+        self.where: dict[int, tuple[Bucket, int]] = {}  # id(param) -> (bucket, position)
+        self.final = set()  # chunks whose last microbatch's backward is running
+        dp = comm.size
+        groups = []
+        for c, params in sorted(chunks, key=lambda cp: -cp[0]):  # backward order: last chunk first
+            names = list(reversed(list(params)))
+            groups.append((c, [(n, params[n]) for n in names if n not in late]))
+        for c, params in sorted(chunks, key=lambda cp: -cp[0]):
+            groups.append((c, [(n, params[n]) for n in reversed(list(params)) if n in late]))
+        self.late_names = late
+        for c, named in groups:
+            cur: list = []
+            size = 0.0
+            for n, p in named:
+                nbytes = p.numel() * p.element_size()
+                if cur and size + nbytes > bucket_bytes:
+                    self._add_bucket(c, cur, dp)
+                    cur, size = [], 0.0
+                cur.append((n, p))
+                size += nbytes
+            if cur:
+                self._add_bucket(c, cur, dp)
+        for b in self.buckets:
+            for pos, p in enumerate(b.params):
+                p.register_post_accumulate_grad_hook(self._hook)
+        self._torch = torch
+
+    def _add_bucket(self, chunk: int, named, dp: int) -> None:
+        import torch
+        offsets, off = [], 0
+        for _, p in named:
+            offsets.append(off)
+            off += p.numel()
+        padded = -(-off // dp) * dp
+        b = Bucket(len(self.buckets), chunk, [n for n, _ in named], [p for _, p in named], offsets, off)
+        b.flat_param = torch.zeros(padded, dtype=named[0][1].dtype, device=named[0][1].device)
+        b.flat_grad = torch.zeros_like(b.flat_param)
+        for (n, p), o in zip(named, offsets):
+            b.flat_param[o:o + p.numel()].copy_(p.data.reshape(-1))
+            p.data = b.flat_param[o:o + p.numel()].view_as(p)  # the optimizer updates the view
+        for pos, p in enumerate(b.params):
+            self.where[id(p)] = (b, pos)
+        self.buckets.append(b)
+
+    # -- during backward ---------------------------------------------------------------
+    def begin_step(self) -> None:
+        for b in self.buckets:
+            b.flat_grad.zero_()
+            b.ready = 0
+            b.state = None
+        self.final = set()
+
+    def _hook(self, p) -> None:
+        b, pos = self.where[id(p)]
+        o = b.offsets[pos]
+        b.flat_grad[o:o + p.numel()].add_(p.grad.reshape(-1))
+        p.grad = None
+        if b.chunk in self.final and b.names[pos] not in self.late_names:
+            self._mark(b)
+
+    def _mark(self, b: Bucket) -> None:
+        b.ready += 1
+        if b.ready == len(b.params) and self.overlap:
+            self._launch(b)
+
+    def grad_view(self, name: str):
+        """The accumulated gradient of ``name`` (a view into its bucket)."""
+        for b in self.buckets:
+            if name in b.names:
+                pos = b.names.index(name)
+                o = b.offsets[pos]
+                return b.flat_grad[o:o + b.params[pos].numel()].view_as(b.params[pos])
+        raise KeyError(name)
+
+    def mark_late_ready(self) -> None:
+        for b in self.buckets:
+            for n in b.names:
+                if n in self.late_names:
+                    self._mark(b)
+
+    def _launch(self, b: Bucket) -> None:
+        import torch.distributed as dist
+        if self.comm.size == 1:
+            b.state = "done"
+            return
+        t0 = self.rec.now()
+        with self.rec.span("dp", "dp_launch", f"launch grad c{b.chunk}b{b.index}"):
+            if self.topk is not None:
+                b.state = ("topk", self.topk.start(b.index, b.flat_grad))
+            elif self.zero >= 1:
+                parts = list(b.flat_grad.chunk(self.comm.size))
+                b.shard_grad = self._torch.empty_like(parts[self.comm.index])
+                b.state = ("work", dist.reduce_scatter(b.shard_grad, parts, group=self.comm.group,
+                                                       async_op=True))
+                self.comm.count("reduce_scatter", b.flat_grad.numel() * b.flat_grad.element_size())
+            else:
+                b.state = ("work", dist.all_reduce(b.flat_grad, group=self.comm.group, async_op=True))
+                self.comm.count("all_reduce", b.flat_grad.numel() * b.flat_grad.element_size())
+        b.launched_s = t0
+
+    # -- after backward ----------------------------------------------------------------
+    def finish(self) -> None:
+        """Launch what has not started (all buckets when overlap is off), wait for all."""
+        for b in self.buckets:
+            if b.state is None:
+                self._launch(b)
+                if not self.overlap:
+                    self._wait(b)
+        for b in self.buckets:
+            self._wait(b)
+
+    def _wait(self, b: Bucket) -> None:
+        if b.state in (None, "done"):
+            return
+        kind, st = b.state
+        with self.rec.span("dp", "dp_wait", f"wait grad c{b.chunk}b{b.index}"):
+            if kind == "topk":
+                self.topk.finish(st, b.flat_grad)
+            else:
+                st.wait()
+        self.rec.segment("dp", "collective", b.launched_s, self.rec.now(), f"grad c{b.chunk}b{b.index}")
+        b.state = "done"
+
+    def step(self, step: int) -> None:
+        """Adam on every bucket (on this rank's shard under ZeRO), then, under ZeRO,
+        all-gather the updated parameters."""
+        import torch.distributed as dist
+        torch = self._torch
+        sharded = self.zero >= 1 and self.comm.size > 1
+        with self.rec.span("compute", "optimizer", "optimizer"):
+            for b in self.buckets:
+                if sharded:
+                    n = b.flat_param.numel() // self.comm.size
+                    lo = self.comm.index * n
+                    p = b.flat_param[lo:lo + n]
+                    g = b.shard_grad if self.topk is None else b.flat_grad[lo:lo + n]
+                else:
+                    p, g = b.flat_param, b.flat_grad
+                if not b.adam:
+                    b.adam = {"m": torch.zeros_like(p), "v": torch.zeros_like(p)}
+                adam_update(p, g, b.adam["m"], b.adam["v"], step)
+        if sharded:
+            t0 = self.rec.now()
+            with self.rec.span("dp", "dp_param_all_gather", "param all-gather"):
+                for b in self.buckets:
+                    parts = list(b.flat_param.chunk(self.comm.size))
+                    mine = parts[self.comm.index].clone()
+                    dist.all_gather(parts, mine, group=self.comm.group)
+                    self.comm.count("all_gather", b.flat_param.numel() * b.flat_param.element_size())
+            self.rec.segment("dp", "collective", t0, self.rec.now(), "param all-gather")

@@ -1,0 +1,206 @@
+"""A small GPT in torch, built from the simulator's ModelSpec (costmodel/shapes.py), in
+model chunks that tensor and pipeline parallelism cut out of the whole.
+
+Architecture (what costmodel/shapes.ModelSpec counts): token embedding plus learned
+position embedding; per layer, pre-LayerNorm causal self-attention (num_attention_heads
+query heads, num_query_groups K/V heads) and an MLP (GELU: 2 matrices; SwiGLU: 3), each
+with its residual; final LayerNorm; logits through the token embedding (tied) and mean
+cross-entropy.
+
+Weights are a function of the seed only: every rank builds the full weights from the
+seed, in one fixed order, and keeps its slice (``local_weight``), so every layout starts
+from exactly the single-process reference's weights.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from costmodel.errors import InputError
+from costmodel.shapes import ModelSpec
+from validate.comm import Comm
+from validate.tp import enter, gather_seq, leave, scatter_seq
+
+INIT_STD = 0.02  # GPT-2/GPT-3 initialisation (Radford et al. 2019, Sec. 2.3)
+LN_EPS = 1e-5
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    """One full weight: its shape, initialisation, and how TP splits it.
+
+    split_dim: the dimension split across TP ranks (0: output rows of a column-parallel
+    linear; 1: input columns of a row-parallel one), or None when every TP rank holds it.
+    sp_partial: replicated, but with sequence parallelism each TP rank sees only its part
+    of the sequence, so its gradient must be summed over the TP group."""
+
+    name: str
+    shape: tuple[int, ...]
+    init: str  # 'normal', 'scaled' (residual output projections), 'zeros', 'ones'
+    split_dim: int | None = None
+    sp_partial: bool = False
+
+
+def layer_params(model: ModelSpec, i: int) -> list[ParamSpec]:
+    h, kv, f = model.hidden_size, model.kv_hidden, model.ffn
+    p = f"l{i}."
+    out = [
+        ParamSpec(p + "ln1.w", (h,), "ones", None, True), ParamSpec(p + "ln1.b", (h,), "zeros", None, True),
+        ParamSpec(p + "q.w", (h, h), "normal", 0), ParamSpec(p + "q.b", (h,), "zeros", 0),
+        ParamSpec(p + "k.w", (kv, h), "normal", 0), ParamSpec(p + "k.b", (kv,), "zeros", 0),
+        ParamSpec(p + "v.w", (kv, h), "normal", 0), ParamSpec(p + "v.b", (kv,), "zeros", 0),
+        ParamSpec(p + "o.w", (h, h), "scaled", 1), ParamSpec(p + "o.b", (h,), "zeros", None, True),
+        ParamSpec(p + "ln2.w", (h,), "ones", None, True), ParamSpec(p + "ln2.b", (h,), "zeros", None, True),
+        ParamSpec(p + "fc1.w", (f, h), "normal", 0), ParamSpec(p + "fc1.b", (f,), "zeros", 0),
+    ]
+    if model.activation == "swiglu":
+        out += [ParamSpec(p + "gate.w", (f, h), "normal", 0), ParamSpec(p + "gate.b", (f,), "zeros", 0)]
+    out += [ParamSpec(p + "fc2.w", (h, f), "scaled", 1), ParamSpec(p + "fc2.b", (h,), "zeros", None, True)]
+    return out
+
+
+def all_params(model: ModelSpec) -> list[ParamSpec]:
+    """Every full weight in the fixed order the seed fills them."""
+    h = model.hidden_size
+    out = [ParamSpec("wte", (model.vocab_size, h), "normal"),
+           ParamSpec("wpe", (model.seq_length, h), "normal")]
+    for i in range(model.num_layers):
+        out += layer_params(model, i)
+    out += [ParamSpec("lnf.w", (h,), "ones", None, True), ParamSpec("lnf.b", (h,), "zeros", None, True)]
+    return out
+
+
+def full_weights(model: ModelSpec, seed: int) -> dict:
+    """name -> full fp32 tensor, the same on every rank for a given seed."""
+    import torch
+    gen = torch.Generator().manual_seed(seed)
+    # Residual output projections scaled by 1/sqrt(2 * layers) (Radford et al. 2019, Sec. 2.3).
+    scaled = INIT_STD / math.sqrt(2 * model.num_layers)
+    out = {}
+    for ps in all_params(model):
+        if ps.init == "ones":
+            out[ps.name] = torch.ones(ps.shape)
+        elif ps.init == "zeros":
+            out[ps.name] = torch.zeros(ps.shape)
+        else:
+            std = scaled if ps.init == "scaled" else INIT_STD
+            out[ps.name] = torch.randn(ps.shape, generator=gen) * std
+    return out
+
+
+def local_weight(full, spec: ParamSpec, tp: int, tp_index: int):
+    """This TP rank's slice of a full weight (a copy; heads stay whole: q rows of head j
+    are rows j*head_dim .. (j+1)*head_dim, so an even split keeps whole heads)."""
+    if spec.split_dim is None or tp == 1:
+        return full.clone()
+    return full.chunk(tp, dim=spec.split_dim)[tp_index].clone()
+
+
+def check_tp(model: ModelSpec, tp: int) -> None:
+    """The runner splits whole query heads and whole K/V groups across TP ranks."""
+    if model.kv_groups % tp:
+        raise InputError("--plan", "tp", f"the runner needs tp={tp} to divide num_query_groups="
+                         f"{model.kv_groups} (it does not replicate K/V heads)")
+
+
+class GPTChunk:
+    """Layers ``layers`` (global indices) of the model, plus the embedding when ``first``
+    and the final norm, logits and loss when ``last``; TP slices for ``tp_comm``."""
+
+    def __init__(self, model: ModelSpec, layers: list[int], first: bool, last: bool, weights: dict,
+                 tp_comm: Comm | None, sp: bool, recompute: str, device):
+        import torch
+        self.model, self.layers, self.first, self.last = model, list(layers), first, last
+        self.comm, self.sp, self.recompute = tp_comm, sp and tp_comm is not None and tp_comm.size > 1, recompute
+        tp = tp_comm.size if tp_comm else 1
+        ti = tp_comm.index if tp_comm else 0
+        check_tp(model, tp)
+        self.heads = model.num_attention_heads // tp
+        self.groups = model.kv_groups // tp
+        specs = [s for s in all_params(model) if (first and s.name in ("wte", "wpe"))
+                 or (last and s.name in ("wte", "lnf.w", "lnf.b"))
+                 or any(s.name.startswith(f"l{i}.") for i in self.layers)]
+        self.specs = {s.name: s for s in specs}
+        self.params = {s.name: torch.nn.Parameter(local_weight(weights[s.name], s, tp, ti).to(device))
+                       for s in specs}
+
+    def forward(self, inp, targets=None, loss_scale: float = 1.0):
+        """First chunk: ``inp`` are token ids [b, s]; else activations [b, s(/tp), h].
+        Last chunk returns the scaled loss; others return activations."""
+        import torch.nn.functional as F
+        from torch.utils.checkpoint import checkpoint
+        P = self.params
+        x = inp
+        if self.first:
+            x = F.embedding(inp, P["wte"]) + P["wpe"][: inp.shape[1]]
+            x = scatter_seq(x, self.comm, self.sp)
+        for i in self.layers:
+            if self.recompute == "full":
+                x = checkpoint(self._layer, i, x, use_reentrant=False)
+            else:
+                x = self._layer(i, x)
+        if not self.last:
+            return x
+        x = F.layer_norm(x, x.shape[-1:], P["lnf.w"], P["lnf.b"], LN_EPS)
+        x = gather_seq(x, self.comm, self.sp)
+        logits = x @ P["wte"].t()
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+        return loss * loss_scale
+
+    def _layer(self, i: int, x):
+        import torch.nn.functional as F
+        P, p = self.params, f"l{i}."
+        h = F.layer_norm(x, x.shape[-1:], P[p + "ln1.w"], P[p + "ln1.b"], LN_EPS)
+        x = x + self._attention(p, h)
+        h = F.layer_norm(x, x.shape[-1:], P[p + "ln2.w"], P[p + "ln2.b"], LN_EPS)
+        return x + self._mlp(p, h)
+
+    def _attention(self, p: str, h):
+        import torch.nn.functional as F
+        from torch.utils.checkpoint import checkpoint
+        P = self.params
+        h = enter(h, self.comm, self.sp)
+        b, s, _ = h.shape
+        d = self.model.head_dim
+        q = F.linear(h, P[p + "q.w"], P[p + "q.b"]).view(b, s, self.heads, d).transpose(1, 2)
+        k = F.linear(h, P[p + "k.w"], P[p + "k.b"]).view(b, s, self.groups, d).transpose(1, 2)
+        v = F.linear(h, P[p + "v.w"], P[p + "v.b"]).view(b, s, self.groups, d).transpose(1, 2)
+        if self.recompute == "selective":
+            # Korthikanti et al. 2022, Sec. 5: recompute only the attention core (scores,
+            # softmax, weighted sum), whose activations grow with s^2.
+            a = checkpoint(self._core, q, k, v, use_reentrant=False)
+        else:
+            a = self._core(q, k, v)
+        a = a.transpose(1, 2).reshape(b, s, self.heads * d)
+        return leave(F.linear(a, P[p + "o.w"]), self.comm, self.sp) + P[p + "o.b"]
+
+    def _core(self, q, k, v):
+        import torch.nn.functional as F
+        rep = self.heads // self.groups
+        if rep > 1:  # grouped-query attention: each K/V head serves `rep` query heads
+            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    def _mlp(self, p: str, h):
+        import torch.nn.functional as F
+        P = self.params
+        h = enter(h, self.comm, self.sp)
+        u = F.linear(h, P[p + "fc1.w"], P[p + "fc1.b"])
+        if self.model.activation == "swiglu":
+            u = F.silu(F.linear(h, P[p + "gate.w"], P[p + "gate.b"])) * u
+        else:
+            u = F.gelu(u)
+        return leave(F.linear(u, P[p + "fc2.w"]), self.comm, self.sp) + P[p + "fc2.b"]
+
+
+def batch_tokens(model: ModelSpec, step: int, seed: int):
+    """Token ids [global_batch, seq + 1] of step ``step``: inputs are [:, :-1], targets
+    [:, 1:]. Drawn from a fixed pool of 2 x global_batch random sequences, alternating
+    halves, so the model can memorise them and the loss falls within a few steps (what
+    the top-k test needs to tell a good compressor from a bad one)."""
+    import torch
+    gen = torch.Generator().manual_seed(seed + 7919)  # a data stream apart from the weights'
+    g = model.global_batch_size
+    pool = torch.randint(0, model.vocab_size, (2 * g, model.seq_length + 1), generator=gen)
+    half = step % 2
+    return pool[half * g:(half + 1) * g]

@@ -1,0 +1,151 @@
+"""The run record of one real run (JSON), and its timeline in the simulator's trace layout.
+
+``RunRecord.from_workers`` turns what every worker measured into the record the
+contract (VALIDATOR.md) fixes: the slowest rank's wall time per step, its median and
+spread after warm-up, per-phase times in the simulator's categories (sim/result.py
+CATEGORIES) so measured and predicted pair one to one, per-rank peak memory and bytes
+sent, losses, and the last step's segments.
+
+``timeline(record)`` gives an object with the attributes reports/trace.trace_events
+reads from a simulated StepResult (devices with rank/stage/gpu/pipeline/represents,
+segments, link_samples, busiest_links), so a measured Chrome trace is written by the same
+code, with the same process and thread naming, as a simulated one.
+"""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+
+from sim.result import CATEGORIES, Segment
+
+
+def _median_over_steps(per_step: list[dict]) -> dict[str, float]:
+    keys = sorted({k for d in per_step for k in d})
+    return {k: float(statistics.median(d.get(k, 0.0) for d in per_step)) for k in keys}
+
+
+@dataclass
+class RunRecord:
+    model: str
+    plan: str
+    world: int
+    backend: str
+    device: str
+    steps: int
+    warmup: int
+    seed: int
+    created_utc: str
+    step_times_s: list[float]
+    median_step_time_s: float
+    p10_step_time_s: float
+    p90_step_time_s: float
+    phases_s: dict[str, float]
+    detail_s: dict[str, float]
+    per_rank: list[dict]
+    losses: list[float]
+    segments: list[dict] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "RunRecord":
+        return cls(**d)
+
+    def write_json(self, path: str | Path) -> None:
+        """Atomically: a reader never sees a half-written record."""
+        path = Path(path)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(self.to_dict(), indent=1))
+        tmp.replace(path)
+
+    @classmethod
+    def read_json(cls, path: str | Path) -> "RunRecord":
+        return cls.from_dict(json.loads(Path(path).read_text()))
+
+    @classmethod
+    def from_workers(cls, workers: list[dict], *, model: str, plan: str, backend: str, device: str,
+                     steps: int, warmup: int, seed: int) -> "RunRecord":
+        """workers[r]: what rank r returned (see validate/runner.py ``_worker``): its
+        coordinates, 'steps' (per step: wall_s, phases_s, detail_s, bytes_sent), the last
+        step's 'segments', 'peak_memory_bytes' and 'losses' (replica loss per step, on
+        the rank that computes it)."""
+        measured = range(warmup, warmup + steps)
+        step_times = [max(w["steps"][j]["wall_s"] for w in workers) for j in measured]
+        per_rank, mean_phases, mean_detail = [], [], []
+        for w in workers:
+            ph_steps = []
+            for j, t in zip(measured, step_times):
+                ph = {c: w["steps"][j]["phases_s"].get(c, 0.0) for c in CATEGORIES}
+                # Whatever of the slowest rank's step this rank spent neither working nor
+                # in a timed wait (start skew after the barrier, Python between spans).
+                ph["idle"] = max(0.0, t - sum(v for c, v in ph.items() if c != "idle"))
+                ph_steps.append(ph)
+            per_rank.append({
+                "rank": w["rank"], "stage": w["stage"], "tp_rank": w["tp_rank"], "dp_rank": w["dp_rank"],
+                "phases_s": _median_over_steps(ph_steps),
+                "peak_memory_bytes": int(w["peak_memory_bytes"]),
+                "bytes_sent": dict(w["steps"][measured[-1]]["bytes_sent"]),
+            })
+            mean_phases.append(ph_steps)
+            mean_detail.append([w["steps"][j]["detail_s"] for j in measured])
+        n = len(workers)
+        phases_per_step = [{c: sum(r[i][c] for r in mean_phases) / n for c in CATEGORIES}
+                           for i in range(steps)]
+        detail_keys = sorted({k for r in mean_detail for d in r for k in d})
+        detail_per_step = [{k: sum(r[i].get(k, 0.0) for r in mean_detail) / n for k in detail_keys}
+                           for i in range(steps)]
+        # Replica losses are already scaled by their share of the global batch: their sum
+        # is the global mean loss of the step.
+        n_steps = len(workers[0]["steps"])
+        losses = [sum(w["losses"][j] for w in workers if w["losses"]) for j in range(n_steps)]
+        segments = []
+        for w in workers:
+            segments += [dict(s, device=w["rank"]) for s in w["segments"]]
+        times = np.asarray(step_times)
+        return cls(
+            model=model, plan=plan, world=n, backend=backend, device=device, steps=steps,
+            warmup=warmup, seed=seed, created_utc=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            step_times_s=[float(t) for t in step_times],
+            median_step_time_s=float(np.median(times)),
+            p10_step_time_s=float(np.percentile(times, 10)),
+            p90_step_time_s=float(np.percentile(times, 90)),
+            phases_s=_median_over_steps(phases_per_step), detail_s=_median_over_steps(detail_per_step),
+            per_rank=per_rank, losses=losses, segments=segments,
+        )
+
+
+@dataclass
+class MeasuredDevice:
+    """The fields of sim.result.DeviceResult that a trace names a process by."""
+
+    rank: int
+    stage: int
+    gpu: str
+    pipeline: str = "measured"
+    represents: int = 1
+
+
+@dataclass
+class MeasuredTimeline:
+    """A measured step shaped like the parts of sim.result.StepResult that
+    reports/trace.trace_events reads."""
+
+    devices: list[MeasuredDevice]
+    segments: list[Segment]
+    link_samples: list = field(default_factory=list)  # not measured: no network counters
+    busiest_links: list = field(default_factory=list)
+
+
+def timeline(rec: RunRecord) -> MeasuredTimeline:
+    """The last measured step of ``rec`` as a trace-ready timeline (one device per rank)."""
+    devices = [MeasuredDevice(r["rank"], r["stage"], rec.device) for r in rec.per_rank]
+    segs = [Segment(s["device"], s["stream"], s["cat"], s["start_s"], s["end_s"], s["label"])
+            for s in rec.segments]
+    return MeasuredTimeline(devices, segs)

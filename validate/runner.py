@@ -1,0 +1,242 @@
+"""Run a plan for real: the tiny GPT (validate/gpt.py) trained for a few steps with the
+plan's TP, PP and DP on torch.distributed, measured per step and per phase.
+
+    run_plan(model, plan, steps=10, warmup=2) -> RunRecord
+
+On one machine the worker processes are spawned here (validate/launch.py). On several,
+start this module with torchrun on every node; e.g. two nodes of 8 GPUs each:
+
+    torchrun --nnodes 2 --nproc-per-node 8 --node-rank NODE \\
+        --rdzv-backend c10d --rdzv-endpoint HOST:29500 \\
+        -m validate.runner --model tiny --plan tp=8,dp=2 --steps 10 --out run.json
+
+(NODE is 0 on the first node and 1 on the second; HOST is the first node's address.)
+Rank 0 prints the summary and writes the record. On one machine the same path runs as
+``torchrun --standalone --nproc-per-node 2 -m validate.runner --model tiny --plan dp=2``.
+
+Process layout (README "Placement"; specs/plan.py): rank = tp_index + tp * (stage + pp *
+dp_index) for the default tp-pp-dp placement; every TP, DP and embedding group is created
+with new_group by every rank in the same order.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+
+from costmodel.errors import InputError
+from costmodel.shapes import ModelSpec
+from sim.program import BUCKET_BYTES
+from specs.plan import Plan
+from validate.backend import pick_backend
+from validate.launch import launch, local_rank
+from validate.record import RunRecord
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    steps: int
+    warmup: int
+    seed: int
+    backend: str | None
+    bucket_bytes: float = BUCKET_BYTES
+    capture: bool = False  # return the first step's reduced gradients and final weights (tests)
+
+
+def coords(plan: Plan, rank: int) -> tuple[int, int, int]:
+    """(dp_index, stage, tp_index) of a global rank: the inverse of Plan.rank."""
+    for d in range(plan.dp):
+        for s in range(plan.pp):
+            for t in range(plan.tp):
+                if plan.rank(d, s, t) == rank:
+                    return d, s, t
+    raise ValueError(f"rank {rank} is outside the plan's {plan.num_devices} devices")
+
+
+def vstage_layers(plan: Plan) -> list[list[int]]:
+    """Global layer indices of each virtual stage k = chunk * pp + stage, in model order."""
+    sizes = {c * plan.pp + s: n for s in range(plan.pp) for c, n in enumerate(plan.chunk_layers(s))}
+    out, first = [], 0
+    for k in range(plan.pp * plan.vpp):
+        out.append(list(range(first, first + sizes[k])))
+        first += sizes[k]
+    return out
+
+
+def _groups(plan: Plan, rank: int, rec):
+    """Create every TP, DP and embedding group (all ranks, same order); return this
+    rank's Comm objects."""
+    import torch.distributed as dist
+    from validate.comm import Comm
+    d, s, t = coords(plan, rank)
+    tp = dp = emb = None
+    for dd in range(plan.dp):
+        for ss in range(plan.pp):
+            ranks = plan.tp_group(dd, ss)
+            g = dist.new_group(ranks) if len(ranks) > 1 else None
+            if (dd, ss) == (d, s):
+                tp = Comm("tp", ranks, rank, rec, g)
+    for ss in range(plan.pp):
+        for tt in range(plan.tp):
+            ranks = plan.dp_group(ss, tt)
+            g = dist.new_group(ranks) if len(ranks) > 1 else None
+            if (ss, tt) == (s, t):
+                dp = Comm("dp", ranks, rank, rec, g)
+    if plan.pp > 1:  # first and last stage both hold the tied token embedding
+        for dd in range(plan.dp):
+            for tt in range(plan.tp):
+                ranks = [plan.rank(dd, 0, tt), plan.rank(dd, plan.pp - 1, tt)]
+                g = dist.new_group(ranks)
+                if rank in ranks:
+                    emb = Comm("dp", ranks, rank, rec, g)
+    return tp, dp, emb
+
+
+def _peak_memory_bytes(kind: str, device) -> int:
+    if kind == "cuda":
+        import torch
+        return int(torch.cuda.max_memory_allocated(device))
+    import resource
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux reports KiB
+
+
+def _worker(rank: int, world: int, model: ModelSpec, plan: Plan, cfg: RunConfig) -> dict:
+    import torch
+    import torch.distributed as dist
+    from validate.dp import GradReducer
+    from validate.gpt import GPTChunk, all_params, batch_tokens, full_weights
+    from validate.pp import PipelineStage
+    from validate.timeline import Recorder
+
+    torch.manual_seed(cfg.seed)
+    be = pick_backend(cfg.backend)
+    device = be.device_for(local_rank())
+    rec = Recorder(cuda=be.kind == "cuda")
+    d, s, t = coords(plan, rank)
+    tp_comm, dp_comm, emb_comm = _groups(plan, rank, rec)
+    p, v = plan.pp, plan.vpp
+    layers = vstage_layers(plan)
+    weights = full_weights(model, cfg.seed)
+    chunks = {c: GPTChunk(model, layers[c * p + s], c * p + s == 0, c * p + s == p * v - 1, weights,
+                          tp_comm, plan.sp, plan.recompute, device) for c in range(v)}
+    del weights
+    sp = plan.sp and plan.tp > 1
+    late = {ps.name for ps in all_params(model) if sp and ps.sp_partial}
+    if emb_comm is not None:
+        late.add("wte")
+    reducer = GradReducer([(c, ch.params) for c, ch in chunks.items()], dp_comm,
+                          bucket_bytes=cfg.bucket_bytes, overlap=plan.overlap_grad_reduce,
+                          zero=plan.zero, topk=plan.topk_fraction, late=late)
+    seq = model.seq_length // plan.tp if sp else model.seq_length
+    stage = PipelineStage(s, p, v, chunks, lambda st: plan.rank(d, st, t),
+                          (plan.mbs, seq, model.hidden_size), rec, reducer, device)
+    m = plan.mb_shares[d]
+    acts = stage.actions(plan.schedule, m)
+    row0 = sum(plan.mb_shares[:d]) * plan.mbs
+    loss_scale = plan.mbs / model.global_batch_size
+    holds_loss = s == p - 1 and t == 0
+    steps, losses, grads = [], [], None
+    for step in range(cfg.warmup + cfg.steps):
+        tokens = batch_tokens(model, step, cfg.seed).to(device)
+        mbs = [(tokens[row0 + i * plan.mbs: row0 + (i + 1) * plan.mbs, :-1],
+                tokens[row0 + i * plan.mbs: row0 + (i + 1) * plan.mbs, 1:]) for i in range(m)]
+        dist.barrier()  # every rank starts the step together: step time = slowest rank's
+        rec.begin_step()
+        reducer.begin_step()
+        loss = stage.run(acts, mbs, loss_scale)
+        if sp:  # norms and row-parallel biases saw only this rank's part of the sequence
+            names = [n for ch in chunks.values() for n in ch.params if n in late and n != "wte"]
+            flat = torch.cat([reducer.grad_view(n).reshape(-1) for n in names])
+            tp_comm.all_reduce(flat, "sequence-parallel grads")
+            off = 0
+            for n in names:
+                g = reducer.grad_view(n)
+                g.copy_(flat[off:off + g.numel()].view_as(g))
+                off += g.numel()
+        if emb_comm is not None:  # tied embedding: first-stage and last-stage parts
+            emb_comm.all_reduce(reducer.grad_view("wte").reshape(-1), "embedding grads")
+        reducer.mark_late_ready()
+        reducer.finish()
+        if cfg.capture and step == 0 and plan.zero == 0 and plan.topk_fraction is None:
+            grads = {n: reducer.grad_view(n).detach().cpu().numpy().copy()
+                     for ch in chunks.values() for n in ch.params}
+        reducer.step(step + 1)
+        meas = rec.end_step()
+        last = step == cfg.warmup + cfg.steps - 1
+        steps.append({k: v_ for k, v_ in meas.items() if k != "segments"})
+        segments = meas["segments"] if last else None
+        if holds_loss:
+            losses.append(loss)
+    out = {"rank": rank, "stage": s, "tp_rank": t, "dp_rank": d, "steps": steps,
+           "segments": segments, "losses": losses,
+           "peak_memory_bytes": _peak_memory_bytes(be.kind, device)}
+    if cfg.capture:
+        out["grads"] = grads
+        out["weights"] = {n: prm.detach().cpu().numpy().copy()
+                          for ch in chunks.values() for n, prm in ch.params.items()}
+    return out
+
+
+def run_workers(model: ModelSpec, plan: Plan, cfg: RunConfig, timeout_s: float) -> list[dict] | None:
+    """Every rank's raw measurements (None on torchrun ranks other than 0)."""
+    if plan.num_devices < 1:
+        raise InputError("--plan", "plan", "needs at least one device")
+    return launch(_worker, plan.num_devices, (model, plan, cfg), timeout_s=timeout_s, backend=cfg.backend)
+
+
+def run_plan(model: ModelSpec, plan: Plan, *, steps: int = 10, warmup: int = 2, seed: int = 0,
+             backend: str | None = None, timeout_s: float = 300) -> RunRecord | None:
+    """Run ``plan`` for ``warmup + steps`` steps; the record of the measured ones."""
+    if steps < 1 or warmup < 0:
+        raise InputError("--steps", "steps", f"need steps >= 1 and warmup >= 0 (got {steps}, {warmup})")
+    be = pick_backend(backend)
+    cfg = RunConfig(steps=steps, warmup=warmup, seed=seed, backend=be.name)
+    workers = run_workers(model, plan, cfg, timeout_s)
+    if workers is None:
+        return None
+    return RunRecord.from_workers(workers, model=model.name, plan=plan.to_string(), backend=be.name,
+                                  device=be.device_name(), steps=steps, warmup=warmup, seed=seed)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import os
+    from specs.model import load_model
+    from specs.plan import load_plan_mapping, resolve_plan
+    from validate.launch import WorkerError, under_torchrun
+
+    ap = argparse.ArgumentParser(prog="python3 -m validate.runner", description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default="tiny")
+    ap.add_argument("--plan", default="dp=1")
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--timeout", type=float, default=300.0, help="seconds for the whole run")
+    ap.add_argument("--out", help="write the run record (JSON) here")
+    a = ap.parse_args(argv)
+    try:
+        model = load_model(a.model)
+        if under_torchrun():
+            world = int(os.environ["WORLD_SIZE"])
+        else:
+            raw, _ = load_plan_mapping(a.plan)
+            world = int(raw.get("tp", 1)) * int(raw.get("pp", 1)) * int(raw.get("dp", 1))
+        plan = resolve_plan(a.plan, model, world)
+        rec = run_plan(model, plan, steps=a.steps, warmup=a.warmup, seed=a.seed, timeout_s=a.timeout)
+    except (InputError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except WorkerError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    if rec is None:
+        return 0
+    print(f"{rec.model} {rec.plan} on {rec.world} x {rec.device} ({rec.backend}): median step "
+          f"{rec.median_step_time_s:.4f} s (p10 {rec.p10_step_time_s:.4f}, p90 {rec.p90_step_time_s:.4f}) "
+          f"over {rec.steps} steps; losses " + " ".join(f"{x:.4f}" for x in rec.losses))
+    if a.out:
+        rec.write_json(a.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
