@@ -378,6 +378,7 @@ def compute_worker(rank: int, world: int, cfg: ComputeConfig) -> dict:
 class CollectiveConfig:
     sizes: tuple
     ops: tuple = COLLECTIVES
+    group_sizes: tuple = ()  # n of each measurement: world/n groups of n ranks at once; () = (world,)
     repeats: int = 5
     warmup: int = 1
     budget_s: float = 0.5  # stop repeating a size once this much time went into it
@@ -386,8 +387,10 @@ class CollectiveConfig:
 
 
 def collective_worker(rank: int, world: int, cfg: CollectiveConfig) -> list:
-    """One rank's collective timings: [op, nbytes, seconds] per op and size, seconds =
-    median over repeats of the slowest rank's time (one extra max-reduce per repeat,
+    """One rank's collective timings: [op, n, nbytes, seconds] per group size n, op and
+    size. For n < world the ranks form world/n groups of n consecutive ranks that run the
+    collective at the same time (as the TP groups of a tp x dp plan do). seconds = median
+    over repeats of the slowest rank's time (one extra max-reduce over all ranks per repeat,
     outside the timed region)."""
     import torch
     import torch.distributed as dist
@@ -399,49 +402,55 @@ def collective_worker(rank: int, world: int, cfg: CollectiveConfig) -> list:
     gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
     scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
     rows = []
-    nxt, prv = (rank + 1) % world, (rank - 1) % world
-    for op in cfg.ops:
-        for nbytes in cfg.sizes:
-            count = nbytes // 4
-            if op == "all_gather":
-                send, recv = torch.ones(count // world, device=dev), torch.empty(count // world * world, device=dev)
-                call = lambda: gather(recv, send)  # noqa: E731
-            elif op == "reduce_scatter":
-                send, recv = torch.ones(count // world * world, device=dev), torch.empty(count // world, device=dev)
-                call = lambda: scatter(recv, send)  # noqa: E731
-            elif op == "all_reduce":
-                buf = torch.ones(count, device=dev)
-                call = lambda: dist.all_reduce(buf)  # noqa: E731
-            elif op == "broadcast":
-                buf = torch.ones(count, device=dev)
-                call = lambda: dist.broadcast(buf, 0)  # noqa: E731
-            else:  # send_recv: a ring of simultaneous sends and receives
-                sbuf, rbuf = torch.ones(count, device=dev), torch.empty(count, device=dev)
+    for n in cfg.group_sizes or (world,):
+        if n == world:
+            group, first = None, 0
+        else:  # every rank creates every group, in the same order (torch.distributed's rule)
+            groups = [dist.new_group(list(range(i, i + n))) for i in range(0, world, n)]
+            group, first = groups[rank // n], rank // n * n
+        nxt, prv = first + (rank - first + 1) % n, first + (rank - first - 1) % n
+        for op in cfg.ops:
+            for nbytes in cfg.sizes:
+                count = nbytes // 4 // n * n
+                if op == "all_gather":
+                    send, recv = torch.ones(count // n, device=dev), torch.empty(count, device=dev)
+                    call = lambda: gather(recv, send, group=group)  # noqa: E731
+                elif op == "reduce_scatter":
+                    send, recv = torch.ones(count, device=dev), torch.empty(count // n, device=dev)
+                    call = lambda: scatter(recv, send, group=group)  # noqa: E731
+                elif op == "all_reduce":
+                    buf = torch.ones(count, device=dev)
+                    call = lambda: dist.all_reduce(buf, group=group)  # noqa: E731
+                elif op == "broadcast":
+                    buf = torch.ones(count, device=dev)
+                    call = lambda: dist.broadcast(buf, first, group=group)  # noqa: E731
+                else:  # send_recv: a ring of simultaneous sends and receives
+                    sbuf, rbuf = torch.ones(count, device=dev), torch.empty(count, device=dev)
 
-                def call():
-                    reqs = dist.batch_isend_irecv([dist.P2POp(dist.isend, sbuf, nxt),
-                                                   dist.P2POp(dist.irecv, rbuf, prv)])
-                    for r in reqs:
-                        r.wait()
-            for _ in range(cfg.warmup):
-                call()
-            times, spent = [], 0.0
-            mx = torch.zeros(1, dtype=torch.float64, device=dev)
-            while len(times) < cfg.repeats:
-                if dsync:
-                    dsync()
-                dist.barrier()
-                t0 = time.perf_counter()
-                call()
-                if dsync:
-                    dsync()
-                mx[0] = time.perf_counter() - t0
-                dist.all_reduce(mx, op=dist.ReduceOp.MAX)
-                times.append(float(mx[0]))
-                spent += times[-1]
-                if spent > cfg.budget_s and len(times) >= 3:
-                    break
-            rows.append([op, nbytes, statistics.median(times)])
+                    def call():
+                        reqs = dist.batch_isend_irecv([dist.P2POp(dist.isend, sbuf, nxt, group),
+                                                       dist.P2POp(dist.irecv, rbuf, prv, group)])
+                        for r in reqs:
+                            r.wait()
+                for _ in range(cfg.warmup):
+                    call()
+                times, spent = [], 0.0
+                mx = torch.zeros(1, dtype=torch.float64, device=dev)
+                while len(times) < cfg.repeats:
+                    if dsync:
+                        dsync()
+                    dist.barrier()
+                    t0 = time.perf_counter()
+                    call()
+                    if dsync:
+                        dsync()
+                    mx[0] = time.perf_counter() - t0
+                    dist.all_reduce(mx, op=dist.ReduceOp.MAX)
+                    times.append(float(mx[0]))
+                    spent += times[-1]
+                    if spent > cfg.budget_s and len(times) >= 3:
+                        break
+                rows.append([op, n, count * 4, statistics.median(times)])
     return rows
 
 
@@ -449,10 +458,12 @@ THREADS_ENV = "OMP_NUM_THREADS"
 
 
 def worker_threads(world: int) -> int:
-    """Intra-op threads of each of ``world`` workers on this host: the user's
-    OMP_NUM_THREADS when set, else the cores shared evenly (at least one). torch's default
-    (every core per process) oversubscribes the cores as soon as there are two workers,
-    and with OpenMP's spinning threads that costs far more than it gains for small ops."""
+    """Intra-op threads of each worker (calibration and validated plans alike): the user's
+    OMP_NUM_THREADS when set, else 1. The validator's plans are small: their ops are
+    shorter than what an intra-op thread team costs to wake and join, and where the cores
+    are shared (several workers, or other programs) one descheduled team member stalls
+    every op of its process for a scheduler tick (measured here: a 32x32x32 GEMM at 24 ms
+    with 2 threads on a busy 2-core host, 2 us with 1)."""
     got = _USER_THREADS
     if got:
         try:
@@ -460,7 +471,7 @@ def worker_threads(world: int) -> int:
                 return int(got)
         except ValueError:
             pass
-    return max(1, (os.cpu_count() or 1) // world)
+    return 1
 
 
 _USER_THREADS = os.environ.get(THREADS_ENV)  # as the user started us, before we set it
@@ -519,14 +530,15 @@ def run_microbenchmarks(world: int, gemm_shapes, mem_sizes, coll_sizes, *, attn_
                                            statistics.median(r["overhead"][i][2] for r in per_rank)))
     if world > 1 and coll_sizes:
         ops = COLLECTIVES
-        say(f"collectives: {', '.join(ops)} over {world} processes, {len(coll_sizes)} sizes "
-            f"{coll_sizes[0]} B .. {coll_sizes[-1]} B")
-        # Sizes must split evenly over the ranks for all-gather / reduce-scatter.
-        sizes = tuple(s - s % (4 * world) for s in coll_sizes)
-        kcfg = CollectiveConfig(sizes, ops, repeats=repeats, threads=threads, backend=be_name)
+        # Groups of every size n that divides the world, world/n of them at once (a plan's
+        # TP or DP groups of n ranks run beside each other on the same cores).
+        ns = tuple(n for n in range(2, world + 1) if world % n == 0)
+        say(f"collectives: {', '.join(ops)} in groups of {', '.join(map(str, ns))} of {world} processes, "
+            f"{len(coll_sizes)} sizes {coll_sizes[0]} B .. {coll_sizes[-1]} B")
+        kcfg = CollectiveConfig(tuple(coll_sizes), ops, ns, repeats=repeats, threads=threads, backend=be_name)
         with worker_threads_env(world):
             rows = launch(collective_worker, world, (kcfg,), timeout_s=timeout_s, backend=be_name)[0]
-        res.collectives = [CollectiveSample(op, nbytes, world, s) for op, nbytes, s in rows]
+        res.collectives = [CollectiveSample(op, nbytes, n, s) for op, n, nbytes, s in rows]
     res.wall_s = time.perf_counter() - t_wall
     return res
 
@@ -535,11 +547,11 @@ def format_collectives(samples: list[CollectiveSample]) -> str:
     """nccl-tests' columns, one block per collective: size (B), count (elements), type,
     time (us), algbw (GB/s), busbw (GB/s)."""
     lines = []
-    for op in dict.fromkeys(s.op for s in samples):
-        lines.append(f"# {op}")
+    for op, n in dict.fromkeys((s.op, s.n) for s in samples):
+        lines.append(f"# {op}, groups of {n} ranks")
         lines.append(f"{'size':>12} {'count':>12} {'type':>6} {'time':>10} {'algbw':>8} {'busbw':>8}")
         lines.append(f"{'(B)':>12} {'(elements)':>12} {'':>6} {'(us)':>10} {'(GB/s)':>8} {'(GB/s)':>8}")
-        for s in (x for x in samples if x.op == op):
+        for s in (x for x in samples if (x.op, x.n) == (op, n)):
             lines.append(f"{s.nbytes:>12d} {s.count:>12d} {'float':>6} {s.seconds * 1e6:>10.1f} "
                          f"{s.algbw_GBps:>8.3f} {s.busbw_GBps:>8.3f}")
     return "\n".join(lines)
