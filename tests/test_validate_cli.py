@@ -76,9 +76,16 @@ def test_calibrate_and_validate_smoke(tmp_path, capsys):
     prof = tmp_path / "w2.yaml"
     assert main(["calibrate", "localhost-cpu", "--world", "2", "--quick", "--out", str(prof)]) == 0
     capsys.readouterr()
-    assert main(["validate", "localhost-cpu", "--model", "tiny", "--plan", "dp=2,precision=fp32",
-                 "--profile", str(prof), "--steps", "3", "--warmup", "1", "--json"]) == 0
+    rep = tmp_path / "report"
+    assert main(["validate", "localhost-cpu", "--model", "tiny", "--plan", "dp=2",
+                 "--profile", str(prof), "--steps", "3", "--warmup", "1", "--json", "--report", str(rep)]) == 0
     d = json.loads(capsys.readouterr().out)
+    # The report: table, both traces (measured and simulated, same layout), calibration curves.
+    for name in ("index.html", "report.md", "validation.csv", "trace-1-measured.json", "trace-1-simulated.json"):
+        assert (rep / name).is_file()
+    assert "Calibration curves" in (rep / "index.html").read_text()
+    measured = json.loads((rep / "trace-1-measured.json").read_text())["traceEvents"]
+    assert {e["pid"] for e in measured if e.get("ph") == "X"} == {0, 1}  # one process per rank
     for key in ("measured_step_time_s", "predicted_step_time_s", "error_pct"):
         assert math.isfinite(d[key])
     assert d["measured_step_time_s"] > 0 and d["predicted_step_time_s"] > 0

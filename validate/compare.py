@@ -35,7 +35,9 @@ class Comparison:
                 "predicted_step_time_s": self.predicted_step_time_s,
                 "error_pct": self.error_pct,
                 "measured_p10_s": self.p10_step_time_s, "measured_p90_s": self.p90_step_time_s,
-                "phases": self.phases}
+                "phases": self.phases,
+                # the runner's finer measured split (forward, backward, optimizer, each collective)
+                "measured_detail_s": dict(self.record.get("detail_s", {}))}
 
 
 def compare(record, sim: StepResult) -> Comparison:
