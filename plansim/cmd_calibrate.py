@@ -63,7 +63,7 @@ def _from_runs(args) -> int:
     return 0
 
 
-def resolve_world(topology: str, world: int | None):
+def resolve_world(topology: str, world: int | None, flag: str = "--world", what: str = ""):
     """The one-host cluster of ``world`` devices the validator runs on: one node of the
     topology's (single) node type. InputError names the allowed range, 1 .. that node's
     devices."""
@@ -76,7 +76,7 @@ def resolve_world(topology: str, world: int | None):
     if world is None:
         world = most
     if isinstance(world, bool) or not 1 <= world <= most:
-        raise InputError(topology, "--world", f"got {world}; allowed: 1..{most} (devices of one {full.name} node)")
+        raise InputError(topology, flag, f"{what}got {world}; allowed: 1..{most} (devices of one {full.name} node)")
     return load_topology(topology, nodes=1, gpus_per_node=world), world
 
 

@@ -98,7 +98,7 @@ def validate_plans(topology: str, model_name: str, plans: list[str], profiles: d
     for text in plans:  # check every input before the first (slow) run
         text = with_runner_precision(text)
         world = plan_world(text)
-        cluster, _ = resolve_world(topology, world)
+        cluster, _ = resolve_world(topology, world, "--plan", f"{text}: processes (tp*pp*dp) ")
         plan = resolve_plan(text, model, cluster.num_devices)
         prof_path = profiles.get(world, profiles.get(None))
         profile = load_profile(prof_path, bundled=cluster.profiles)
