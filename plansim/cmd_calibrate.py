@@ -110,7 +110,8 @@ def cmd_calibrate(args) -> int:
     out.with_name(out.stem + ".bench.json").write_text(json.dumps(bench, indent=1), encoding="utf-8")
     if args.json:
         print(json.dumps({"bench": cal.bench.to_dict(), "profile": cal.mapping,
-                          "residual_rms_pct": {k: cal.fit.rms_pct(k) for k in cal.fit.residuals}}, indent=2))
+                          "residual_rms_pct": {k: cal.fit.rms_pct(k) for k in cal.fit.residuals if cal.fit.residuals[k]}},
+                         indent=2))
         return 0
     print(format_compute(cal.bench))
     if cal.bench.collectives:
