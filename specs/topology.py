@@ -223,11 +223,29 @@ def _parse(source: str, text: str) -> schema.TopologyFile:
         raise schema.to_input_error(exc, source) from None
 
 
-def load_topology(name_or_path: str, nodes: int | None = None) -> Cluster:
+def load_topology(name_or_path: str, nodes: int | None = None, gpus_per_node: int | None = None) -> Cluster:
     """Load a bundled topology (file stem in ``topologies/``) or a YAML file. ``nodes`` replaces
-    the node count of a single-group topology (the ``--nodes`` option)."""
+    the node count of a single-group topology (the ``--nodes`` option); ``gpus_per_node``
+    replaces its node type's device count (``--world`` of the validator: N worker processes
+    on one host are N devices)."""
     source, text = _read(str(name_or_path))
     topo = _parse(source, text)
+    if gpus_per_node is not None:
+        if isinstance(gpus_per_node, bool) or not isinstance(gpus_per_node, int) or gpus_per_node <= 0:
+            raise InputError(source, "--world", f"must be a positive integer, got {gpus_per_node!r}")
+        if len(topo.groups) != 1:
+            raise InputError(source, "--world", f"cannot resize the devices of a topology with "
+                                                f"{len(topo.groups)} groups; edit node_types in the file instead")
+        nt_name = topo.groups[0].node_type
+        nt = topo.node_types.get(nt_name)
+        if nt is None:
+            raise InputError(source, "groups[0].node_type", f"unknown node type {nt_name!r}")
+        if nt.intra.kind == "nvlink_mesh" and nt.intra.links is not None:
+            raise InputError(source, "--world", "cannot resize a node type with explicit NVLink links; "
+                                                "edit the file instead")
+        types = dict(topo.node_types)
+        types[nt_name] = nt.model_copy(update={"gpus_per_node": gpus_per_node})
+        topo = topo.model_copy(update={"node_types": types})
     if nodes is not None:
         if isinstance(nodes, bool) or not isinstance(nodes, int) or nodes <= 0:
             raise InputError(source, "--nodes", f"must be a positive integer, got {nodes!r}")

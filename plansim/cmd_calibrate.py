@@ -1,0 +1,122 @@
+"""`plansim calibrate`: fit a hardware profile, from microbenchmarks or from run logs.
+
+    plansim calibrate TOPOLOGY [--world N] [--model M] --out PROFILE.yaml
+    plansim calibrate --runs RUNS.csv --out PROFILE.yaml [--folds K]
+
+From microbenchmarks (validate/microbench.py, validate/calibrate.py): runs GEMMs,
+memory-bound ops, tiny-op chains and collectives in N worker processes on this host at once
+(as a plan with N processes would), fits the profile's efficiencies, overheads and the
+intra-node link's bandwidth efficiency and call latency by least squares, prints the
+measurements and residuals and writes the profile. It never runs a plan.
+
+From run logs (validate/fit_runs.py): fits a small set of profile parameters to measured
+step times of real training runs and reports the k-fold held-out error.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import yaml
+
+from costmodel.errors import InputError
+
+DEFAULT_MODEL = "tiny"
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("calibrate", help="fit a hardware profile from microbenchmarks or run logs")
+    p.add_argument("topology", nargs="?", help="bundled topology name or YAML path (the host's device and link)")
+    p.add_argument("--world", type=int, default=None,
+                   help="worker processes measured at once (default: the topology's devices on its node)")
+    p.add_argument("--model", default=DEFAULT_MODEL, help=f"model whose GEMM shapes to measure (default {DEFAULT_MODEL})")
+    p.add_argument("--out", required=True, metavar="PROFILE.yaml", help="profile file to write")
+    p.add_argument("--repeats", type=int, default=5, help="timed repeats per measurement (median taken)")
+    p.add_argument("--max-bytes", type=int, default=64 * 1024 * 1024,
+                   help="largest collective size in bytes (default 64 MiB)")
+    p.add_argument("--quick", action="store_true",
+                   help="small sweep (collectives to 1 MiB, GEMMs to 256, 3 repeats): a smoke test, not a calibration")
+    p.add_argument("--json", action="store_true", help="print the measurements and the fit as one JSON object")
+    p.add_argument("--runs", metavar="RUNS.csv", help="fit to measured step times of training runs instead")
+    p.add_argument("--folds", type=int, default=5, help="with --runs: k of the k-fold cross-validation")
+    p.set_defaults(func=cmd_calibrate)
+
+
+def _write_yaml(path: str, mapping: dict) -> None:
+    out = Path(path)
+    if out.exists() and out.is_dir():
+        raise InputError(path, "--out", "is a directory; give a file name")
+    text = ("# Written by `plansim calibrate`; load it with --profile " + out.name + "\n"
+            + yaml.safe_dump(mapping, sort_keys=False, width=100))
+    tmp = out.with_name(f".{out.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(out)
+
+
+def _from_runs(args) -> int:
+    from validate.fit_runs import calibrate_from_runs, format_summary
+    fit = calibrate_from_runs(args.runs, folds=args.folds)
+    Path(args.out).write_text(fit.profile_yaml(), encoding="utf-8")
+    print(format_summary(fit))
+    print(f"profile written to {args.out}")
+    return 0
+
+
+def resolve_world(topology: str, world: int | None, flag: str = "--world", what: str = ""):
+    """The one-host cluster of ``world`` devices the validator runs on: one node of the
+    topology's (single) node type. InputError names the allowed range, 1 .. that node's
+    devices."""
+    from specs.topology import load_topology
+    full = load_topology(topology)
+    if len(full.groups()) != 1:
+        raise InputError(topology, "--world", f"the validator runs on one host of one node type; {full.name} "
+                         f"has {len(full.groups())} groups")
+    most = full.gpus_per_node
+    if world is None:
+        world = most
+    if isinstance(world, bool) or not 1 <= world <= most:
+        raise InputError(topology, flag, f"{what}got {world}; allowed: 1..{most} (devices of one {full.name} node)")
+    return load_topology(topology, nodes=1, gpus_per_node=world), world
+
+
+def cmd_calibrate(args) -> int:
+    if args.runs:
+        return _from_runs(args)
+    if not args.topology:
+        raise InputError("calibrate", "topology", "give a TOPOLOGY to calibrate from microbenchmarks, or --runs CSV")
+    if args.repeats < 1:
+        raise InputError("--repeats", None, f"must be a positive integer (got {args.repeats})")
+    from specs.model import load_model
+    from validate.backend import require_torch
+
+    cluster, world = resolve_world(args.topology, args.world)
+    model = load_model(args.model)
+    require_torch()
+    from validate.calibrate import calibrate, format_params, format_residuals
+    from validate.microbench import format_collectives, format_compute
+
+    def say(msg):
+        print(msg, file=sys.stderr, flush=True)
+
+    kw = dict(repeats=3, max_bytes=1024 * 1024, max_gemm_dim=256) if args.quick else dict(
+        repeats=args.repeats, max_bytes=args.max_bytes)
+    cal = calibrate(cluster, model, world, progress=None if args.json else say, **kw)
+    _write_yaml(args.out, cal.mapping)
+    # The measurements beside the profile (P.yaml -> P.bench.json): the validation report
+    # draws the calibration curves against them.
+    out = Path(args.out)
+    bench = {**cal.bench.to_dict(), "gpu": cluster.devices[0].gpu.name, "topology": args.topology}
+    out.with_name(out.stem + ".bench.json").write_text(json.dumps(bench, indent=1), encoding="utf-8")
+    if args.json:
+        print(json.dumps({"bench": cal.bench.to_dict(), "profile": cal.mapping,
+                          "residual_rms_pct": {k: cal.fit.rms_pct(k) for k in cal.fit.residuals if cal.fit.residuals[k]}},
+                         indent=2))
+        return 0
+    print(format_compute(cal.bench))
+    if cal.bench.collectives:
+        print(format_collectives(cal.bench.collectives))
+    print(format_residuals(cal.fit))
+    print("fitted: " + format_params(cal.fit))
+    print(f"microbenchmarks took {cal.bench.wall_s:.1f} s; profile written to {args.out}")
+    return 0

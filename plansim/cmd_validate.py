@@ -1,0 +1,152 @@
+"""`plansim validate`: run plans for real and compare with the simulator's prediction.
+
+    plansim validate TOPOLOGY --model M --plan P [--profile F] [--steps N] [--json] [--report DIR]
+    plansim validate TOPOLOGY --model M --plans P1 P2 ... [--profile [W=]F ...]
+
+Each plan runs in tp*pp*dp worker processes on this host (validate/runner.run_plan: real
+torch.distributed, real timings) and is simulated on the topology sized to that many
+devices with the profile (sim.metrics.simulate). Prints measured vs predicted median step
+time, the error and the per-phase pairs; with several plans, the Spearman rank correlation
+of predicted vs measured step times. ``--profile W=FILE`` gives the profile calibrated at
+W processes (plansim calibrate --world W) to the plans of that size.
+"""
+from __future__ import annotations
+
+import json
+import sys
+
+from costmodel.errors import InputError
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("validate", help="run plans for real and compare with the simulation")
+    p.add_argument("topology", help="bundled topology name or YAML path (a single host, e.g. localhost-cpu)")
+    p.add_argument("--model", default="tiny", help="model preset or YAML (default tiny)")
+    g = p.add_mutually_exclusive_group(required=True)
+    g.add_argument("--plan", help="one plan, k=v,... (processes = tp*pp*dp, dp defaults to 1)")
+    g.add_argument("--plans", nargs="+", metavar="PLAN", help="several plans: also checks their ranking")
+    p.add_argument("--profile", action="append", default=[], metavar="[WORLD=]FILE",
+                   help="calibrated profile; WORLD=FILE applies it to plans of WORLD processes (repeatable)")
+    p.add_argument("--steps", type=int, default=10, help="measured steps per plan (default 10)")
+    p.add_argument("--warmup", type=int, default=2, help="unmeasured steps first (default 2)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds before a run is abandoned")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--report", metavar="DIR", help="write a validation report (HTML, Markdown, traces)")
+    p.set_defaults(func=cmd_validate)
+
+
+def plan_world(plan_text: str) -> int:
+    """Processes a plan needs: tp*pp*dp, with dp = 1 when the plan does not say."""
+    from specs.plan import load_plan_mapping
+    raw, src = load_plan_mapping(plan_text)
+    out = 1
+    for key in ("tp", "pp", "dp"):
+        try:
+            v = int(raw.get(key, 1))
+        except (TypeError, ValueError):
+            raise InputError(src, key, f"must be a positive integer (got {raw.get(key)!r})") from None
+        if v < 1:
+            raise InputError(src, key, f"must be a positive integer (got {v})")
+        out *= v
+    return out
+
+
+# validate/gpt.py computes in fp32 (torch's default dtype) whatever the plan says; the
+# simulation must count the same bytes, so a plan without a precision is simulated in fp32.
+RUNNER_PRECISION = "fp32"
+
+
+def with_runner_precision(plan_text: str) -> str:
+    """The plan string with precision=fp32 added when it names none (see RUNNER_PRECISION);
+    a plan that names another precision is refused, as the runner would not honour it."""
+    from specs.plan import load_plan_mapping
+    raw, src = load_plan_mapping(plan_text)
+    got = raw.get("precision")
+    if got is None:
+        return f"{plan_text},precision={RUNNER_PRECISION}" if "=" in plan_text else plan_text
+    if got != RUNNER_PRECISION:
+        raise InputError(src, "precision", f"the validator's runner computes in {RUNNER_PRECISION}; got {got!r}")
+    return plan_text
+
+
+def profile_for(specs: list[str]) -> dict:
+    """'FILE' -> {None: FILE}; 'W=FILE' -> {W: FILE}; a plan of W processes takes W's, else None's."""
+    out: dict = {}
+    for s in specs:
+        head, sep, tail = s.partition("=")
+        if sep and head.isdigit():
+            out[int(head)] = tail
+        else:
+            out[None] = s
+    return out
+
+
+def validate_plans(topology: str, model_name: str, plans: list[str], profiles: dict, *, steps: int,
+                   warmup: int, seed: int, timeout_s: float, record: bool, progress=None):
+    """Run and simulate every plan; the comparisons in the given order."""
+    from costmodel.profile import load_profile
+    from plansim.cmd_calibrate import resolve_world
+    from sim.metrics import simulate
+    from specs.model import load_model
+    from specs.plan import resolve_plan
+    from validate.backend import require_torch
+    from validate.compare import compare
+
+    model = load_model(model_name)
+    prepared = []
+    for text in plans:  # check every input before the first (slow) run
+        text = with_runner_precision(text)
+        world = plan_world(text)
+        cluster, _ = resolve_world(topology, world, "--plan", f"{text}: processes (tp*pp*dp) ")
+        plan = resolve_plan(text, model, cluster.num_devices)
+        prof_path = profiles.get(world, profiles.get(None))
+        profile = load_profile(prof_path, bundled=cluster.profiles)
+        prepared.append((plan, cluster, profile, prof_path))
+    require_torch()
+    from validate.microbench import worker_threads_env
+    from validate.runner import run_plan
+
+    out = []
+    for plan, cluster, profile, prof_path in prepared:
+        if progress:
+            progress(f"running {plan.to_string()} in {plan.num_devices} processes "
+                     f"({warmup} warm-up + {steps} steps); profile {prof_path or 'default (uncalibrated)'}")
+        with worker_threads_env(plan.num_devices):  # the threads calibration measured with
+            rec = run_plan(model, plan, steps=steps, warmup=warmup, seed=seed, timeout_s=timeout_s)
+        sim = simulate(model, plan, cluster, profile, record=record)
+        out.append(compare(rec, sim))
+    return out
+
+
+def cmd_validate(args) -> int:
+    from validate.compare import Ranking, format_comparison, format_ranking
+
+    if args.steps < 1:
+        raise InputError("--steps", None, f"must be a positive integer (got {args.steps})")
+    if args.warmup < 0:
+        raise InputError("--warmup", None, f"must be >= 0 (got {args.warmup})")
+    if args.report:
+        from reports.files import output_dir
+        output_dir(args.report)
+    plans = args.plans or [args.plan]
+    say = None if args.json else (lambda m: print(m, file=sys.stderr, flush=True))
+    comps = validate_plans(args.topology, args.model, plans, profile_for(args.profile), steps=args.steps,
+                           warmup=args.warmup, seed=args.seed, timeout_s=args.timeout,
+                           record=bool(args.report), progress=say)
+    ranking = Ranking(comps)
+    if args.report:
+        from reports.validation import write_validation_report
+        write_validation_report(args.report, ranking, profile_for(args.profile))
+    if args.json:
+        d = comps[0].to_dict() if len(comps) == 1 else ranking.to_dict()
+        print(json.dumps(d, indent=2))
+        return 0
+    for c in comps:
+        print(format_comparison(c))
+    if len(comps) > 1:
+        print()
+        print(format_ranking(ranking))
+    if args.report:
+        print(f"report written to {args.report}/index.html")
+    return 0

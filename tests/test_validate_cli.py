@@ -1,0 +1,153 @@
+"""`plansim calibrate` and `plansim validate`: error paths, and one short real smoke run."""
+from __future__ import annotations
+
+import json
+import math
+import sys
+
+import pytest
+
+from plansim.cli import main
+from plansim.cmd_validate import plan_world, profile_for
+
+
+def _no_torch(monkeypatch):
+    # A None entry in sys.modules makes `import torch` raise ImportError, as without torch.
+    monkeypatch.setitem(sys.modules, "torch", None)
+
+
+def test_validate_without_torch_says_how_to_install(monkeypatch, capsys):
+    """Without torch, validate stops before running anything: one line naming the pip
+    command, exit 2 (no traceback)."""
+    _no_torch(monkeypatch)
+    assert main(["validate", "localhost-cpu", "--model", "tiny", "--plan", "dp=2"]) == 2
+    err = capsys.readouterr().err
+    assert "pip install" in err and len(err.strip().splitlines()) == 1
+
+
+def test_calibrate_without_torch_says_how_to_install(monkeypatch, capsys, tmp_path):
+    """Same for calibrate from microbenchmarks; no profile file is written."""
+    _no_torch(monkeypatch)
+    out = tmp_path / "p.yaml"
+    assert main(["calibrate", "localhost-cpu", "--world", "2", "--out", str(out)]) == 2
+    assert "pip install" in capsys.readouterr().err and not out.exists()
+
+
+@pytest.mark.parametrize("world", ["0", "5", "-1"])
+def test_calibrate_bad_world(world, capsys, tmp_path):
+    """localhost-cpu's node has 4 devices: --world must be 1..4; the message says so."""
+    assert main(["calibrate", "localhost-cpu", "--world", world, "--out", str(tmp_path / "p.yaml")]) == 2
+    assert "allowed: 1..4" in capsys.readouterr().err
+
+
+def test_validate_plan_too_big_for_the_host(capsys):
+    """tp=2,dp=4 needs 8 processes, more than localhost-cpu's 4 devices: exit 2, the range named."""
+    assert main(["validate", "localhost-cpu", "--plan", "tp=2,dp=4"]) == 2
+    assert "allowed: 1..4" in capsys.readouterr().err
+
+
+def test_calibrate_heterogeneous_topology_refused(capsys, tmp_path):
+    """The validator calibrates one host of one node type: a two-group topology is an input error."""
+    assert main(["calibrate", "hetero-a100-v100", "--world", "2", "--out", str(tmp_path / "p.yaml")]) == 2
+    assert "one host" in capsys.readouterr().err
+
+
+def test_one_node_of_a_cluster_topology():
+    """A cluster file (dgx-a100, many nodes of 8 GPUs) is cut to the one host the validator
+    runs on: --world 4 gives one node of 4 A100s."""
+    from plansim.cmd_calibrate import resolve_world
+    cluster, world = resolve_world("dgx-a100", 4)
+    assert (world, cluster.num_devices, len(cluster.nodes), cluster.devices[0].gpu.name) == (4, 4, 1, "A100-SXM4-80GB")
+
+
+def test_plan_world_and_profile_mapping():
+    """Processes = tp*pp*dp with dp defaulting to 1; 'W=FILE' profiles apply to W processes."""
+    assert plan_world("tp=2") == 2 and plan_world("pp=2,schedule=gpipe") == 2
+    assert plan_world("tp=2,dp=2") == 4 and plan_world("dp=2,compress=topk:0.1") == 2
+    assert profile_for(["a.yaml", "4=b.yaml"]) == {None: "a.yaml", 4: "b.yaml"}
+
+
+def test_calibrate_and_validate_smoke(tmp_path, capsys):
+    """A short real run (2 processes, quick sweep, 3 steps): calibrate writes a profile that
+    validate then uses; the JSON has the contract's fields and finite, positive numbers.
+    (No accuracy assertion: timings depend on the machine.)"""
+    pytest.importorskip("torch")
+    pytest.importorskip("validate.runner")
+    prof = tmp_path / "w2.yaml"
+    assert main(["calibrate", "localhost-cpu", "--world", "2", "--quick", "--out", str(prof)]) == 0
+    capsys.readouterr()
+    rep = tmp_path / "report"
+    assert main(["validate", "localhost-cpu", "--model", "tiny", "--plan", "dp=2",
+                 "--profile", str(prof), "--steps", "3", "--warmup", "1", "--json", "--report", str(rep)]) == 0
+    d = json.loads(capsys.readouterr().out)
+    # The report: table, both traces (measured and simulated, same layout), calibration curves.
+    for name in ("index.html", "report.md", "validation.csv", "trace-1-measured.json", "trace-1-simulated.json"):
+        assert (rep / name).is_file()
+    assert "Calibration curves" in (rep / "index.html").read_text()
+    measured = json.loads((rep / "trace-1-measured.json").read_text())["traceEvents"]
+    assert {e["pid"] for e in measured if e.get("ph") == "X"} == {0, 1}  # one process per rank
+    for key in ("measured_step_time_s", "predicted_step_time_s", "error_pct"):
+        assert math.isfinite(d[key])
+    assert d["measured_step_time_s"] > 0 and d["predicted_step_time_s"] > 0
+    assert set(d["phases"]) >= {"compute", "dp"}
+    assert all(set(v) == {"measured_s", "predicted_s"} for v in d["phases"].values())
+
+
+def _cuda() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+def test_cuda_script_refuses_without_cuda(tmp_path):
+    """benchmarks/calibrate_cuda.sh on a machine without CUDA stops at once with exit 2 and
+    a message, writing no profile."""
+    import subprocess
+    if _cuda():
+        pytest.skip("this machine has CUDA; the refusal path is for CPU-only machines")
+    pytest.importorskip("torch")
+    p = subprocess.run(["bash", "benchmarks/calibrate_cuda.sh", str(tmp_path)], capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 2 and "no CUDA device" in p.stderr
+    assert not list(tmp_path.glob("*.yaml"))
+
+
+@pytest.mark.skipif(not _cuda(), reason="needs a CUDA device (GPU-only test)")
+def test_cuda_script_calibrates_and_validates(tmp_path):
+    """On a CUDA machine the prepared script writes a profile named after the GPU and date
+    whose source names the GPU, and a validation table."""
+    import subprocess
+    p = subprocess.run(["bash", "benchmarks/calibrate_cuda.sh", str(tmp_path)], capture_output=True, text=True,
+                       timeout=1200)
+    assert p.returncode == 0, p.stderr[-2000:]
+    profiles = [q for q in tmp_path.glob("*-20*.yaml")]
+    assert len(profiles) == 1
+    assert "nccl" in profiles[0].read_text()
+    assert (tmp_path / "report" / "validation.json").is_file()
+
+
+def test_calibrate_runs_dispatches_to_fit_runs(monkeypatch, tmp_path, capsys):
+    """`calibrate --runs CSV --out P.yaml` hands the CSV and --folds to
+    validate.fit_runs.calibrate_from_runs, writes its profile_yaml() to P.yaml and prints
+    format_summary(fit). (The fit itself is validate/fit_runs.py's, tested there; a stand-in
+    module records the call so this test checks only the wiring.)"""
+    import types
+    calls = {}
+
+    class Fit:
+        def profile_yaml(self):
+            return "name: fitted\n"
+
+    def calibrate_from_runs(csv, *, folds=5, **kw):
+        calls.update(csv=csv, folds=folds)
+        return Fit()
+
+    mod = types.SimpleNamespace(calibrate_from_runs=calibrate_from_runs, format_summary=lambda f: "SUMMARY LINE")
+    monkeypatch.setitem(sys.modules, "validate.fit_runs", mod)
+    out = tmp_path / "p.yaml"
+    assert main(["calibrate", "--runs", "runs.csv", "--folds", "3", "--out", str(out)]) == 0
+    assert calls == {"csv": "runs.csv", "folds": 3}
+    assert out.read_text() == "name: fitted\n"
+    assert "SUMMARY LINE" in capsys.readouterr().out

@@ -1,0 +1,315 @@
+"""Calibration from microbenchmarks: fit a hardware profile to validate/microbench.py's
+measurements, with the cost model's own formulas as the model (costmodel/efficiency.py
+for ops, costmodel/collectives.py for collectives), so a fitted parameter means exactly
+what the simulator does with it.
+
+Parameters and what fixes each (few, global, physical):
+- ``kernel_overhead_us``: the per-op cost of a plain (no autograd) tiny op, measured
+  directly (microbench (c), 'plain' chain); every op the cost model lists pays it.
+- ``host_overhead_us``: what training adds per op on top (autograd recording in forward,
+  the backward engine), from the 'train' chain per cost-model op, minus the plain cost.
+  On a CPU the device is the issuing thread, so ``launch_blocking`` is true: host and
+  device time add (costmodel.efficiency.ops_time_s).
+- ``hbm_eff``: least squares over the memory-bound sweep, t = bytes/(bw x hbm_eff) +
+  kernel overhead.
+- ``gemm_eff_max``, ``gemm_k_half``, ``gemm_dim_half``: least squares over the GEMM shapes
+  (the model's TP-sliced ones and a sweep), t = op_time_s(gemm) (roofline + overhead).
+- ``bw_eff``, ``call_latency_us`` of the topology's intra-node link class: least squares
+  over all-reduce, all-gather, reduce-scatter and send/recv at every size, with the
+  topology's bandwidth and per-hop latency and costmodel/collectives.py's ring formulas.
+
+Residuals are relative (log of predicted / measured), so small and large sizes weigh the
+same. Efficiencies are fractions of the GPU catalog's peaks (costmodel/gpus.py); for the
+CPU entry those are ceilings, and the measured peaks are written into ``source``.
+"""
+from __future__ import annotations
+
+import math
+import platform
+import socket
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timezone
+
+import numpy as np
+
+from costmodel import collectives as cc
+from costmodel.efficiency import op_time_s
+from costmodel.flops import Op
+from costmodel.gpus import GpuSpec
+from costmodel.profile import FabricEfficiency, GpuEfficiency
+from validate.microbench import AttentionSample, CollectiveSample, GemmSample, MemorySample, MicrobenchResult
+
+FIT_PRECISION = "fp32"  # the microbenchmarks run fp32 tensors
+FITTED_COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "send_recv")
+
+
+@dataclass
+class FitResult:
+    gpu: GpuEfficiency
+    fabric: FabricEfficiency | None
+    host_overhead_us: float
+    residuals: dict[str, list[tuple[str, float, float]]] = field(default_factory=dict)  # family -> (label, measured s, predicted s)
+    measured_peak_flops: float = 0.0
+    measured_peak_Bps: float = 0.0
+
+    def rms_pct(self, family: str) -> float:
+        rows = self.residuals.get(family, [])
+        if not rows:
+            return float("nan")
+        return 100 * math.sqrt(sum((p / m - 1) ** 2 for _, m, p in rows) / len(rows))
+
+
+def _gemm_op(g: GemmSample) -> Op:
+    kind = "attention" if g.batch > 1 else "gemm"
+    nbytes = 4.0 * g.batch * (g.m * g.k + g.k * g.n + g.m * g.n)
+    return Op("gemm", kind, g.flops, nbytes, g.m, g.n, g.k, g.batch)
+
+
+def _mem_op(s: MemorySample) -> Op:
+    return Op(s.op, "memory", 0.0, s.bytes)
+
+
+def _attn_op(a: AttentionSample) -> Op:
+    return Op("flash_attention", "flash_attention", a.flops, a.bytes)
+
+
+def _least_squares(fun, x0, lo, hi):
+    from scipy.optimize import least_squares
+    x0 = np.clip(np.asarray(x0, float), np.asarray(lo) + 1e-9, np.asarray(hi) - 1e-9)
+    # soft_l1: a robust loss, so that a few repeats disturbed by other processes on a
+    # shared host (residuals of a factor 2 and more) do not drag the fit.
+    return least_squares(fun, x0, bounds=(lo, hi), method="trf", x_scale="jac", loss="soft_l1", f_scale=0.1).x
+
+
+def per_op_overheads(res: MicrobenchResult) -> tuple[float, float]:
+    """(kernel_overhead_us, host_overhead_us) from the tiny-op chains (see module doc)."""
+    by = {o.what: o.per_op_s for o in res.overhead}
+    plain = by.get("plain", 0.0) * 1e6
+    train = by.get("train", by.get("plain", 0.0)) * 1e6
+    return plain, max(0.0, train - plain)
+
+
+def fit_memory(samples: list[MemorySample], gpu: GpuSpec, base: GpuEfficiency) -> float:
+    """hbm_eff with kernel_overhead_us fixed (base)."""
+    def resid(x):
+        eff = replace(base, hbm_eff=x[0])
+        return [math.log(op_time_s(_mem_op(s), gpu, eff, FIT_PRECISION) / s.seconds) for s in samples]
+    return float(_least_squares(resid, [0.5], [1e-4], [1.0])[0])
+
+
+def fit_attention(samples: list[AttentionSample], gpu: GpuSpec, base: GpuEfficiency) -> float:
+    """attention_eff (fused attention's fraction of peak) with the overhead fixed."""
+    def resid(x):
+        eff = replace(base, attention_eff=x[0])
+        return [math.log(op_time_s(_attn_op(a), gpu, eff, FIT_PRECISION) / a.seconds) for a in samples]
+    return float(_least_squares(resid, [0.1], [1e-5], [1.0])[0])
+
+
+def fit_gemm(samples: list[GemmSample], gpu: GpuSpec, base: GpuEfficiency) -> tuple[float, float, float]:
+    """(gemm_eff_max, gemm_k_half, gemm_dim_half) with hbm_eff and kernel_overhead_us fixed
+    (base). Without sm_count the cost model uses the saturating m, n, k factors."""
+    def resid(x):
+        eff = replace(base, gemm_eff_max=x[0], gemm_k_half=x[1], gemm_dim_half=x[2], sm_count=0.0)
+        return [math.log(op_time_s(_gemm_op(g), gpu, eff, FIT_PRECISION) / g.seconds) for g in samples]
+    x = _least_squares(resid, [0.5, 32.0, 32.0], [1e-4, 0.0, 0.0], [1.0, 8192.0, 8192.0])
+    return float(x[0]), float(x[1]), float(x[2])
+
+
+def collective_time_s(op: str, nbytes: float, n: int, bw_Bps: float, latency_s: float,
+                      fab: FabricEfficiency) -> float:
+    """Seconds the cost model gives one collective call on a single node's fabric of
+    ``bw_Bps`` per rank and ``latency_s`` per hop, with the fabric's efficiency and call
+    latency (as sim/program.py's TP collectives: ring formulas, plus the call)."""
+    bw = bw_Bps * fab.bw_eff
+    call = fab.call_latency_us * 1e-6
+    if op == "all_reduce":
+        return cc.ring_allreduce_s(nbytes, n, bw, latency_s) + call
+    if op == "all_gather":
+        return cc.allgather_s(nbytes, n, bw, latency_s) + call
+    if op == "reduce_scatter":
+        return cc.reduce_scatter_s(nbytes, n, bw, latency_s) + call
+    if op == "send_recv":
+        return cc.p2p_s(nbytes, bw, latency_s) + call
+    raise ValueError(f"no cost-model formula for {op}")
+
+
+def fit_collectives(samples: list[CollectiveSample], bw_Bps: float, latency_s: float,
+                    base: FabricEfficiency) -> FabricEfficiency:
+    """bw_eff and call_latency_us over every fitted collective and size."""
+    use = [s for s in samples if s.op in FITTED_COLLECTIVES]
+
+    def resid(x):
+        fab = replace(base, bw_eff=x[0], call_latency_us=x[1])
+        return [math.log(collective_time_s(s.op, s.nbytes, s.n, bw_Bps, latency_s, fab) / s.seconds) for s in use]
+    x = _least_squares(resid, [0.5, 50.0], [1e-4, 0.0], [1.0, 1e5])
+    return replace(base, bw_eff=float(x[0]), call_latency_us=float(x[1]))
+
+
+def fit_profile(res: MicrobenchResult, gpu: GpuSpec, base_gpu: GpuEfficiency,
+                link: tuple[float, float, str] | None, base_fabric: FabricEfficiency | None) -> FitResult:
+    """Fit every parameter (module doc) in order: overheads, memory, GEMMs, collectives."""
+    kern_us, host_us = per_op_overheads(res)
+    eff = replace(base_gpu, kernel_overhead_us=kern_us, sm_count=0.0)
+    if res.memory:
+        eff = replace(eff, hbm_eff=fit_memory(res.memory, gpu, eff))
+    if res.gemm:
+        e_max, k_half, d_half = fit_gemm(res.gemm, gpu, eff)
+        eff = replace(eff, gemm_eff_max=e_max, gemm_k_half=k_half, gemm_dim_half=d_half)
+    if res.attention:
+        eff = replace(eff, attention_eff=fit_attention(res.attention, gpu, eff))
+    out = FitResult(gpu=eff, fabric=None, host_overhead_us=host_us)
+    out.residuals["gemm"] = [(f"{g.m}x{g.n}x{g.k}" + (f"x{g.batch}" if g.batch > 1 else ""), g.seconds,
+                              op_time_s(_gemm_op(g), gpu, eff, FIT_PRECISION)) for g in res.gemm]
+    out.residuals["memory"] = [(f"{s.op} {s.elems}", s.seconds, op_time_s(_mem_op(s), gpu, eff, FIT_PRECISION))
+                               for s in res.memory]
+    out.residuals["attention"] = [(f"sdpa {a.batch}x{a.s}x{a.d}", a.seconds, op_time_s(_attn_op(a), gpu, eff, FIT_PRECISION))
+                                  for a in res.attention]
+    out.measured_peak_flops = max((g.flops / g.seconds for g in res.gemm), default=0.0)
+    out.measured_peak_Bps = max((s.bytes / s.seconds for s in res.memory), default=0.0)
+    if link is not None and res.collectives:
+        bw, lat, _ = link
+        fab = fit_collectives(res.collectives, bw, lat, base_fabric or FabricEfficiency())
+        out.fabric = fab
+        out.residuals["collectives"] = [
+            (f"{s.op} {s.nbytes}", s.seconds, collective_time_s(s.op, s.nbytes, s.n, bw, lat, fab))
+            for s in res.collectives if s.op in FITTED_COLLECTIVES]
+    return out
+
+
+# ------------------------------------------------------------------- the profile file
+def cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo (Linux), else platform's description."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def where_and_when(res: MicrobenchResult, device_name: str) -> str:
+    import torch
+    now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return (f"{now} on {socket.gethostname()} ({device_name}; CPU {cpu_model()}), torch {torch.__version__}, "
+            f"backend {res.backend}, {res.world} concurrent worker process(es), {res.threads} thread(s) each")
+
+
+# Facts about how validate/'s torch runner (validate/gpt.py) drives a device (not fits):
+# eager PyTorch, one op at a time; on a CPU the op runs in the issuing thread
+# (launch_blocking); fused attention (torch's scaled_dot_product_attention: no s x s scores
+# in memory); no dropout, so the cost model's dropout + residual pair is the one residual
+# add (fused_bias_dropout_add); autograd accumulates gradients in a separate pass; pipeline
+# activations sent whole by every TP rank; no asynchronous TP all-reduce in backward;
+# gradients reduced in fp32.
+def runtime_facts(kind: str) -> dict:
+    return {
+        "launch_blocking": kind == "cpu",
+        "p2p_scatter_gather": False,
+        "p2p_blocking": False,
+        "tp_bwd_overlap": False,
+        "fused_bias_dropout_add": True,
+        "grad_accumulation_fusion": False,
+        "flash_attention": True,
+        "grad_reduce_dtype": "fp32",
+        "zero1_grad_all_reduce": False,
+    }
+
+
+def profile_mapping(fit: FitResult, res: MicrobenchResult, gpu_name: str, link_kind: str | None,
+                    device_kind: str, where: str, name: str) -> dict:
+    """The profile as a mapping in the bundled profiles' schema (load_profile reads it)."""
+    g = fit.gpu
+    gpu_src = (f"FIT by plansim calibrate, {where}. Measured: {len(res.gemm)} GEMM shapes "
+               f"(best {fit.measured_peak_flops / 1e9:.1f} GFLOP/s per process; residual RMS "
+               f"{fit.rms_pct('gemm'):.1f} %), {len(res.memory)} memory-bound op sizes (best "
+               f"{fit.measured_peak_Bps / 1e9:.1f} GB/s; RMS {fit.rms_pct('memory'):.1f} %), tiny-op chains "
+               f"(plain {g.kernel_overhead_us:.2f} us/op). Efficiencies are fractions of the catalog peaks "
+               f"(costmodel/gpus.py {gpu_name}).")
+    out = {
+        "name": name,
+        "source": f"plansim calibrate (microbenchmarks only), {where}",
+        "gpus": {gpu_name: {
+            "gemm_eff_max": round(g.gemm_eff_max, 5), "gemm_k_half": round(g.gemm_k_half, 3),
+            "gemm_dim_half": round(g.gemm_dim_half, 3), "sm_count": 0,
+            "attention_eff": round(g.attention_eff, 5), "hbm_eff": round(g.hbm_eff, 5), "kernel_overhead_us": round(g.kernel_overhead_us, 3),
+            "source": gpu_src,
+        }},
+        "runtime": {"host_overhead_us": round(fit.host_overhead_us, 3), **runtime_facts(device_kind),
+                    "source": (f"host_overhead_us FIT by plansim calibrate ({where}): per cost-model op, "
+                               f"forward+backward of tiny-op chains under autograd minus the plain per-op cost. "
+                               f"Other fields: how validate/'s eager torch runner drives the device.")},
+    }
+    if fit.fabric is not None and link_kind:
+        f = fit.fabric
+        out["fabrics"] = {link_kind: {
+            "bw_eff": round(f.bw_eff, 5), "call_latency_us": round(f.call_latency_us, 3),
+            "source": (f"FIT by plansim calibrate, {where}: {', '.join(FITTED_COLLECTIVES)} over "
+                       f"{res.world} processes, {len(fit.residuals.get('collectives', []))} sizes x ops "
+                       f"(RMS {fit.rms_pct('collectives'):.1f} %), against the topology's link bandwidth "
+                       f"and per-hop latency."),
+        }}
+    return out
+
+
+def format_residuals(fit: FitResult) -> str:
+    lines = []
+    for fam, rows in fit.residuals.items():
+        lines.append(f"# {fam}: residual RMS {fit.rms_pct(fam):.1f} %")
+        lines.append(f"{'sample':>28} {'measured (us)':>14} {'fit (us)':>10} {'error':>8}")
+        for label, m, p in rows:
+            lines.append(f"{label:>28} {m * 1e6:>14.1f} {p * 1e6:>10.1f} {100 * (p / m - 1):>+7.1f}%")
+    return "\n".join(lines)
+
+
+def format_params(fit: FitResult) -> str:
+    g, f = fit.gpu, fit.fabric
+    s = (f"gemm_eff_max={g.gemm_eff_max:.4f} gemm_k_half={g.gemm_k_half:.1f} gemm_dim_half={g.gemm_dim_half:.1f} "
+         f"attention_eff={g.attention_eff:.4f} hbm_eff={g.hbm_eff:.4f} kernel_overhead_us={g.kernel_overhead_us:.2f} host_overhead_us={fit.host_overhead_us:.2f}")
+    if f is not None:
+        s += f" bw_eff={f.bw_eff:.4f} call_latency_us={f.call_latency_us:.1f}"
+    return s
+
+
+
+# ------------------------------------------------------------------------ the whole run
+@dataclass
+class Calibration:
+    bench: MicrobenchResult
+    fit: FitResult
+    mapping: dict  # the profile file's content
+
+
+def calibrate(cluster, model, world: int, *, tps: list[int] | None = None, repeats: int = 5,
+              max_bytes: int = 64 * 1024 * 1024, max_gemm_dim: int = 1024, backend: str | None = None,
+              progress=None, timeout_s: float = 600.0) -> Calibration:
+    """Run the microbenchmarks in ``world`` processes on this host and fit the profile of
+    the cluster's device type and intra-node link class. ``cluster`` must have ``world``
+    devices on one node (load_topology(..., gpus_per_node=world)). Never runs a plan."""
+    from costmodel.profile import load_profile
+    from validate.backend import pick_backend
+    from costmodel.profile import RuntimeSettings
+    from validate.microbench import (memory_sizes, model_attention_shapes, model_gemm_shapes, run_microbenchmarks,
+                                     sizes_bytes, sweep_gemm_shapes)
+
+    be = pick_backend() if backend is None else None
+    be_name = backend or be.name
+    kind = "cuda" if be_name == "nccl" else "cpu"
+    tps = tps or [t for t in (1, 2, 4, 8) if world % t == 0 and model.num_attention_heads % t == 0]
+    shapes = sorted(set(model_gemm_shapes(model, tps)) | set(sweep_gemm_shapes(max_gemm_dim)))
+    mem = memory_sizes(model, tps)
+    coll = sizes_bytes(4 * 1024, max_bytes)
+    runtime = RuntimeSettings(**runtime_facts(kind))
+    res = run_microbenchmarks(world, shapes, mem, coll, attn_shapes=model_attention_shapes(model, tps),
+                              runtime=runtime, repeats=repeats, backend=be_name, progress=progress, timeout_s=timeout_s)
+    gpu = cluster.devices[0].gpu
+    node = cluster.nodes[0]
+    base = load_profile(None, bundled=cluster.profiles)
+    link = (node.intra_bw_Bps, node.intra_latency_s, node.intra_kind) if world > 1 else None
+    fit = fit_profile(res, gpu, base.gpu(gpu.name), link, base.fabric(node.intra_kind))
+    device_name = be.device_name() if be is not None else kind
+    where = where_and_when(res, device_name)
+    name = f"calibrated-{cluster.name}-w{world}"
+    mapping = profile_mapping(fit, res, gpu.name, node.intra_kind if link else None, kind, where, name)
+    return Calibration(res, fit, mapping)

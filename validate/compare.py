@@ -1,0 +1,102 @@
+"""Measured vs predicted: one real run (validate/record.RunRecord) beside the simulation of
+the same model and plan (sim.result.StepResult), per step and per phase.
+
+Phases are the simulator's categories (sim/result.CATEGORIES): the run record measures
+them per rank in the same categories, so they pair one to one. The error is
+(predicted - measured) / measured of the median step time.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from sim.result import CATEGORIES, StepResult
+from validate.accuracy import spearman
+
+
+@dataclass
+class Comparison:
+    plan: str
+    world: int
+    measured_step_time_s: float
+    predicted_step_time_s: float
+    p10_step_time_s: float
+    p90_step_time_s: float
+    phases: dict[str, dict[str, float]]  # category -> {measured_s, predicted_s}
+    record: dict = field(default_factory=dict)  # the run record (RunRecord.to_dict())
+    sim: StepResult | None = None
+
+    @property
+    def error_pct(self) -> float:
+        return 100.0 * (self.predicted_step_time_s / self.measured_step_time_s - 1.0)
+
+    def to_dict(self) -> dict:
+        return {"plan": self.plan, "world": self.world,
+                "measured_step_time_s": self.measured_step_time_s,
+                "predicted_step_time_s": self.predicted_step_time_s,
+                "error_pct": self.error_pct,
+                "measured_p10_s": self.p10_step_time_s, "measured_p90_s": self.p90_step_time_s,
+                "phases": self.phases,
+                # the runner's finer measured split (forward, backward, optimizer, each collective)
+                "measured_detail_s": dict(self.record.get("detail_s", {}))}
+
+
+def compare(record, sim: StepResult) -> Comparison:
+    """Pair a run record with the simulated step of the same plan."""
+    measured = dict(record.phases_s)
+    phases = {c: {"measured_s": float(measured.get(c, 0.0)), "predicted_s": float(sim.breakdown.get(c, 0.0))}
+              for c in CATEGORIES}
+    return Comparison(plan=record.plan, world=record.world,
+                      measured_step_time_s=float(record.median_step_time_s),
+                      predicted_step_time_s=float(sim.step_time_s),
+                      p10_step_time_s=float(record.p10_step_time_s), p90_step_time_s=float(record.p90_step_time_s),
+                      phases=phases, record=record.to_dict(), sim=sim)
+
+
+@dataclass
+class Ranking:
+    """Several plans validated together: does the simulator order them as measured?"""
+
+    comparisons: list[Comparison]
+
+    @property
+    def spearman(self) -> float | None:
+        if len(self.comparisons) < 2:
+            return None
+        return spearman([c.predicted_step_time_s for c in self.comparisons],
+                        [c.measured_step_time_s for c in self.comparisons])
+
+    @property
+    def max_abs_error_pct(self) -> float:
+        return max(abs(c.error_pct) for c in self.comparisons)
+
+    def same_order(self) -> bool:
+        """True when sorting by predicted and by measured step time gives the same plans order."""
+        by_p = sorted(range(len(self.comparisons)), key=lambda i: (self.comparisons[i].predicted_step_time_s, i))
+        by_m = sorted(range(len(self.comparisons)), key=lambda i: (self.comparisons[i].measured_step_time_s, i))
+        return by_p == by_m
+
+    def to_dict(self) -> dict:
+        return {"plans": [c.to_dict() for c in self.comparisons], "spearman": self.spearman,
+                "same_order": self.same_order(), "max_abs_error_pct": self.max_abs_error_pct}
+
+
+def format_comparison(c: Comparison) -> str:
+    lines = [f"plan {c.plan} ({c.world} processes)",
+             f"  step time  measured {c.measured_step_time_s * 1e3:8.1f} ms (p10 {c.p10_step_time_s * 1e3:.1f}, "
+             f"p90 {c.p90_step_time_s * 1e3:.1f})  predicted {c.predicted_step_time_s * 1e3:8.1f} ms  "
+             f"error {c.error_pct:+.1f} %",
+             f"  {'phase':8s} {'measured (ms)':>14} {'predicted (ms)':>15}"]
+    for cat, v in c.phases.items():
+        lines.append(f"  {cat:8s} {v['measured_s'] * 1e3:>14.2f} {v['predicted_s'] * 1e3:>15.2f}")
+    return "\n".join(lines)
+
+
+def format_ranking(r: Ranking) -> str:
+    from tabulate import tabulate
+    rows = [[c.plan, c.world, f"{c.measured_step_time_s * 1e3:.1f}", f"{c.predicted_step_time_s * 1e3:.1f}",
+             f"{c.error_pct:+.1f} %"] for c in r.comparisons]
+    table = tabulate(rows, headers=["plan", "procs", "measured (ms)", "predicted (ms)", "error"],
+                     tablefmt="simple", disable_numparse=True)
+    rho = "n/a" if r.spearman is None else f"{r.spearman:.3f}"
+    return (table + f"\n\nSpearman rank correlation (predicted vs measured): {rho}; same order: "
+            f"{'yes' if r.same_order() else 'no'}; largest |error|: {r.max_abs_error_pct:.1f} %")

@@ -1,0 +1,591 @@
+"""Microbenchmarks that calibration fits the hardware profile to.
+
+Four families, each run in ``world`` worker processes at the same time (validate/launch.py),
+because the plans they calibrate for run that many processes on the same cores: what one
+process achieves while its peers compute is what a plan's rank gets.
+
+(a) GEMMs: the shapes a plan's TP slicing produces (taken from costmodel/flops.py's op
+    listing, so calibration covers exactly the shapes the cost model asks about) plus a
+    sweep of square and skinny sizes.
+(b) Memory-bound ops (add, gelu, layernorm, softmax) over sizes, with bytes counted as
+    costmodel/flops.py counts them (each operand read once, each result written once).
+(c) Per-op overhead: chains of tiny ops, plain (no autograd) and as training runs them
+    (forward under autograd, then backward), per op as the cost model counts ops.
+(d) Collectives (all-reduce, all-gather, reduce-scatter, broadcast, send/recv) from 4 KiB
+    to 64 MiB, median of repeats, in nccl-tests' columns (NVIDIA/nccl-tests, doc/PERFORMANCE.md:
+    algbw = size / time, busbw = algbw x the collective's bus factor).
+
+Timings are per call. Compute: each rank takes the median over repeats of its own calls,
+and the figure kept is the median over ranks (every rank measures the same thing).
+Collectives: as nccl-tests does, back-to-back calls timed together (a plan issues them
+back to back with its compute, not each after a barrier: on a busy host, gloo's per-call
+cost back to back was 5-10x the cost of one call right after a barrier, and the former is
+what the runs showed); per repeat the slowest rank's mean (a collective ends when its last
+rank does), then the median over repeats.
+
+torch is imported inside the functions only: this module imports without it.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+
+from costmodel import flops as fl
+from costmodel.collectives import busbw_factor
+from costmodel.shapes import ModelSpec
+
+KIB, MIB = 1024, 1024 * 1024
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "send_recv")
+MEMORY_OPS = ("add", "gelu", "layernorm", "softmax")
+# nccl-tests' sendrecv: every rank sends S to its successor and receives S from its
+# predecessor; its bus factor is 1 (NVIDIA/nccl-tests, src/sendrecv.cu, SendRecvGetBw).
+# costmodel.collectives has no send/recv entry, so it is defined here, once.
+_SENDRECV_FACTOR = 1.0
+
+
+def bus_factor(op: str, n: int) -> float:
+    """busbw / algbw of ``op`` over n ranks (nccl-tests' definition)."""
+    return _SENDRECV_FACTOR if op == "send_recv" else busbw_factor(op, n)
+
+
+def sizes_bytes(min_bytes: int = 4 * KIB, max_bytes: int = 64 * MIB) -> list[int]:
+    """Message sizes from min to max, doubling (nccl-tests' -b 4K -e 64M -f 2)."""
+    out, s = [], min_bytes
+    while s <= max_bytes:
+        out.append(s)
+        s *= 2
+    return out
+
+
+# ----------------------------------------------------------------------- records
+@dataclass
+class GemmSample:
+    m: int
+    n: int
+    k: int
+    batch: int
+    seconds: float  # per call
+
+    @property
+    def flops(self) -> float:
+        return 2.0 * self.m * self.n * self.k * self.batch
+
+
+@dataclass
+class AttentionSample:
+    """Fused attention forward (torch's scaled_dot_product_attention) of ``batch`` heads."""
+
+    batch: int  # microbatch x heads on this rank
+    s: int
+    d: int
+    seconds: float
+
+    @property
+    def flops(self) -> float:
+        """QK^T and attention over V, as costmodel/flops.py counts them: 2 x 2*b*s*s*d."""
+        return 4.0 * self.batch * self.s * self.s * self.d
+
+    @property
+    def bytes(self) -> float:
+        """Q, K, V read and O written once (fp32): the fused kernel's HBM traffic."""
+        return 4.0 * 4 * self.batch * self.s * self.d
+
+
+@dataclass
+class MemorySample:
+    op: str
+    elems: int
+    bytes: float  # as costmodel/flops.py counts the op's traffic
+    seconds: float
+
+
+@dataclass
+class OverheadSample:
+    what: str  # 'plain' (no autograd) or 'train' (forward + backward under autograd)
+    model_ops: int  # ops of the chain as the cost model counts them
+    seconds: float  # per chain
+
+    @property
+    def per_op_s(self) -> float:
+        return self.seconds / self.model_ops
+
+
+@dataclass
+class CollectiveSample:
+    op: str
+    nbytes: int  # the nccl-tests 'size': the buffer each rank holds (gathered size for all-gather)
+    n: int  # ranks
+    seconds: float  # median over repeats of the slowest rank's time
+
+    @property
+    def count(self) -> int:
+        return self.nbytes // 4  # float32 elements
+
+    @property
+    def algbw_GBps(self) -> float:
+        return self.nbytes / self.seconds / 1e9
+
+    @property
+    def busbw_GBps(self) -> float:
+        return self.algbw_GBps * bus_factor(self.op, self.n)
+
+
+@dataclass
+class MicrobenchResult:
+    world: int
+    backend: str
+    threads: int  # torch intra-op threads per process
+    gemm: list[GemmSample] = field(default_factory=list)
+    memory: list[MemorySample] = field(default_factory=list)
+    attention: list[AttentionSample] = field(default_factory=list)
+    overhead: list[OverheadSample] = field(default_factory=list)
+    collectives: list[CollectiveSample] = field(default_factory=list)
+    wall_s: float = 0.0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "MicrobenchResult":
+        return cls(world=d["world"], backend=d["backend"], threads=d["threads"],
+                   gemm=[GemmSample(**x) for x in d.get("gemm", [])],
+                   memory=[MemorySample(**x) for x in d.get("memory", [])],
+                   attention=[AttentionSample(**x) for x in d.get("attention", [])],
+                   overhead=[OverheadSample(**x) for x in d.get("overhead", [])],
+                   collectives=[CollectiveSample(**x) for x in d.get("collectives", [])],
+                   wall_s=d.get("wall_s", 0.0))
+
+
+# ------------------------------------------------------------------------ shapes
+def model_gemm_shapes(model: ModelSpec, tps: list[int], mbs_list: list[int] = (1,)) -> list[tuple[int, int, int, int]]:
+    """(m, n, k, batch) of every matmul the cost model lists for one layer forward and
+    backward and the output layer, for each TP degree and microbatch size; deduplicated,
+    sorted."""
+    shapes = set()
+    for tp in tps:
+        for mbs in mbs_list:
+            ops = (fl.layer_forward_ops(model, mbs, tp, False) + fl.layer_backward_ops(model, mbs, tp, False)
+                   + fl.head_forward_ops(model, mbs, tp) + fl.head_backward_ops(model, mbs, tp))
+            shapes.update((o.m, o.n, o.k, o.batch) for o in ops if o.is_matmul)
+    return sorted(shapes)
+
+
+def model_attention_shapes(model: ModelSpec, tps: list[int], mbs_list: list[int] = (1,)) -> list[tuple[int, int, int]]:
+    """(microbatch x heads per rank, s, head dim) of the model's attention per TP degree."""
+    return sorted({(mbs * model.num_attention_heads // tp, model.seq_length, model.head_dim)
+                   for tp in tps for mbs in mbs_list})
+
+
+def sweep_gemm_shapes(max_dim: int = 1024) -> list[tuple[int, int, int, int]]:
+    """Square GEMMs 32..max_dim and skinny ones (small m, small k), batch 1: the curve
+    efficiency-vs-shape is fitted over these as well as the model's own shapes."""
+    out = []
+    d = 32
+    while d <= max_dim:
+        out.append((d, d, d, 1))
+        d *= 2
+    for small in (16, 64):
+        out += [(small, 512, 512, 1), (512, 512, small, 1), (512, small, 512, 1)]
+    return sorted(set(out))
+
+
+def memory_sizes(model: ModelSpec | None, tps: list[int], lo: int = 4 * KIB, hi: int = MIB) -> list[int]:
+    """Element counts for the memory-bound sweep: powers of 4 from lo to hi plus the
+    model's activation sizes (b*s*h and b*s*ffn/t per TP degree, microbatch 1)."""
+    out, s = set(), lo
+    while s <= hi:
+        out.add(s)
+        s *= 4
+    if model is not None:
+        for tp in tps:
+            out.add(model.seq_length * model.hidden_size)
+            out.add(model.seq_length * model.ffn // tp)
+    return sorted(out)
+
+
+def memory_op_bytes(op: str, elems: int, width: int, row: int) -> float:
+    """HBM bytes of one memory-bound op as costmodel/flops.py counts them: add reads two
+    and writes one (its 'residual'), gelu and softmax read one and write one, layernorm
+    reads and writes the activation and reads gamma and beta of the row width."""
+    if op == "add":
+        return 3.0 * elems * width
+    if op in ("gelu", "softmax"):
+        return 2.0 * elems * width
+    if op == "layernorm":
+        return (2.0 * elems + 2.0 * row) * width
+    raise ValueError(op)
+
+
+# The overhead chain: a pre-LayerNorm GPT layer (the architecture costmodel/flops.py lists)
+# at a width where its arithmetic is negligible, so its time is the per-op cost of issuing
+# it, forward and backward under autograd. It is divided by the number of ops the cost
+# model lists for that layer (chain_op_counts), so the per-op figure is per cost-model op.
+CHAIN_MODEL = ModelSpec("overhead-chain", num_layers=4, hidden_size=8, num_attention_heads=2, seq_length=4,
+                        vocab_size=8, global_batch_size=1)
+
+
+def chain_op_counts(runtime) -> tuple[int, int]:
+    """(forward ops, forward + backward ops) the cost model counts for CHAIN_MODEL's layers
+    under ``runtime`` (its op transforms, e.g. fused attention, and the separate gradient
+    accumulation pass)."""
+    from costmodel.efficiency import transform_ops
+    from sim.program import grad_accumulation_ops
+    m = CHAIN_MODEL
+    f = transform_ops(fl.layer_forward_ops(m, 1, 1, False, 4), runtime)
+    b = transform_ops(fl.layer_backward_ops(m, 1, 1, False, 4)
+                      + grad_accumulation_ops(m, 1, 1, False, False, "fp32", runtime), runtime)
+    return m.num_layers * len(f), m.num_layers * (len(f) + len(b))
+
+
+def _chain_layer(torch, x, p, heads):
+    """One pre-LN GPT layer (as costmodel/flops.py describes it; fused attention)."""
+    F = torch.nn.functional
+    b, s, w = x.shape
+    d = w // heads
+    h = F.layer_norm(x, (w,), p[0], p[1])
+    q, k, v = (F.linear(h, p[2 + 2 * i], p[3 + 2 * i]).view(b, s, heads, d).transpose(1, 2) for i in range(3))
+    a = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, s, w)
+    x = x + (F.linear(a, p[8]) + p[9])
+    h = F.layer_norm(x, (w,), p[10], p[11])
+    return x + (F.linear(F.gelu(F.linear(h, p[12], p[13])), p[14]) + p[15])
+
+
+def _chain_params(torch, w):
+    shapes = [(w,), (w,)] + [(w, w), (w,)] * 3 + [(w, w), (w,), (w,), (w,), (4 * w, w), (4 * w,), (w, 4 * w), (w,)]
+    return [torch.nn.Parameter(torch.randn(*sh) * 0.1) for sh in shapes]
+
+
+# ------------------------------------------------------------------------- timing
+def _device(backend_name: str):
+    """(torch device, synchronize) of this worker: its CUDA device under NCCL (asynchronous
+    kernels: the clock stops only after synchronising), else the CPU (nothing to wait for)."""
+    import torch
+    from validate.backend import pick_backend
+    from validate.launch import local_rank
+    be = pick_backend(backend_name)
+    dev = be.device_for(local_rank())
+    if be.kind == "cuda":
+        torch.cuda.set_device(dev)
+        return dev, torch.cuda.synchronize
+    return dev, None
+
+
+def _median_time(fn, repeats: int, inner: int, sync=None) -> float:
+    """Median over ``repeats`` of the mean time of ``inner`` back-to-back calls."""
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(inner):
+            fn()
+        if sync is not None:
+            sync()
+        times.append((time.perf_counter() - t0) / inner)
+    return statistics.median(times)
+
+
+def _inner_for(est_s: float, target_s: float = 2e-3) -> int:
+    """Back-to-back calls per timed repeat so that one repeat lasts about target_s."""
+    return max(1, min(200, int(target_s / max(est_s, 1e-7))))
+
+
+@dataclass(frozen=True)
+class ComputeConfig:
+    gemm_shapes: tuple
+    mem_sizes: tuple
+    attn_shapes: tuple = ()
+    repeats: int = 5
+    threads: int = 0  # intra-op threads; 0 keeps what the worker started with
+    backend: str = "gloo"
+
+
+def compute_worker(rank: int, world: int, cfg: ComputeConfig) -> dict:
+    """One rank's compute microbenchmarks (a)-(c); every rank runs the same list at the
+    same time, meeting at a barrier before each item so that they overlap."""
+    import torch
+    import torch.distributed as dist
+
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    torch.manual_seed(rank)
+    dev, dsync = _device(cfg.backend)
+    sync = dist.barrier if dist.is_initialized() and world > 1 else (lambda: None)
+
+    def timed(f):
+        f()
+        if dsync:
+            dsync()
+        t0 = time.perf_counter()
+        f()
+        if dsync:
+            dsync()
+        inner = _inner_for(time.perf_counter() - t0)
+        sync()
+        return _median_time(f, cfg.repeats, inner, dsync)
+
+    out = {"gemm": [], "memory": [], "attention": [], "overhead": []}
+    with torch.no_grad():
+        for (m, n, k, b) in cfg.gemm_shapes:
+            a = torch.randn(b, m, k, device=dev) if b > 1 else torch.randn(m, k, device=dev)
+            w = torch.randn(b, k, n, device=dev) if b > 1 else torch.randn(k, n, device=dev)
+            f = (lambda: torch.bmm(a, w)) if b > 1 else (lambda: torch.mm(a, w))
+            out["gemm"].append([m, n, k, b, timed(f)])
+        for op in MEMORY_OPS:
+            for elems in cfg.mem_sizes:
+                row = 128 if elems % 128 == 0 else 1
+                x = torch.randn(elems // row, row, device=dev)
+                y = torch.randn(elems // row, row, device=dev)
+                g, bta = torch.ones(row, device=dev), torch.zeros(row, device=dev)
+                f = {
+                    "add": lambda: torch.add(x, y),
+                    "gelu": lambda: torch.nn.functional.gelu(x),
+                    "layernorm": lambda: torch.nn.functional.layer_norm(x, (row,), g, bta),
+                    "softmax": lambda: torch.softmax(x, -1),
+                }[op]
+                out["memory"].append([op, elems, memory_op_bytes(op, elems, 4, row), timed(f)])
+        for (bh, sq, d) in cfg.attn_shapes:
+            q, k, v = (torch.randn(1, bh, sq, d, device=dev) for _ in range(3))
+            f = lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)  # noqa: E731
+            out["attention"].append([bh, sq, d, timed(f)])
+    # (c) the overhead chain (CHAIN_MODEL): plain forward, and forward + backward.
+    m = CHAIN_MODEL
+    params = [[p.to(dev).detach().requires_grad_() for p in _chain_params(torch, m.hidden_size)]
+              for _ in range(m.num_layers)]
+    x0 = torch.randn(1, m.seq_length, m.hidden_size, device=dev)
+
+    def chain():
+        x = x0
+        for p in params:
+            x = _chain_layer(torch, x, p, m.num_attention_heads)
+        return x
+
+    def plain():
+        with torch.no_grad():
+            chain()
+
+    def train():
+        chain().sum().backward()
+
+    for what, f in (("plain", plain), ("train", train)):
+        f()
+        f()
+        sync()
+        out["overhead"].append([what, 0, _median_time(f, cfg.repeats * 2, 5, dsync)])
+    return out
+
+
+@dataclass(frozen=True)
+class CollectiveConfig:
+    sizes: tuple
+    ops: tuple = COLLECTIVES
+    group_sizes: tuple = ()  # n of each measurement: world/n groups of n ranks at once; () = (world,)
+    repeats: int = 5
+    warmup: int = 1
+    budget_s: float = 0.5  # stop repeating a size once this much time went into it
+    target_s: float = 0.01  # a timed repeat runs back-to-back calls for about this long
+    max_inner: int = 20
+    threads: int = 0
+    backend: str = "gloo"
+
+
+def collective_worker(rank: int, world: int, cfg: CollectiveConfig) -> list:
+    """One rank's collective timings: [op, n, nbytes, seconds] per group size n, op and
+    size. For n < world the ranks form world/n groups of n consecutive ranks that run the
+    collective at the same time (as the TP groups of a tp x dp plan do). seconds = median
+    over repeats of the slowest rank's time (one extra max-reduce over all ranks per repeat,
+    outside the timed region)."""
+    import torch
+    import torch.distributed as dist
+
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    dev, dsync = _device(cfg.backend)
+    # torch 2.13 renamed *_into_tensor / *_tensor to *_single (same arguments).
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    rows = []
+    for n in cfg.group_sizes or (world,):
+        if n == world:
+            group, first = None, 0
+        else:  # every rank creates every group, in the same order (torch.distributed's rule)
+            groups = [dist.new_group(list(range(i, i + n))) for i in range(0, world, n)]
+            group, first = groups[rank // n], rank // n * n
+        nxt, prv = first + (rank - first + 1) % n, first + (rank - first - 1) % n
+        for op in cfg.ops:
+            for nbytes in cfg.sizes:
+                count = nbytes // 4 // n * n
+                if op == "all_gather":
+                    send, recv = torch.ones(count // n, device=dev), torch.empty(count, device=dev)
+                    call = lambda: gather(recv, send, group=group)  # noqa: E731
+                elif op == "reduce_scatter":
+                    send, recv = torch.ones(count, device=dev), torch.empty(count // n, device=dev)
+                    call = lambda: scatter(recv, send, group=group)  # noqa: E731
+                elif op == "all_reduce":
+                    buf = torch.ones(count, device=dev)
+                    call = lambda: dist.all_reduce(buf, group=group)  # noqa: E731
+                elif op == "broadcast":
+                    buf = torch.ones(count, device=dev)
+                    call = lambda: dist.broadcast(buf, first, group=group)  # noqa: E731
+                else:  # send_recv: a ring of simultaneous sends and receives
+                    sbuf, rbuf = torch.ones(count, device=dev), torch.empty(count, device=dev)
+
+                    def call():
+                        reqs = dist.batch_isend_irecv([dist.P2POp(dist.isend, sbuf, nxt, group),
+                                                       dist.P2POp(dist.irecv, rbuf, prv, group)])
+                        for r in reqs:
+                            r.wait()
+                mx = torch.zeros(1, dtype=torch.float64, device=dev)
+                t0 = time.perf_counter()
+                for _ in range(max(1, cfg.warmup)):
+                    call()
+                if dsync:
+                    dsync()
+                # Calls per timed repeat, agreed by all ranks (the slowest one's estimate).
+                mx[0] = (time.perf_counter() - t0) / max(1, cfg.warmup)
+                dist.all_reduce(mx, op=dist.ReduceOp.MAX)
+                inner = max(1, min(cfg.max_inner, int(cfg.target_s / max(float(mx[0]), 1e-7))))
+                times, spent = [], 0.0
+                while len(times) < cfg.repeats:
+                    dist.barrier()
+                    t0 = time.perf_counter()
+                    for _ in range(inner):  # back to back, as nccl-tests times its iterations
+                        call()
+                    if dsync:
+                        dsync()
+                    mx[0] = (time.perf_counter() - t0) / inner
+                    dist.all_reduce(mx, op=dist.ReduceOp.MAX)
+                    times.append(float(mx[0]))
+                    spent += times[-1] * inner
+                    if spent > cfg.budget_s and len(times) >= 3:
+                        break
+                rows.append([op, n, count * 4, statistics.median(times)])
+    return rows
+
+
+THREADS_ENV = "OMP_NUM_THREADS"
+
+
+def worker_threads(world: int) -> int:
+    """Intra-op threads of each worker (calibration and validated plans alike): the user's
+    OMP_NUM_THREADS when set, else 1. The validator's plans are small: their ops are
+    shorter than what an intra-op thread team costs to wake and join, and where the cores
+    are shared (several workers, or other programs) one descheduled team member stalls
+    every op of its process for a scheduler tick (measured here: a 32x32x32 GEMM at 24 ms
+    with 2 threads on a busy 2-core host, 2 us with 1)."""
+    got = _USER_THREADS
+    if got:
+        try:
+            if int(got) > 0:
+                return int(got)
+        except ValueError:
+            pass
+    return 1
+
+
+_USER_THREADS = os.environ.get(THREADS_ENV)  # as the user started us, before we set it
+
+
+@contextlib.contextmanager
+def worker_threads_env(world: int):
+    """OMP_NUM_THREADS = worker_threads(world) while workers are started (spawned
+    interpreters read it when torch starts), so the measured plans run exactly as the
+    microbenchmarks did; restored afterwards."""
+    old = os.environ.get(THREADS_ENV)
+    os.environ[THREADS_ENV] = str(worker_threads(world))
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(THREADS_ENV, None)
+        else:
+            os.environ[THREADS_ENV] = old
+
+
+def run_microbenchmarks(world: int, gemm_shapes, mem_sizes, coll_sizes, *, attn_shapes=(), runtime=None,
+                        repeats: int = 5, threads: int | None = None, backend: str | None = None,
+                        timeout_s: float = 600.0, progress=None) -> MicrobenchResult:
+    """Run (a)-(d) in ``world`` processes; compute medians over ranks. ``runtime``
+    (costmodel.profile.RuntimeSettings) decides how the cost model counts the chain's ops."""
+    from costmodel.profile import RuntimeSettings
+    from validate.backend import pick_backend
+    from validate.launch import launch
+
+    t_wall = time.perf_counter()
+    be = pick_backend() if backend is None else backend
+    be_name = be if isinstance(be, str) else be.name
+    threads = threads or worker_threads(world)
+    shown = threads
+    say = progress or (lambda msg: None)
+    say(f"compute microbenchmarks: {len(gemm_shapes)} GEMM shapes, {len(mem_sizes)} sizes x "
+        f"{len(MEMORY_OPS)} memory ops, {world} concurrent processes, {shown} thread(s) each")
+    ccfg = ComputeConfig(tuple(gemm_shapes), tuple(mem_sizes), tuple(attn_shapes), repeats, threads, be_name)
+    with worker_threads_env(world):
+        per_rank = launch(compute_worker, world, (ccfg,), timeout_s=timeout_s, backend=be_name)
+    res = MicrobenchResult(world=world, backend=be_name, threads=shown)
+    for i, row in enumerate(per_rank[0]["gemm"]):
+        m, n, k, b, _ = row
+        res.gemm.append(GemmSample(m, n, k, b, statistics.median(r["gemm"][i][4] for r in per_rank)))
+    for i, row in enumerate(per_rank[0]["memory"]):
+        op, elems, nbytes, _ = row
+        res.memory.append(MemorySample(op, elems, nbytes, statistics.median(r["memory"][i][3] for r in per_rank)))
+    for i, row in enumerate(per_rank[0]["attention"]):
+        bh, sq, d, _ = row
+        res.attention.append(AttentionSample(bh, sq, d, statistics.median(r["attention"][i][3] for r in per_rank)))
+    n_fwd, n_train = chain_op_counts(runtime or RuntimeSettings())
+    for i, row in enumerate(per_rank[0]["overhead"]):
+        what = row[0]
+        res.overhead.append(OverheadSample(what, n_fwd if what == "plain" else n_train,
+                                           statistics.median(r["overhead"][i][2] for r in per_rank)))
+    if world > 1 and coll_sizes:
+        ops = COLLECTIVES
+        # Groups of every size n that divides the world, world/n of them at once (a plan's
+        # TP or DP groups of n ranks run beside each other on the same cores).
+        ns = tuple(n for n in range(2, world + 1) if world % n == 0)
+        say(f"collectives: {', '.join(ops)} in groups of {', '.join(map(str, ns))} of {world} processes, "
+            f"{len(coll_sizes)} sizes {coll_sizes[0]} B .. {coll_sizes[-1]} B")
+        kcfg = CollectiveConfig(tuple(coll_sizes), ops, ns, repeats=repeats, threads=threads, backend=be_name)
+        with worker_threads_env(world):
+            rows = launch(collective_worker, world, (kcfg,), timeout_s=timeout_s, backend=be_name)[0]
+        res.collectives = [CollectiveSample(op, nbytes, n, s) for op, n, nbytes, s in rows]
+    res.wall_s = time.perf_counter() - t_wall
+    return res
+
+
+def format_collectives(samples: list[CollectiveSample]) -> str:
+    """nccl-tests' columns, one block per collective: size (B), count (elements), type,
+    time (us), algbw (GB/s), busbw (GB/s)."""
+    lines = []
+    for op, n in dict.fromkeys((s.op, s.n) for s in samples):
+        lines.append(f"# {op}, groups of {n} ranks")
+        lines.append(f"{'size':>12} {'count':>12} {'type':>6} {'time':>10} {'algbw':>8} {'busbw':>8}")
+        lines.append(f"{'(B)':>12} {'(elements)':>12} {'':>6} {'(us)':>10} {'(GB/s)':>8} {'(GB/s)':>8}")
+        for s in (x for x in samples if (x.op, x.n) == (op, n)):
+            lines.append(f"{s.nbytes:>12d} {s.count:>12d} {'float':>6} {s.seconds * 1e6:>10.1f} "
+                         f"{s.algbw_GBps:>8.3f} {s.busbw_GBps:>8.3f}")
+    return "\n".join(lines)
+
+
+def format_compute(res: MicrobenchResult) -> str:
+    """GEMM GFLOP/s per shape, memory-op GB/s per size, per-op overheads."""
+    lines = [f"# GEMM ({res.world} concurrent processes, {res.threads} thread(s) each)",
+             f"{'m':>6} {'n':>6} {'k':>6} {'batch':>5} {'time (us)':>10} {'GFLOP/s':>9}"]
+    for g in res.gemm:
+        lines.append(f"{g.m:>6} {g.n:>6} {g.k:>6} {g.batch:>5} {g.seconds * 1e6:>10.1f} {g.flops / g.seconds / 1e9:>9.2f}")
+    lines += ["# memory-bound ops", f"{'op':>10} {'elements':>10} {'time (us)':>10} {'GB/s':>8}"]
+    for s in res.memory:
+        lines.append(f"{s.op:>10} {s.elems:>10} {s.seconds * 1e6:>10.1f} {s.bytes / s.seconds / 1e9:>8.2f}")
+    lines += ["# fused attention (scaled_dot_product_attention, causal)", f"{'heads':>6} {'s':>5} {'d':>4} {'time (us)':>10} {'GFLOP/s':>9}"]
+    for a in res.attention:
+        lines.append(f"{a.batch:>6} {a.s:>5} {a.d:>4} {a.seconds * 1e6:>10.1f} {a.flops / a.seconds / 1e9:>9.2f}")
+    lines.append("# per-op overhead (GPT layer chain at width 8, per op as the cost model counts them)")
+    for o in res.overhead:
+        lines.append(f"{o.what:>10} {o.model_ops:>4} ops {o.per_op_s * 1e6:>8.2f} us/op")
+    return "\n".join(lines)
+
+
+def geomean(xs) -> float:
+    xs = list(xs)
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
