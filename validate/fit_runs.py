@@ -24,6 +24,7 @@ own error at those points is reported beside it.
 from __future__ import annotations
 
 import math
+import os
 import random
 import time
 from dataclasses import dataclass, field, replace
@@ -300,7 +301,7 @@ def _overlay(base_profile: str) -> dict:
 
 
 def calibrate_from_runs(runs_csv: str | Path | None, *, folds: int = 5, seed: int = 0,
-                        base_profile: str | None = None, jobs: int = 1) -> RunsFit:
+                        base_profile: str | None = None, jobs: int | None = None) -> RunsFit:
     """Fit ``fit_params`` of the rows to their measured figures and cross-validate.
 
     Baseline (uncalibrated): without ``base_profile``, each row's bundled profiles with every
@@ -308,11 +309,14 @@ def calibrate_from_runs(runs_csv: str | Path | None, *, folds: int = 5, seed: in
     default.yaml), i.e. before the bundled fits to these rows; the bundled profiles as shipped
     are simulated too, for reference. With ``base_profile`` (a file or bundled name, merged
     over each row's profiles as ``--profile`` is), that profile is the baseline and the start.
+    ``jobs``: processes to simulate in (default: the CPU count, at most 4, as `plansim accuracy`).
     """
     t_start = time.perf_counter()
     src = str(runs_csv) if runs_csv else "validate/data/published_runs.csv"
     rows = load_rows(runs_csv)
     k = fold_of(len(rows), folds, seed)
+    if jobs is None:
+        jobs = min(os.cpu_count() or 1, 4)
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
         raise InputError("--jobs", None, f"must be a positive integer (got {jobs!r})")
     specs = fit_params(rows, src)
@@ -417,7 +421,7 @@ def format_summary(fit: RunsFit) -> str:
                      f"MAPE {100 * fit.mape('bundled'):.1f} %")
     sur = mape([(r.surrogate - r.calibrated) / r.calibrated for r in fit.rows])
     lines.append(f"every error above is a full simulation; the surrogate the fit optimises is off the simulation "
-                 f"by {100 * sur:.1f} % (mean) at the held-out points")
+                 f"by {100 * sur:.2f} % (mean) at the held-out points")
     lines += [f"note: {n}" for n in fit.notes]
     lines.append(f"{fit.simulations} simulations in {fit.wall_s:.0f} s")
     return "\n".join(lines)
