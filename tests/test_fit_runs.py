@@ -8,6 +8,7 @@ beat the uncalibrated baseline, and the written profile must load and be what
 from __future__ import annotations
 
 import csv
+import json
 from pathlib import Path
 
 import pytest
@@ -95,6 +96,9 @@ def test_round_trip_recovers_the_known_profile(synthetic):
     assert fit.baseline_values["fabrics.network.bw_eff"] == 0.8
     text = format_summary(fit)
     assert "baseline" in text and "points better" in text and "generic defaults" in text
+    summary = json.loads(json.dumps(fit.summary(), allow_nan=False))
+    assert summary["cv_mape_calibrated"] == fit.mape("calibrated") < summary["cv_mape_baseline"]
+    assert sorted(r for f in summary["per_fold"] for r in f["rows"]) == sorted(FAST)
 
 
 def test_folds_are_deterministic_and_cover_every_row_once():

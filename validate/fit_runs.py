@@ -71,6 +71,12 @@ class FitParam:
         entry = profile.gpu(self.key) if self.section == "gpus" else profile.fabric(self.key)
         return float(getattr(entry, self.field))
 
+    def probe(self, start: float) -> float:
+        """Where the surrogate's secant is taken: start x PROBE, or start / PROBE where that
+        would leave the bounds (a start at the lower bound)."""
+        down = start * PROBE
+        return down if down >= self.lower else min(start / PROBE, self.upper)
+
     def generic(self) -> float:
         """The generic default of this parameter: the ``default`` GPU entry or the default
         fabric of costmodel/profiles/default.yaml, i.e. before any fit to measured runs."""
@@ -237,7 +243,7 @@ class RunsFit:
         out = {
             "rows_file": self.rows_file, "rows": len(self.rows), "folds": self.folds, "seed": self.seed,
             "baseline": self.baseline, "base_profile": self.base_profile,
-            "params": {p.name: {"baseline": self.baseline_values[p.name], "bundled": self.bundled_values[p.name],
+            "params": {p.name: {"baseline": _finite_or_none(self.baseline_values[p.name]), "bundled": self.bundled_values[p.name],
                                 "fitted": self.params[p.name], "bounds": [p.lower, p.upper]} for p in self.specs},
             "cv_mape_baseline": self.mape("baseline"), "cv_mape_calibrated": self.mape("calibrated"),
             "cv_mape_surrogate_vs_simulation": mape([(r.surrogate - r.calibrated) / r.calibrated for r in self.rows]),
@@ -285,6 +291,10 @@ class RunsFit:
                 + yaml.safe_dump(self.profile_mapping(), sort_keys=False, width=100))
 
 
+def _finite_or_none(v: float) -> float | None:
+    return v if math.isfinite(v) else None  # JSON has no NaN
+
+
 def _overlay(base_profile: str) -> dict:
     """The raw mapping of a base profile file or bundled profile (what it sets, not merged)."""
     p = Path(base_profile)
@@ -330,7 +340,7 @@ def calibrate_from_runs(runs_csv: str | Path | None, *, folds: int = 5, seed: in
                     + ", ".join(f"{p.name} = {p.generic():g}" for p in specs)
                     + " (default.yaml's 'default' GPU entry and default fabric)")
     theta0 = [[p.get(s) for p in specs] for s in starts]
-    probes = [[min(max(th * PROBE, p.lower), p.upper) for p, th in zip(specs, t0)] for t0 in theta0]
+    probes = [[p.probe(th) for p, th in zip(specs, t0)] for t0 in theta0]
 
     # Wave 1: start point and probes per row (no measured figure involved), plus the bundled
     # profiles as shipped for reference.
@@ -344,16 +354,32 @@ def calibrate_from_runs(runs_csv: str | Path | None, *, folds: int = 5, seed: in
         if not base_profile:
             tasks.append((row, bundled[i], src))
     got = iter(_run_all(tasks, jobs))
-    base_pred, bundled_pred, surrogates = [], [], []
+    base_pred, bundled_pred, surrogates, row_probe = [], [], [], []
     for i, row in enumerate(rows):
         y0 = next(got)
         ys = [next(got) for _ in specs]
+        row_probe.append(ys)
         bundled_pred.append(next(got) if not base_profile else None)
         base_pred.append(y0)
         surrogates.append(Surrogate.from_probes(
             theta0[i], _to_time(y0, row.figure_kind),
             [(probes[i][j], _to_time(ys[j], row.figure_kind)) for j in range(len(specs))]))
 
+    # A parameter no row's figure moves with (under 0.1 % at its probe) cannot be fitted:
+    # leave it out (it keeps its start value) rather than write an arbitrary number.
+    moves = [max(abs(ys - y0) / y0 for y0, ys in ((base_pred[i], row_probe[i][j]) for i in range(len(rows))))
+             for j in range(len(specs))]
+    keep = [j for j, m in enumerate(moves) if m >= 1e-3]
+    notes = [f"{specs[j].name} not fitted: no row's figure changes by 0.1 % when it moves from "
+             f"{theta0[0][j]:g} to {probes[0][j]:g}" for j in range(len(specs)) if j not in keep]
+    if not keep:
+        raise InputError(src, None, "no parameter in " + ", ".join(p.name for p in specs)
+                         + " changes any row's figure; nothing to fit")
+    if len(keep) < len(specs):
+        surrogates = [Surrogate(s.c0 + sum(s.c[j] / theta0[i][j] for j in range(len(specs)) if j not in keep),
+                                tuple(s.c[j] for j in keep)) for i, s in enumerate(surrogates)]
+        specs = [specs[j] for j in keep]
+        theta0 = [[t[j] for j in keep] for t in theta0]
     measured = [r.figure for r in rows]
     kinds = [r.figure_kind for r in rows]
     x0 = [sorted(col)[len(col) // 2] for col in zip(*theta0)]
@@ -381,7 +407,6 @@ def calibrate_from_runs(runs_csv: str | Path | None, *, folds: int = 5, seed: in
         vals = sorted(set(by_net.values()))
         bundled_vals[p.name] = (f"{vals[0]:g}" if len(vals) == 1 else
                                 ", ".join(f"{v:g} ({n})" for n, v in sorted(by_net.items())))
-    notes = []
     nets = sorted({r.network for r in rows if r.nodes > 1})
     if len(nets) > 1 and any(p.key == "network" for p in specs):
         notes.append(f"fabrics.network.bw_eff is one value for all rows' networks ({', '.join(nets)}): the profile "
