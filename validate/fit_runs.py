@@ -6,8 +6,9 @@ The rows are read and simulated exactly as `plansim accuracy` does (validate/acc
 ``load_rows``, ``row_profile``, ``simulate_row``). Fitted, per GPU type present: the GEMM
 ceiling ``gemm_eff_max`` and the HBM share ``hbm_eff``; per link class present: ``bw_eff``
 of the intra-node fabric and of the inter-node network. Other parameters are left as
-bundled: attention_eff only prices fused (flash) attention and host/kernel overheads move
-the bundled rows' step times by under 1 % when doubled, so step times cannot identify them.
+bundled: attention_eff only prices fused (flash) attention (costmodel/efficiency.py), and
+doubling host_overhead_us or kernel_overhead_us moved no bundled row's step time by 1 %
+(measured on validate/data/published_runs.csv, 2026-11-30), so step times cannot identify them.
 
 Speed and honesty. One simulation of a large row takes seconds, so the optimiser never
 simulates. Per row, a fixed design that does not look at any measured figure, the start
@@ -42,13 +43,12 @@ from validate.accuracy import (RunRow, load_rows, mape, row_cluster, row_profile
 # A probe sets one parameter to this multiple of its start value (clipped to its bounds):
 # far enough that its secant spans the range fits land in, near enough to stay physical.
 PROBE = 0.6
-# GEMM and HBM efficiencies: no GPU kernel reaches its datasheet peak (cuBLAS' best large
-# GEMMs sit near 80-90 % of dense peak, STREAM-like kernels near 90 % of HBM), and below 20 %
-# the profile would describe a broken machine rather than an inefficient one.
+# GEMM and HBM efficiencies (assumed bounds): no kernel sustains its datasheet peak, and
+# below 20 % the profile would describe a broken machine rather than an inefficient one.
 EFF_BOUNDS = (0.2, 0.95)
-# Achievable bus bandwidth over line rate: below the line rate (NCCL's best measured busbw is
-# 192 of 200 GB/s on 8 x HDR, 0.96, docs/facts.md); the low end admits host-staged transfers
-# (NCCL without GPUDirect moves a few GB/s over a 12.5 GB/s adapter).
+# Achievable bus bandwidth over line rate: below the line rate (NCCL reaches about 192 of
+# 200 GB/s all-reduce busbw on 8 x HDR, 0.96, docs/facts.md); the low end admits transfers
+# staged through host memory (the bundled Omni-Path fit is 0.17, costmodel/profiles/a100-opa.yaml).
 BW_BOUNDS = (0.05, 0.97)
 
 
