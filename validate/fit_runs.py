@@ -426,9 +426,16 @@ def format_summary(fit: RunsFit) -> str:
     def num(v):
         return "differs by row" if isinstance(v, float) and math.isnan(v) else f"{v:.3f}"
 
+    def at_bound(p):  # the data push it past physical: the bound, not the rows, set it
+        return min(abs(fit.params[p.name] - p.lower), abs(fit.params[p.name] - p.upper)) < 1e-6
+
+    def spread(name):  # how much the fit moves when one fold is left out: its stability
+        vals = [fp[name] for fp in fit.fold_params]
+        return f"{min(vals):.3f}-{max(vals):.3f}"
+
     params = tabulate([[p.name, num(fit.baseline_values[p.name]), fit.bundled_values[p.name],
-                        f"{fit.params[p.name]:.3f}", f"[{p.lower:g}, {p.upper:g}]"] for p in fit.specs],
-                      headers=["parameter", "baseline", "bundled", "fitted (all rows)", "bounds"],
+                        f"{fit.params[p.name]:.3f}" + (" (at bound)" if at_bound(p) else ""), spread(p.name), f"[{p.lower:g}, {p.upper:g}]"] for p in fit.specs],
+                      headers=["parameter", "baseline", "bundled", "fitted (all rows)", "fold fits", "bounds"],
                       tablefmt="simple", disable_numparse=True)
     folds = tabulate([[f, sum(r.fold == f for r in fit.rows), f"{100 * fit.mape('baseline', f):.1f} %",
                        f"{100 * fit.mape('calibrated', f):.1f} %"] for f in range(fit.folds)],
