@@ -437,7 +437,11 @@ def format_summary(fit: RunsFit) -> str:
                         f"{fit.params[p.name]:.3f}" + (" (at bound)" if at_bound(p) else ""), spread(p.name), f"[{p.lower:g}, {p.upper:g}]"] for p in fit.specs],
                       headers=["parameter", "baseline", "bundled", "fitted (all rows)", "fold fits", "bounds"],
                       tablefmt="simple", disable_numparse=True)
-    folds = tabulate([[f, sum(r.fold == f for r in fit.rows), f"{100 * fit.mape('baseline', f):.1f} %",
+    def held(f):  # the fold's rows: their ids when few (leave-one-out), else their count
+        ids = [r.run_id for r in fit.rows if r.fold == f]
+        return ids[0] if len(ids) == 1 else str(len(ids))
+
+    folds = tabulate([[f, held(f), f"{100 * fit.mape('baseline', f):.1f} %",
                        f"{100 * fit.mape('calibrated', f):.1f} %"] for f in range(fit.folds)],
                      headers=["fold", "held-out rows", "MAPE baseline", "MAPE calibrated"],
                      tablefmt="simple", disable_numparse=True)
