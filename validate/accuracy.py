@@ -25,7 +25,7 @@ from costmodel.profile import Profile, load_profile
 from costmodel.shapes import ModelSpec
 from sim.metrics import simulate
 from specs.plan import resolve_plan
-from specs.topology import load_topology
+from specs.topology import Cluster, load_topology
 
 # The rows shipped with the project (a copy of the shared data with citations).
 DEFAULT_ROWS = Path(__file__).resolve().parent / "data" / "published_runs.csv"
@@ -160,8 +160,8 @@ def _row(raw: dict, src: str, line: int) -> RunRow:
         figure = float(raw["figure"])
     except ValueError:
         raise InputError(src, f"{where}.figure", f"must be a number (got {raw['figure']!r})") from None
-    if not figure > 0:
-        raise InputError(src, f"{where}.figure", f"must be > 0 (got {figure!r})")
+    if not (math.isfinite(figure) and figure > 0):
+        raise InputError(src, f"{where}.figure", f"must be a finite number > 0 (got {raw['figure']!r})")
     if raw["figure_kind"] not in FIGURE_KINDS:
         raise InputError(src, f"{where}.figure_kind", f"got {raw['figure_kind']!r}; allowed: {', '.join(FIGURE_KINDS)}")
     if raw["network"] not in NETWORKS:
@@ -183,8 +183,15 @@ def load_rows(path: str | Path | None = None) -> list[RunRow]:
     src = str(p)
     if not p.is_file():
         raise InputError(src, "--rows", "no such file")
-    lines = [ln for ln in p.read_text(encoding="utf-8").splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+    try:
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise InputError(src, None, f"not UTF-8 text (byte {err.start}: {err.reason}); save the CSV as UTF-8") from None
+    lines = [ln for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
     reader = csv.DictReader(lines)
+    missing = [c for c in _REQUIRED if c not in (reader.fieldnames or ())]
+    if lines and missing:
+        raise InputError(src, missing[0], f"missing column; required columns: {', '.join(_REQUIRED)}")
     rows = [_row(raw, src, i + 2) for i, raw in enumerate(reader)]
     if not rows:
         raise InputError(src, None, "no rows")
@@ -239,8 +246,15 @@ def row_profile_names(row: RunRow) -> tuple[str, ...]:
     return (NETWORKS[row.network][1],) + FRAMEWORKS[row.framework]
 
 
-def simulate_row(row: RunRow, profile: Profile, src: str = "rows") -> RowResult:
-    """Simulate one row with ``profile`` (already the row's fabric and runtime profile)."""
+def row_profile(row: RunRow, profile: str | None = None) -> Profile:
+    """The profile a row is simulated with: its bundled fabric and runtime profiles, then the
+    user's ``profile`` (a file or bundled name) over them."""
+    return load_profile(profile, bundled=row_profile_names(row))
+
+
+def row_cluster(row: RunRow, src: str = "rows") -> Cluster:
+    """The bundled topology of the row's network at its node count; InputError when the
+    row's GPU type or GPUs per node do not match it."""
     topo_name = NETWORKS[row.network][0]
     cluster = load_topology(topo_name, nodes=row.nodes)
     if cluster.gpus_per_node != row.gpus_per_node:
@@ -249,6 +263,13 @@ def simulate_row(row: RunRow, profile: Profile, src: str = "rows") -> RowResult:
     gpus = {d.gpu.name for d in cluster.devices}
     if gpus != {row.gpu}:
         raise InputError(src, f"{row.run_id}.gpu", f"{row.gpu!r} does not match topology {topo_name} ({sorted(gpus)})")
+    return cluster
+
+
+def simulate_row(row: RunRow, profile: Profile, src: str = "rows") -> RowResult:
+    """Simulate one row with ``profile`` (already the row's fabric and runtime profile)."""
+    topo_name = NETWORKS[row.network][0]
+    cluster = row_cluster(row, src)
     model = row_model(row)
     plan = resolve_plan(row_plan_text(row), model, cluster.num_devices)
     res = simulate(model, plan, cluster, profile)
@@ -315,7 +336,7 @@ def run_accuracy(rows_path: str | Path | None = None, profile: str | None = None
     for row in rows:
         names = row_profile_names(row)
         if names not in profiles:
-            profiles[names] = load_profile(profile, bundled=names)
+            profiles[names] = row_profile(row, profile)
         tasks.append((row, profiles[names], src))
     results: list[RowResult] = []
     if jobs > 1 and len(tasks) > 1:
