@@ -91,8 +91,20 @@ class Plan:
     placement: str
     layers: tuple[int, ...]  # per pipeline stage (pp entries); with vpp > 1 split evenly per chunk
     mb_shares: tuple[int, ...]  # microbatches per DP replica (dp entries)
+    # Whether the plan string states layers= / mb_shares=. True when the user (or the
+    # heterogeneous balancer) gave the split, and forced True whenever the default split
+    # that resolve_plan would compute is not this one: to_string must then print it, or
+    # the string would not reproduce the plan (issue 8: a uniform 16:16 split with vpp=3
+    # was printed without layers=, and resolving it raised InputError).
     explicit_layers: bool = False
     explicit_shares: bool = False
+
+    def __post_init__(self) -> None:
+        layers_default = (len(set(self.layers)) <= 1
+                          and sum(self.layers) % (self.pp * self.vpp) == 0)
+        shares_default = len(set(self.mb_shares)) <= 1
+        object.__setattr__(self, "explicit_layers", self.explicit_layers or not layers_default)
+        object.__setattr__(self, "explicit_shares", self.explicit_shares or not shares_default)
 
     @property
     def topk_fraction(self) -> float | None:
