@@ -31,12 +31,13 @@ from importlib.resources import files
 from pathlib import Path
 
 import networkx as nx
-import yaml
-from pydantic import ValidationError
 
 from costmodel.errors import InputError
 from costmodel.gpus import GpuSpec, get_gpu
+from costmodel.limits import MAX_DEVICES, MAX_NODES
+from costmodel.yamlio import decode, parse_yaml, read_text
 from specs import topology_schema as schema
+from specs.validation import validate
 
 _BUNDLE = "topologies"
 _NODE_VERTEX = re.compile(r"^n\d+\.")
@@ -166,23 +167,6 @@ class Cluster:
 
 # ----------------------------------------------------------------------------- loading
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """SafeLoader that rejects a key given twice (PyYAML silently keeps the last)."""
-
-
-def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False):
-    seen = set()
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node, deep=deep)
-        if key in seen:
-            raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
-        seen.add(key)
-    return loader.construct_mapping(node, deep)
-
-
-_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
-
-
 def list_topologies() -> list[str]:
     """Names of the bundled topology files (stems of ``topologies/*.yaml``)."""
     return sorted(p.name[:-5] for p in files(_BUNDLE).iterdir() if p.name.endswith(".yaml"))
@@ -195,32 +179,32 @@ def _read(name_or_path: str) -> tuple[str, str]:
     if not looks_like_path:
         res = files(_BUNDLE) / f"{name_or_path}.yaml"
         if res.is_file():
-            return str(res), res.read_text(encoding="utf-8")
+            return str(res), decode(res.read_bytes(), str(res))
         if not Path(name_or_path).is_file():
             raise InputError(name_or_path, "topology", f"no bundled topology or file named {name_or_path!r}; bundled: {bundled}")
-    path = Path(name_or_path)
-    if not path.is_file():
+    if not Path(name_or_path).is_file():
         raise InputError(name_or_path, "topology", f"file not found; bundled topologies: {bundled}")
-    try:
-        return str(path), path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(name_or_path, "topology", f"cannot read the file: {exc}") from None
+    return name_or_path, read_text(name_or_path, what="topology file")
 
 
 def _parse(source: str, text: str) -> schema.TopologyFile:
-    try:
-        data = yaml.load(text, Loader=_UniqueKeyLoader)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise InputError(source, None, f"malformed YAML{where}: {problem}") from None
+    data = parse_yaml(text, source)
     if not isinstance(data, dict):
         raise InputError(source, None, f"expected a mapping of topology fields at top level, got {type(data).__name__}")
-    try:
-        return schema.TopologyFile.model_validate(data)
-    except ValidationError as exc:
-        raise schema.to_input_error(exc, source) from None
+    topo = validate(schema.TopologyFile, data, source)
+    _check_size(topo, source)
+    return topo
+
+
+def _check_size(topo: schema.TopologyFile, source: str) -> None:
+    """At most MAX_DEVICES devices, checked before any node is built."""
+    total = 0
+    for i, grp in enumerate(topo.groups):
+        nt = topo.node_types.get(grp.node_type)
+        total += grp.nodes * (nt.gpus_per_node if nt else 1)
+        if total > MAX_DEVICES:
+            raise InputError(source, f"groups.{i}.nodes", f"{grp.nodes}: the cluster would have more than "
+                                                          f"{MAX_DEVICES:,} devices, the most plansim models")
 
 
 def load_topology(name_or_path: str, nodes: int | None = None) -> Cluster:
@@ -229,13 +213,14 @@ def load_topology(name_or_path: str, nodes: int | None = None) -> Cluster:
     source, text = _read(str(name_or_path))
     topo = _parse(source, text)
     if nodes is not None:
-        if isinstance(nodes, bool) or not isinstance(nodes, int) or nodes <= 0:
-            raise InputError(source, "--nodes", f"must be a positive integer, got {nodes!r}")
+        if isinstance(nodes, bool) or not isinstance(nodes, int) or not 1 <= nodes <= MAX_NODES:
+            raise InputError(source, "--nodes", f"{str(nodes)[:60]}: must be an integer in [1, {MAX_NODES}]")
         if len(topo.groups) != 1:
             names = ", ".join(g.name for g in topo.groups)
             raise InputError(source, "--nodes", f"cannot scale a heterogeneous topology with {len(topo.groups)} "
                                                 f"groups ({names}); edit groups[].nodes in the file instead")
         topo = topo.model_copy(update={"groups": [topo.groups[0].model_copy(update={"nodes": nodes})]})
+        _check_size(topo, source)
     return _build(topo, source)
 
 
