@@ -207,6 +207,9 @@ def resolve_plan(plan: str | Path | dict, model: ModelSpec, num_devices: int,
     if model.ffn % tp:
         raise InputError(src, "tp", f"tp={tp} must divide ffn_hidden_size={model.ffn}")
 
+    if pf.sp and model.seq_length % tp:
+        raise InputError(src, "sp", f"sequence parallelism needs tp={tp} to divide seq_length={model.seq_length}")
+
     schedule = pf.schedule or ("interleaved" if vpp > 1 else "1f1b")
     if schedule == "interleaved" and vpp < 2:
         raise InputError(src, "vpp", "schedule=interleaved needs vpp >= 2 model chunks per rank")
