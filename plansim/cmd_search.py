@@ -122,7 +122,8 @@ def cmd_search(args) -> int:
         from reports.files import output_dir
         output_dir(args.report, "--report")
     cluster, model, profile = _load_inputs(args)
-    result = run_search(args, model, cluster, profile, top=args.top, workers=args.workers, progress=True)
+    result = run_search(args, model, cluster, profile, top=args.top, workers=args.workers,
+                        progress=None)  # progress bars on a terminal only
     written = []
     if args.report:
         from reports.report import write_report

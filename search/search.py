@@ -317,10 +317,16 @@ def _sim_one(plan_str: str) -> StepResult:
     return simulate(w["model"], plan, w["cluster"], w["profile"])
 
 
+def _bar_off(progress: bool | None) -> bool | None:
+    """tqdm's ``disable``: None (the default) shows progress bars only on a terminal, so that
+    logs and captured stderr hold nothing but the result or the one-line error."""
+    return None if progress is None else not progress
+
+
 def simulate_plans(model: ModelSpec, cluster: Cluster, profile: Profile, plans: list[str],
-                   workers: int = 1, progress: bool = True, desc: str = "simulate") -> list[StepResult]:
+                   workers: int = 1, progress: bool | None = True, desc: str = "simulate") -> list[StepResult]:
     """Simulate plan strings, results in the same order (a process pool when workers > 1)."""
-    bar = tqdm(total=len(plans), desc=desc, unit="plan", disable=not progress, leave=False)
+    bar = tqdm(total=len(plans), desc=desc, unit="plan", disable=_bar_off(progress), leave=False)
     try:
         if workers > 1 and len(plans) > 1:
             with ProcessPoolExecutor(max_workers=workers, initializer=_init_worker,
@@ -346,7 +352,7 @@ def _rank_key(res: StepResult, compress_margin: float) -> tuple:
 
 
 def search(model: ModelSpec, cluster: Cluster, profile: Profile, top: int = 10, workers: int = 1,
-           progress: bool = True, space: SearchSpace | None = None,
+           progress: bool | None = None, space: SearchSpace | None = None,
            compress_margin: float = 0.05) -> SearchResult:
     """Search parallel plans for ``model`` on ``cluster``; the best max(top, 10) by the
     analytic estimate are simulated and returned best first."""
@@ -359,7 +365,7 @@ def search(model: ModelSpec, cluster: Cluster, profile: Profile, top: int = 10, 
     tps = space.tp or tuple(t for t in _divisors(n) if t <= 2 * gpn)
     n_cores = sum(len(space.pp or [p for p in _divisors(n // t) if p <= model.num_layers]) for t in tps)
     n_cores *= 2 if tables.heterogeneous else 1
-    with tqdm(total=n_cores, desc="estimate", unit="family", disable=not progress, leave=False) as bar:
+    with tqdm(total=n_cores, desc="estimate", unit="family", disable=_bar_off(progress), leave=False) as bar:
         survivors, candidates = _enumerate(model, cluster, tables, space, pr, compress_margin, bar)
     survivors.sort(key=lambda x: (x[0], x[1]))
     pruned = dict(sorted(pr.counts.items(), key=lambda kv: (-kv[1], kv[0])))
