@@ -133,12 +133,14 @@ def test_model_sizes_bounded(field, value):
     assert exc.value.field == field and "must be an integer in [1, " in str(exc.value)
 
 
-@pytest.mark.parametrize("plan,field", [("compress=topk:1e-300", "compress"), ("tp=true", "tp"),
-                                        ("mbs=1e9", "mbs"), ("compress=topk:nan", "compress"),
-                                        ("dp=99999999999999999999", "dp")])
+@pytest.mark.parametrize("plan,field", [("compress=topk:1e-300", "compress"), ({"tp": True}, "tp"),
+                                        ({"sp": 1}, "sp"), ({"mbs": 10**9}, "mbs"),
+                                        ("compress=topk:nan", "compress"), ("dp=99999999999999999999", "dp")],
+                         ids=["topk-1e-300", "yaml-true-tp", "yaml-1-sp", "mbs-1e9", "topk-nan", "dp-huge"])
 def test_plan_values_bounded(plan, field):
     """Plan values: top-k keeps at least a millionth of the entries (1e-300 ranked faster
-    than dense), booleans are not degrees, sizes are bounded."""
+    than dense), a YAML boolean is not a degree and 1 is not a boolean (plan files took
+    `tp: true` as tp=1), sizes are bounded (the last three are guards that already held)."""
     with pytest.raises(InputError) as exc:
         resolve_plan(plan, load_model("gpt3-125m"), 8)
     assert exc.value.field == field
@@ -150,6 +152,17 @@ def test_huge_node_count_refused_at_once(capsys, argv):
     """--nodes beyond 131,072 is refused before anything is built. Before: 10^18 hung and a
     million ran for minutes into MemoryError."""
     _assert_refused(*_cli(capsys, "simulate", "dgx-a100", *argv)[::2])
+
+
+@pytest.mark.parametrize("argv", [["search", "--top", "1000000000"], ["search", "--workers", "0"],
+                                  ["report", "--top", "0", "--out", "r"]], ids=["top-1e9", "workers-0", "report-top-0"])
+def test_search_counts_bounded(capsys, tmp_path, monkeypatch, argv):
+    """--top is at most 1,000 and --workers in [1, 256], checked before any work. Before:
+    --top 1000000000 simulated all 3,383 candidates."""
+    monkeypatch.chdir(tmp_path)
+    code, _, err = _cli(capsys, *argv)
+    _assert_refused(code, err)
+    assert argv[1] in err and list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize("trace", [".", "/", ""], ids=["dot", "root", "empty"])
