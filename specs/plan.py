@@ -165,10 +165,10 @@ def parse_plan_string(text: str) -> dict:
     out: dict = {}
     for item in filter(None, (p.strip() for p in text.split(","))):
         if "=" not in item:
-            raise InputError("--plan", item, "expected key=value (comma-separated)")
+            raise InputError("--plan", None, f"{short(item)}: expected key=value (comma-separated)")
         key, value = (s.strip() for s in item.split("=", 1))
         if key in out:
-            raise InputError("--plan", key, "given twice")
+            raise InputError("--plan", key[:60], "given twice")
         out[key] = value.split(":") if key in ("layers", "mb_shares") else value
     return out
 

@@ -37,7 +37,7 @@ from costmodel.gpus import GpuSpec, get_gpu
 from costmodel.limits import MAX_DEVICES, MAX_NODES
 from costmodel.yamlio import decode, parse_yaml, read_text
 from specs import topology_schema as schema
-from specs.validation import validate
+from specs.validation import short, validate
 
 _BUNDLE = "topologies"
 _NODE_VERTEX = re.compile(r"^n\d+\.")
@@ -181,7 +181,7 @@ def _read(name_or_path: str) -> tuple[str, str]:
         if res.is_file():
             return str(res), decode(res.read_bytes(), str(res))
         if not Path(name_or_path).is_file():
-            raise InputError(name_or_path, "topology", f"no bundled topology or file named {name_or_path!r}; bundled: {bundled}")
+            raise InputError(name_or_path, "topology", f"no bundled topology or file named {short(name_or_path)}; bundled: {bundled}")
     if not Path(name_or_path).is_file():
         raise InputError(name_or_path, "topology", f"file not found; bundled topologies: {bundled}")
     return name_or_path, read_text(name_or_path, what="topology file")
@@ -257,7 +257,7 @@ def _check_node_type(tname: str, nt: schema.NodeType, source: str, networked: bo
     ov = nt.gpu_overrides
     spec = base.with_overrides(peak_tflops=ov.peak_tflops, mem_gib=ov.mem_gib, mem_bw_GBps=ov.mem_bw_GBps)
     if nt.intra.links is not None and nt.intra.kind != "nvlink_mesh":
-        raise InputError(source, f"node_types.{tname}.intra.links", f"only for kind nvlink_mesh, not {nt.intra.kind!r}")
+        raise InputError(source, f"node_types.{tname}.intra.links", f"only for kind nvlink_mesh, not {short(nt.intra.kind)}")
     if networked and nt.nics is None:
         raise InputError(source, f"node_types.{tname}.nics", "required: the cluster has a network (more than one node)")
     if nt.nics is not None and nt.pcie is None:
@@ -288,10 +288,10 @@ class _Builder:
         names = set()
         for i, grp in enumerate(topo.groups):
             if grp.name in names:
-                raise InputError(source, f"groups.{i}.name", f"duplicate group name {grp.name!r}")
+                raise InputError(source, f"groups.{i}.name", f"duplicate group name {short(grp.name)}")
             names.add(grp.name)
             if grp.node_type not in topo.node_types:
-                raise InputError(source, f"groups.{i}.node_type", f"unknown node type {grp.node_type!r}; "
+                raise InputError(source, f"groups.{i}.node_type", f"unknown node type {short(grp.node_type)}; "
                                                                    f"allowed: {', '.join(topo.node_types)}")
         used = {grp.node_type for grp in topo.groups}
         networked = topo.network is not None
@@ -380,7 +380,7 @@ class _Builder:
                 name = getattr(ln, end)
                 if _NODE_VERTEX.match(name) and roles.get(name) != "nic":
                     raise InputError(self.source, f"network.links.{i}.{end}",
-                                     f"unknown vertex {name!r}; node vertices here are NICs n<node>.nic<i> "
+                                     f"unknown vertex {short(name)}; node vertices here are NICs n<node>.nic<i> "
                                      f"(nodes 0..{len(self.nodes) - 1}); other names are switches")
                 if name not in roles:
                     self.g.add_node(name, role="switch")

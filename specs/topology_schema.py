@@ -18,7 +18,7 @@ from costmodel.gpus import PRECISIONS
 from costmodel.limits import (BW_GBITPS_RANGE, BW_GBPS_RANGE, LATENCY_US_MAX, MAX_GPUS_PER_NODE,
                               MAX_LINKS_PER_PAIR, MAX_NICS_PER_NODE, MAX_NODES, MEM_GIB_RANGE,
                               OVERSUBSCRIPTION_RANGE, PEAK_TFLOPS_RANGE)
-from specs.validation import Float, Int, Strict as _Strict
+from specs.validation import Float, Int, Strict as _Strict, short
 
 INTRA_KINDS = ("nvswitch", "nvlink_mesh", "pcie", "loopback")
 NETWORK_KINDS = ("fat_tree", "rail_optimized", "explicit")
@@ -28,6 +28,7 @@ GBps = Float(*BW_GBPS_RANGE)  # GB/s per direction
 Gbps = Float(*BW_GBITPS_RANGE)  # Gb/s per direction (NIC line rates)
 LatencyUs = Float(0.0, LATENCY_US_MAX)
 Nodes = Int(1, MAX_NODES)
+Name = Annotated[str, Field(min_length=1, max_length=200)]  # names of GPUs, groups, node types, switches
 
 
 class GpuOverrides(_Strict):
@@ -70,7 +71,7 @@ class NicSpec(_Strict):
 
 
 class NodeType(_Strict):
-    gpu: str
+    gpu: Name
     gpus_per_node: Int(1, MAX_GPUS_PER_NODE)
     gpu_overrides: GpuOverrides = GpuOverrides()
     intra: IntraSpec
@@ -79,8 +80,8 @@ class NodeType(_Strict):
 
 
 class Group(_Strict):
-    name: str
-    node_type: str
+    name: Name
+    node_type: Name
     nodes: Nodes
 
 
@@ -110,8 +111,8 @@ class ExplicitLink(_Strict):
     """One physical link (both directions) between NIC ``n<node>.nic<i>`` vertices or switches
     named by the file (any name not starting with ``n<digits>.``)."""
 
-    a: str
-    b: str
+    a: Name
+    b: Name
     bw_gbps: Gbps
     latency_us: LatencyUs
 
@@ -125,8 +126,8 @@ Network = Annotated[Union[FatTree, RailOptimized, Explicit], Field(discriminator
 
 
 class TopologyFile(_Strict):
-    name: str
-    description: str = ""
+    name: Name
+    description: str = Field(default="", max_length=10_000)
     node_types: dict[str, NodeType] = Field(min_length=1)
     groups: list[Group] = Field(min_length=1)
     network: Network | None = None  # required when the cluster has more than one node
@@ -141,5 +142,5 @@ class TopologyFile(_Strict):
         known = bundled_profiles()
         for name in v:
             if name not in known:
-                raise ValueError(f"unknown bundled profile {name!r}; allowed: {', '.join(known)}")
+                raise ValueError(f"unknown bundled profile {short(name)}; allowed: {', '.join(known)}")
         return v
