@@ -255,11 +255,9 @@ def _limit_memory():
     lambda d: ["simulate", "--nodes", "1", "--trace", "."],
     lambda d: ["simulate", _file(d, "t.yaml", _topo_with(**{"node_types.box.intra.latency_us": float("inf")}))],
     lambda d: ["simulate", "--nodes", "1", "--plan", str(_bytes(d, "p.yaml", b"tp: \xe9\n"))],
-    lambda d: ["simulate", "--nodes", "1", "--model",
-               _file(d, "m.yaml", "a: &a [x,x,x,x,x,x,x,x]\n" + "".join(
-                   f"{k}: &{k} [" + ",".join([f"*{p}"] * 8) + "]\n" for p, k in zip("abcdefg", "bcdefgh"))
-                     + "name: *h\n")],
-], ids=["trace-dot", "inf-latency", "latin1-plan", "alias-bomb-model"])
+    lambda d: ["simulate", _file(d, "t.yaml", yaml.safe_dump(TOPOLOGY) + "description: [&a [x,x,x,x,x,x,x,x,x], "
+               + ", ".join(f"&{k} [" + ",".join([f"*{p}"] * 9) + "]" for p, k in zip("abcdefgh", "bcdefghi")) + "]\n")],
+], ids=["trace-dot", "inf-latency", "latin1-plan", "alias-bomb-topology"])
 def test_real_process_exit_code(tmp_path, argv_fn):
     """The real command, in a subprocess under a 2 GiB address-space limit and a 60 s timeout:
     exit code 2, one stderr line, no traceback, no new file in the working folder."""
