@@ -67,7 +67,15 @@ class RuntimeSettings:
     source: str = "built-in default"
 
 
-_BOOL_FIELDS = {f.name for f in fields(RuntimeSettings) if f.type in ("bool", bool)}
+def _typed(kind: str) -> set[tuple[type, str]]:
+    """(record class, field name) of every field annotated ``kind`` ('bool', 'str'), so
+    fields added to a record later are checked by their type without touching this file."""
+    return {(cls, f.name) for cls in (GpuEfficiency, FabricEfficiency, RuntimeSettings)
+            for f in fields(cls) if f.type in (kind, {"bool": bool, "str": str}[kind])}
+
+
+_BOOL_FIELDS = _typed("bool")
+_STR_FIELDS = _typed("str")
 # Allowed range of every number: (low, high, low open, high open). Efficiencies are shares of a
 # peak, (0, 1]; times in microseconds up to one second (costmodel/limits.py); the share of
 # compute lost to an overlapping collective is below 1 (at 1 compute would never finish).
@@ -121,18 +129,21 @@ def _check_record(cls, data, source: str, where: str) -> None:
         raise InputError(source, where, "expected a mapping")
     allowed = {f.name for f in fields(cls)}
     for key, value in data.items():
-        path = f"{where}.{key}"
+        path = f"{where}.{str(key)[:60]}"
         if key not in allowed:
             raise InputError(source, path, f"unknown field; allowed: {', '.join(sorted(allowed))}")
         if key == "source":
             if not isinstance(value, str):
                 raise InputError(source, path, f"{_short(value)}: must be a string")
-        elif cls is RuntimeSettings and key in _BOOL_FIELDS:
+        elif (cls, key) in _BOOL_FIELDS:
             if not isinstance(value, bool):
                 raise InputError(source, path, f"{_short(value)}: must be true or false")
         elif key in _STR_CHOICES:
             if value not in _STR_CHOICES[key]:
                 raise InputError(source, path, f"{_short(value)}: allowed: {', '.join(_STR_CHOICES[key])}")
+        elif (cls, key) in _STR_FIELDS:
+            if not isinstance(value, str):
+                raise InputError(source, path, f"{_short(value)}: must be a string")
         else:
             lo, hi, lo_open, hi_open = _range(key)
             problem = number_problem(value, lo, hi, lo_open=lo_open, hi_open=hi_open)
