@@ -1,4 +1,4 @@
-"""Cluster topology: load a YAML file (schema in ``sim/topology_schema.py``) into a ``Cluster``,
+"""Cluster topology: load a YAML file (schema in ``specs/topology_schema.py``) into a ``Cluster``,
 a networkx graph of every link with routes between devices.
 
 Graph. Vertices: GPU devices ``n<node>.gpu<g>``, one intra-node hub per node for star fabrics

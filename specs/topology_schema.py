@@ -1,9 +1,10 @@
-"""Schema of a topology YAML file (pydantic v2), and the translation of its errors.
+"""Schema of a topology YAML file (pydantic v2): shapes, types and bounded ranges.
 
-This module checks shapes, types and ranges only (positive bandwidths and counts, known
+This module checks shapes, types and ranges only (bandwidths, latencies and counts within the
+bounds of costmodel/limits.py, known
 ``kind`` names, no unknown keys). Cross-references (GPU names, node types used by groups,
 NVLink pair indices, explicit-link vertex names, connectivity) are checked in
-``sim/topology.py`` where the cluster is built, so each error can name its own field.
+``specs/topology.py`` where the cluster is built, so each error can name its own field.
 
 Units are in the field names: ``bw_GBps`` = GB/s (1e9 bytes/s), ``bw_gbps`` = Gb/s
 (1e9 bits/s, how NICs are sold), ``latency_us`` = microseconds.

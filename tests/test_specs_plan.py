@@ -12,6 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from costmodel.errors import InputError
 from costmodel.profile import load_profile
 from search.costs import CostTables
 from search.search import SearchSpace, _enumerate, _Pruner, search
@@ -123,3 +124,20 @@ def test_any_valid_plan_round_trips(data, heterogeneous):
     got = resolve_plan(plan.to_string(), model, n)
     assert got == plan
     assert resolve_plan(replace(plan, explicit_layers=True).to_string(), model, n).layers == layers
+
+
+def test_sequence_parallel_needs_tp_to_divide_the_sequence():
+    """sp=true splits the sequence over the TP ranks, so tp must divide seq_length (2048 is
+    not a multiple of 3). resolve_plan refuses it naming --plan and sp, and the search prunes
+    it under its own reason. Before: the plan passed validation and the cost model raised
+    mid-search (source '<input>'), so `search dgx-a100 --nodes 3` failed for any model with
+    a head count divisible by 3."""
+    model = load_model("gpt3-125m")  # 12 heads: tp=3 divides them
+    with pytest.raises(InputError) as exc:
+        resolve_plan("tp=3,sp=true", model, 24)
+    assert exc.value.source == "--plan" and exc.value.field == "sp"
+    cluster = load_topology("dgx-a100", nodes=3)
+    res = search(model, cluster, load_profile(None, cluster.profiles), progress=False,
+                 space=SearchSpace(tp=(3,), pp=(1,), zero=(0,), compress=("none",), allreduce=("ring",)))
+    assert res.pruned["sequence parallelism needs tp to divide seq_length"] > 0
+    assert all("sp=true" not in r.plan for r in res.ranked)
