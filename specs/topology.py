@@ -198,18 +198,26 @@ def _parse(source: str, text: str) -> schema.TopologyFile:
 
 def _check_size(topo: schema.TopologyFile, source: str) -> None:
     """At most MAX_DEVICES devices, checked before any node is built."""
-    total = 0
-    for i, grp in enumerate(topo.groups):
-        nt = topo.node_types.get(grp.node_type)
-        total += grp.nodes * (nt.gpus_per_node if nt else 1)
-        if total > MAX_DEVICES:
-            raise InputError(source, f"groups.{i}.nodes", f"{grp.nodes}: the cluster would have more than "
-                                                          f"{MAX_DEVICES:,} devices, the most plansim models")
+    total = _count(topo)
+    if total > MAX_DEVICES:
+        raise InputError(source, "groups", f"{total:,} devices: the cluster would have more than "
+                                           f"{MAX_DEVICES:,} devices, the most plansim models")
 
 
-def load_topology(name_or_path: str, nodes: int | None = None) -> Cluster:
-    """Load a bundled topology (file stem in ``topologies/``) or a YAML file. ``nodes`` replaces
-    the node count of a single-group topology (the ``--nodes`` option)."""
+def topology_devices(name_or_path: str, nodes: int | None = None) -> int:
+    """The device count ``load_topology`` would build, read from the validated file without
+    building anything (so a plan can be checked against it first)."""
+    topo, _ = _load_file(name_or_path, nodes)
+    return _count(topo)
+
+
+def _count(topo: schema.TopologyFile) -> int:
+    return sum(grp.nodes * topo.node_types[grp.node_type].gpus_per_node
+               for grp in topo.groups if grp.node_type in topo.node_types)
+
+
+def _load_file(name_or_path: str, nodes: int | None) -> tuple[schema.TopologyFile, str]:
+    """The validated topology file, with ``nodes`` applied; nothing built yet."""
     source, text = _read(str(name_or_path))
     topo = _parse(source, text)
     if nodes is not None:
@@ -218,10 +226,16 @@ def load_topology(name_or_path: str, nodes: int | None = None) -> Cluster:
         if len(topo.groups) != 1:
             names = ", ".join(g.name for g in topo.groups)
             raise InputError(source, "--nodes", f"cannot scale a heterogeneous topology with {len(topo.groups)} "
-                                                f"groups ({names}); edit groups[].nodes in the file instead")
+                                                f"groups ({names[:200]}); edit groups[].nodes in the file instead")
         topo = topo.model_copy(update={"groups": [topo.groups[0].model_copy(update={"nodes": nodes})]})
         _check_size(topo, source)
-    return _build(topo, source)
+    return topo, source
+
+
+def load_topology(name_or_path: str, nodes: int | None = None) -> Cluster:
+    """Load a bundled topology (file stem in ``topologies/``) or a YAML file. ``nodes`` replaces
+    the node count of a single-group topology (the ``--nodes`` option)."""
+    return _build(*_load_file(name_or_path, nodes))
 
 
 # ----------------------------------------------------------------------------- building
