@@ -21,9 +21,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Iterable
 
-import yaml
-
 from costmodel.errors import InputError
+from costmodel.limits import LATENCY_US_MAX, number_problem
+from costmodel.yamlio import decode, load_yaml, parse_yaml
 
 
 @dataclass(frozen=True)
@@ -67,7 +67,36 @@ class RuntimeSettings:
     source: str = "built-in default"
 
 
-_BOOL_FIELDS = {f.name for f in fields(RuntimeSettings) if f.type in ("bool", bool)}
+def _typed(kind: str) -> set[tuple[type, str]]:
+    """(record class, field name) of every field annotated ``kind`` ('bool', 'str'), so
+    fields added to a record later are checked by their type without touching this file."""
+    return {(cls, f.name) for cls in (GpuEfficiency, FabricEfficiency, RuntimeSettings)
+            for f in fields(cls) if f.type in (kind, {"bool": bool, "str": str}[kind])}
+
+
+_BOOL_FIELDS = _typed("bool")
+_STR_FIELDS = _typed("str")
+# Allowed range of every number: (low, high, low open, high open). Efficiencies are shares of a
+# peak, (0, 1]; times in microseconds up to one second (costmodel/limits.py); the share of
+# compute lost to an overlapping collective is below 1 (at 1 compute would never finish).
+# Any other (future) number: finite and in [0, 1e6].
+_RANGES = {"compute_slowdown": (0.0, 1.0, False, True)}
+_DEFAULT_RANGE = (0.0, 1e6, False, False)
+
+
+def _range(key: str) -> tuple[float, float, bool, bool]:
+    if key in _RANGES:
+        return _RANGES[key]
+    if key.endswith(("_eff", "_eff_max")):
+        return (0.0, 1.0, True, False)
+    if key.endswith("_us"):
+        return (0.0, LATENCY_US_MAX, False, False)
+    return _DEFAULT_RANGE
+
+
+def _short(value: object) -> str:
+    text = repr(value) if not isinstance(value, (dict, list)) else type(value).__name__
+    return text if len(text) <= 60 else text[:57] + "..."
 _STR_CHOICES = {"grad_reduce_dtype": ("auto", "fp32", "bf16", "fp16")}
 
 # Edge kinds of sim/topology's graph that belong to the inter-node network.
@@ -100,33 +129,41 @@ def _check_record(cls, data, source: str, where: str) -> None:
         raise InputError(source, where, "expected a mapping")
     allowed = {f.name for f in fields(cls)}
     for key, value in data.items():
-        path = f"{where}.{key}"
+        path = f"{where}.{str(key)[:60]}"
         if key not in allowed:
             raise InputError(source, path, f"unknown field; allowed: {', '.join(sorted(allowed))}")
         if key == "source":
             if not isinstance(value, str):
-                raise InputError(source, path, f"must be a string (got {value!r})")
-        elif cls is RuntimeSettings and key in _BOOL_FIELDS:
+                raise InputError(source, path, f"{_short(value)}: must be a string")
+        elif (cls, key) in _BOOL_FIELDS:
             if not isinstance(value, bool):
-                raise InputError(source, path, f"must be true or false (got {value!r})")
+                raise InputError(source, path, f"{_short(value)}: must be true or false")
         elif key in _STR_CHOICES:
             if value not in _STR_CHOICES[key]:
-                raise InputError(source, path, f"got {value!r}; allowed: {', '.join(_STR_CHOICES[key])}")
+                raise InputError(source, path, f"{_short(value)}: allowed: {', '.join(_STR_CHOICES[key])}")
+        elif (cls, key) in _STR_FIELDS:
+            if not isinstance(value, str):
+                raise InputError(source, path, f"{_short(value)}: must be a string")
         else:
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
-                raise InputError(source, path, f"must be a non-negative number (got {value!r})")
-            if key.endswith("_eff") or key.endswith("_eff_max"):
-                if not 0 < value <= 1:
-                    raise InputError(source, path, f"must be in (0, 1] (got {value!r})")
+            lo, hi, lo_open, hi_open = _range(key)
+            problem = number_problem(value, lo, hi, lo_open=lo_open, hi_open=hi_open)
+            if problem:
+                raise InputError(source, path, f"{_short(value)}: {problem}")
 
 
 def _merge(base: Profile, data: dict, source: str) -> Profile:
     """``data`` (one profile file) over ``base``: entries replace the fields they name."""
     if not isinstance(data, dict):
         raise InputError(source, None, "expected a mapping with 'gpus', 'fabrics' and/or 'runtime'")
-    unknown = sorted(set(data) - set(PROFILE_KEYS))
+    unknown = sorted((k for k in data if k not in PROFILE_KEYS), key=str)
     if unknown:
-        raise InputError(source, unknown[0], f"unknown field; allowed: {', '.join(PROFILE_KEYS)}")
+        raise InputError(source, str(unknown[0])[:60], f"unknown field; allowed: {', '.join(PROFILE_KEYS)}")
+    for key in ("gpus", "fabrics"):
+        if data.get(key) is not None and not isinstance(data[key], dict):
+            raise InputError(source, key, f"{_short(data[key])}: must be a mapping of name -> parameters")
+    for key in ("name", "source"):
+        if key in data and not isinstance(data[key], str):
+            raise InputError(source, key, f"{_short(data[key])}: must be a string")
     gpus = dict(base.gpus)
     for key, entry in (data.get("gpus") or {}).items():
         _check_record(GpuEfficiency, entry, source, f"gpus.{key}")
@@ -148,13 +185,6 @@ def _merge(base: Profile, data: dict, source: str) -> Profile:
                    source=", ".join(filter(None, [base.source, source])), runtime=runtime)
 
 
-def _read_yaml(text: str, source: str) -> dict:
-    try:
-        return yaml.safe_load(text) or {}
-    except yaml.YAMLError as err:
-        raise InputError(source, None, f"malformed YAML: {getattr(err, 'problem', err)}") from None
-
-
 def bundled_profiles() -> list[str]:
     """Names of the bundled profiles (stems of costmodel/profiles/*.yaml)."""
     folder = resources.files("costmodel").joinpath("profiles")
@@ -167,7 +197,7 @@ def _bundled(name: str) -> tuple[dict, str]:
         raise InputError(name, "--profile", f"no bundled profile or file named {name!r}; "
                          f"bundled: {', '.join(bundled_profiles())}")
     src = f"costmodel/profiles/{name}.yaml"
-    return _read_yaml(res.read_text(), src), src
+    return parse_yaml(decode(res.read_bytes(), src), src) or {}, src
 
 
 _EMPTY = Profile(gpus={"default": GpuEfficiency()}, fabrics={"default": FabricEfficiency()})
@@ -190,7 +220,7 @@ def load_profile(path: str | None, bundled: Iterable[str] = ()) -> Profile:
         return prof
     p = Path(path)
     if p.is_file():
-        return _merge(prof, _read_yaml(p.read_text(), path), path)
+        return _merge(prof, load_yaml(p, path, "profile file") or {}, path)
     if "/" not in path and not path.endswith((".yaml", ".yml")) and path in bundled_profiles():
         data, src = _bundled(path)
         return _merge(prof, data, src)

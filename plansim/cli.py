@@ -22,13 +22,19 @@ def _add_common(p: argparse.ArgumentParser, topology_default: str | None = DEFAU
     p.add_argument("--profile", help="hardware profile YAML merged over the bundled default")
 
 
+def _check_nodes(args) -> None:
+    from costmodel.limits import MAX_NODES
+
+    if args.nodes is not None and not 1 <= args.nodes <= MAX_NODES:
+        raise InputError("--nodes", None, f"{str(args.nodes)[:60]}: must be an integer in [1, {MAX_NODES}]")
+
+
 def _load_inputs(args):
     from costmodel.profile import load_profile
     from specs.model import DEFAULT_MODEL, load_model
     from specs.topology import load_topology
 
-    if args.nodes is not None and args.nodes <= 0:
-        raise InputError("--nodes", None, f"must be a positive integer (got {args.nodes})")
+    _check_nodes(args)
     cluster = load_topology(args.topology, nodes=args.nodes)
     model = load_model(args.model or DEFAULT_MODEL)
     # The topology names the bundled profiles of its fabric; --profile goes over them.
@@ -38,13 +44,24 @@ def _load_inputs(args):
 
 def cmd_simulate(args) -> int:
     from plansim.summary import summary_text
+    from reports.files import output_dir, output_file
     from reports.trace import write_trace
     from sim.metrics import simulate
+    from specs.model import DEFAULT_MODEL, load_model
     from specs.plan import resolve_plan
+    from specs.topology import topology_devices
 
+    # Every output path is checked before any work, so a bad one leaves nothing written.
+    if args.trace is not None:
+        output_file(args.trace, "--trace")
+    if args.report is not None:
+        output_dir(args.report, "--report")
+    # A bad plan fails before the cluster is built (which takes seconds at 100k devices).
+    _check_nodes(args)
+    resolve_plan(args.plan or "", load_model(args.model or DEFAULT_MODEL), topology_devices(args.topology, args.nodes))
     cluster, model, profile = _load_inputs(args)
     plan = resolve_plan(args.plan or "", model, cluster.num_devices)
-    res = simulate(model, plan, cluster, profile, record=bool(args.trace or args.report))
+    res = simulate(model, plan, cluster, profile, record=args.trace is not None or args.report is not None)
     if args.trace:
         write_trace(res, args.trace)
     if args.report:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from costmodel.errors import InputError
 from plansim.cli import _add_common, _load_inputs
 from sim.result import SearchResult, StepResult
 
@@ -73,26 +72,15 @@ def write_search_report(out_dir: str | Path, sr: SearchResult, model, cluster, p
     return write_report(out_dir, record_top(sr, model, cluster, profile))
 
 
-def _run_search(model, cluster, profile, top: int) -> SearchResult:
-    try:
-        from search.search import search
-    except ModuleNotFoundError as err:
-        if err.name != "search.search":  # a broken search module is a bug, not missing input
-            raise
-        raise InputError("report", "--search", "the plan search is not available in this build; "
-                         "give the plans to compare with --plans") from None
-    return search(model, cluster, profile, top=top)
-
-
 def cmd_report(args) -> int:
     from sim.metrics import simulate
     from specs.plan import resolve_plan
 
-    if args.top <= 0:
-        raise InputError("--top", None, f"must be a positive integer (got {args.top})")
-    out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        raise InputError(args.out, "--out", "exists and is not a directory")
+    from plansim.cmd_search import check_counts, run_search
+    from reports.files import output_dir
+
+    check_counts(args)
+    out = output_dir(args.out, "--out")
     cluster, model, profile = _load_inputs(args)
     # Resolve every plan before simulating anything: bad input fails fast, nothing written.
     plans = [resolve_plan(p, model, cluster.num_devices) for p in (args.plans or [])]
@@ -102,7 +90,7 @@ def cmd_report(args) -> int:
         if key not in results:
             results[key] = simulate(model, plan, cluster, profile)
     if args.search or not plans:
-        sr = _run_search(model, cluster, profile, args.top)
+        sr = run_search(args, model, cluster, profile, args.top)
         sr.ranked = merge_into(sr.ranked, list(results.values()))
     else:
         sr = SearchResult(topology=cluster.name, model=model.name, num_devices=cluster.num_devices,

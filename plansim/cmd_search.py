@@ -40,7 +40,7 @@ def search_text(result, top: int) -> str:
     lines = [f"plansim search: {result.model} on {result.topology} ({result.num_devices} devices)",
              f"{result.candidates:,} candidate plans, {sum(result.pruned.values()):,} pruned, "
              f"{result.estimated:,} estimated, {len(result.ranked)} simulated in {result.wall_s:.1f} s", ""]
-    lines.append(search_table(result, top) if result.ranked else "no plan fits this cluster")
+    lines.append(search_table(result, top))
     if any("compress=topk" in r.plan for r in result.ranked[:top]):
         lines.append("(plans with top-k compression rank as if 5 % slower: the margin a lossy "
                      "gradient compression must buy)")
@@ -54,20 +54,80 @@ def search_text(result, top: int) -> str:
     return "\n".join(lines)
 
 
-def cmd_search(args) -> int:
-    from search.search import search
+# A search simulates at most this many plans: beyond it the table is not read, and each
+# simulation costs up to seconds. More workers than this buy nothing on any one machine.
+MAX_TOP = 1_000
+MAX_WORKERS = 256
+# How far `search` looks for a cluster size that fits when nothing does: doubling the
+# node count up to this factor.
+MAX_SCALE = 64
 
-    if args.top < 1:
-        raise InputError("--top", None, f"must be a positive integer (got {args.top})")
-    if args.workers < 1:
-        raise InputError("--workers", None, f"must be a positive integer (got {args.workers})")
+
+def check_counts(args) -> None:
+    """--top and --workers in range (before any work)."""
+    for flag, value, hi in (("--top", args.top, MAX_TOP), ("--workers", getattr(args, "workers", 1), MAX_WORKERS)):
+        if not 1 <= value <= hi:
+            raise InputError(flag, None, f"{value}: must be an integer in [1, {hi}]")
+
+
+def smallest_change(args, model, profile) -> str:
+    """What would make a plan fit when none does: the fewest nodes (of this single-group
+    topology) on which the search finds a plan, found by doubling --nodes and then scanning
+    up from the last size that failed."""
+    from costmodel.limits import MAX_NODES
+    from search.search import best_estimated_plan
+    from specs.topology import load_topology
+
+    cluster = load_topology(args.topology, nodes=args.nodes)
+    if len({(n.group, n.node_type) for n in cluster.nodes}) != 1 or len(cluster.groups()) != 1:
+        return "a heterogeneous cluster cannot be scaled with --nodes; add nodes to its groups or use a smaller model"
+    nodes = len(cluster.nodes)
+
+    def fits(n: int) -> str | None:
+        return best_estimated_plan(model, load_topology(args.topology, nodes=n), profile)
+
+    lo, hi, plan = nodes, None, None
+    while hi is None and lo * 2 <= min(MAX_NODES, nodes * MAX_SCALE):
+        plan = fits(lo * 2)
+        if plan is None:
+            lo *= 2
+        else:
+            hi = lo * 2
+    if hi is None:
+        return (f"no node count up to {lo} ({MAX_SCALE} x) fits either; use a smaller model, a shorter "
+                "sequence or GPUs with more memory")
+    for n in range(lo + 1, hi) if hi - lo <= 8 else ():  # the fewest nodes, when cheap to find
+        got = fits(n)
+        if got is not None:
+            hi, plan = n, got
+            break
+    return f"smallest change that fits: --nodes {hi} (e.g. {plan})"
+
+
+def run_search(args, model, cluster, profile, top: int, **options):
+    """The plan search (``options``: workers, progress); when nothing fits, an InputError
+    (exit 2) saying why and naming the smallest change that would fit."""
+    import importlib
+
+    mod = importlib.import_module("search.search")
+    try:
+        return mod.search(model, cluster, profile, top=top, **options)
+    except getattr(mod, "NoPlanFits", ()) as err:
+        raise InputError(err.source, None, f"{err.message}; {smallest_change(args, model, profile)}") from None
+
+
+def cmd_search(args) -> int:
+    check_counts(args)
+    if args.report is not None:
+        from reports.files import output_dir
+        output_dir(args.report, "--report")
     cluster, model, profile = _load_inputs(args)
-    result = search(model, cluster, profile, top=args.top, workers=args.workers, progress=True)
+    result = run_search(args, model, cluster, profile, top=args.top, workers=args.workers,
+                        progress=None)  # progress bars on a terminal only
     written = []
     if args.report:
         from reports.report import write_report
-        best = result.ranked[0] if result.ranked else None
-        written = write_report(args.report, result, best)
+        written = write_report(args.report, result, result.ranked[0])
     if args.json:
         out = result.to_dict()
         out["ranked"] = out["ranked"][:args.top]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from reports.files import output_file, write_file
 from sim.result import StepResult
 
 STREAM_TID = {"compute": 1, "pp": 2, "dp": 3}
@@ -44,7 +45,6 @@ def trace_bytes(res: StepResult) -> bytes:
 
 
 def write_trace(res: StepResult, path: str | Path) -> None:
-    path = Path(path)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_bytes(trace_bytes(res))
-    tmp.replace(path)  # atomic: never a half-written trace
+    """Write the trace atomically (reports/files.py: never a half-written trace, never a
+    file this run did not create removed)."""
+    write_file(output_file(path, "--trace"), trace_bytes(res))

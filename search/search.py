@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 
 from tqdm import tqdm
 
+from costmodel.errors import InputError
 from costmodel.estimate import StepEstimate, estimate_step
 from costmodel.profile import Profile
 from costmodel.shapes import ModelSpec
@@ -52,6 +53,7 @@ R_HIER_UNEVEN = "hierarchical needs the same DP ranks on every node"
 R_Z3_CLASSES = "zero=3 needs identical replicas (engine)"
 R_GPIPE = "dominated: gpipe = 1f1b with pp=1 or one microbatch, more memory"
 R_PLACEMENT = "duplicate: placement has no effect with pp=1 or dp=1"
+R_SP_SEQ = "sequence parallelism needs tp to divide seq_length"
 
 
 @dataclass(frozen=True)
@@ -82,11 +84,33 @@ def _split(total: int, parts: int) -> tuple[int, ...]:
     return tuple(base + (1 if i < extra else 0) for i in range(parts))
 
 
+class NoPlanFits(InputError):
+    """No candidate plan fits the cluster. ``closest`` is the plan that missed by the least
+    memory (``shortfall_gib`` per GPU), None when nothing came that close (structural
+    prunes only); the command line adds the smallest change that would fit."""
+
+    def __init__(self, model: ModelSpec, cluster: Cluster, pruned: dict[str, int],
+                 closest: str | None, shortfall_gib: float | None):
+        self.closest, self.shortfall_gib, self.pruned = closest, shortfall_gib, pruned
+        top = "; ".join(f"{reason}: {n:,}" for reason, n in list(pruned.items())[:3])
+        why = f"no plan fits (pruned: {top})"
+        if closest is not None:
+            why += f"; closest: {closest} needs {shortfall_gib:.1f} GiB more per GPU"
+        super().__init__("search", None, f"{model.name} on {cluster.name} ({cluster.num_devices} devices): {why}")
+
+
 class _Pruner:
     def __init__(self):
         self.counts: Counter = Counter()
         self.examples: dict[str, str] = {}
         self.generated = 0  # candidates added beyond the cross product (balanced variants)
+        self.closest: tuple[float, str] | None = None  # (shortfall GiB, plan) of the nearest miss
+
+    def out_of_memory(self, plan: Plan, shortfall_gib: float, n: int) -> None:
+        text = plan.to_string()
+        self.add(R_OOM, n, text)
+        if self.closest is None or (shortfall_gib, text) < self.closest:
+            self.closest = (shortfall_gib, text)
 
     def add(self, reason: str, n: int, example: str) -> None:
         if n <= 0:
@@ -164,6 +188,9 @@ def _enumerate(model: ModelSpec, cluster: Cluster, tables: CostTables, space: Se
                             pr.add(R_LAYERS, size_s, ex)
                             continue
                         for sp in ((False, True) if tp > 1 else (False,)):
+                            if sp and model.seq_length % tp:
+                                pr.add(R_SP_SEQ, len(space.recompute) * n_dpv, ex + ",sp=true")
+                                continue
                             for rc in space.recompute:
                                 core = replace(base, mbs=mbs, vpp=vpp, schedule=schedule, sp=sp, recompute=rc,
                                                mb_shares=shares)
@@ -180,7 +207,9 @@ def _variants_of(plan: Plan, tables: CostTables, uniform_ok: bool, pr: _Pruner, 
         out.append(plan)
     else:
         reason = R_LAYERS if tables.model.num_layers % (plan.pp * plan.vpp) else R_BATCH
-        pr.add(reason, n_below, plan.to_string())
+        # The example is the uniform plan that was refused: its string without the split.
+        uniform = [p for p in plan.to_string().split(",") if not p.startswith(("layers=", "mb_shares="))]
+        pr.add(reason, n_below, ",".join(uniform))
     if tables.heterogeneous:
         var, _why = nonuniform_variant(tables, plan)
         if var is not None:
@@ -213,8 +242,9 @@ def _dp_variants(core: Plan, tables: CostTables, space: SearchSpace, pr: _Pruner
             if zero == 3 and len(tables.classes(plan)) > 1:
                 pr.add(R_Z3_CLASSES, per_zero, ex)
                 continue
-            if tables.memory_shortfall_gib(plan) > 0:
-                pr.add(R_OOM, per_zero, ex)
+            short = tables.memory_shortfall_gib(plan)
+            if short > 0:
+                pr.out_of_memory(plan, short, per_zero)
                 continue
             less = rc_order[:rc_order.index(plan.recompute)]
             # Same split with less recompute fits: it is as fast or faster (less backward work).
@@ -258,6 +288,20 @@ def _dp_variants(core: Plan, tables: CostTables, space: SearchSpace, pr: _Pruner
     return out
 
 
+class _NoBar:
+    def update(self, n: int) -> None:
+        pass
+
+
+def best_estimated_plan(model: ModelSpec, cluster: Cluster, profile: Profile,
+                        space: SearchSpace | None = None, compress_margin: float = 0.05) -> str | None:
+    """The plan the analytic estimate ranks first, None when no plan fits (no simulation):
+    what the command line uses to find the smallest cluster on which something fits."""
+    tables = CostTables(model, cluster, profile)
+    survivors, _ = _enumerate(model, cluster, tables, space or SearchSpace(), _Pruner(), compress_margin, _NoBar())
+    return min(survivors, key=lambda x: (x[0], x[1]))[1] if survivors else None
+
+
 # ---------------------------------------------------------------------------- simulation
 
 _WORKER: dict = {}
@@ -273,10 +317,16 @@ def _sim_one(plan_str: str) -> StepResult:
     return simulate(w["model"], plan, w["cluster"], w["profile"])
 
 
+def _bar_off(progress: bool | None) -> bool | None:
+    """tqdm's ``disable``: None (the default) shows progress bars only on a terminal, so that
+    logs and captured stderr hold nothing but the result or the one-line error."""
+    return None if progress is None else not progress
+
+
 def simulate_plans(model: ModelSpec, cluster: Cluster, profile: Profile, plans: list[str],
-                   workers: int = 1, progress: bool = True, desc: str = "simulate") -> list[StepResult]:
+                   workers: int = 1, progress: bool | None = True, desc: str = "simulate") -> list[StepResult]:
     """Simulate plan strings, results in the same order (a process pool when workers > 1)."""
-    bar = tqdm(total=len(plans), desc=desc, unit="plan", disable=not progress, leave=False)
+    bar = tqdm(total=len(plans), desc=desc, unit="plan", disable=_bar_off(progress), leave=False)
     try:
         if workers > 1 and len(plans) > 1:
             with ProcessPoolExecutor(max_workers=workers, initializer=_init_worker,
@@ -302,7 +352,7 @@ def _rank_key(res: StepResult, compress_margin: float) -> tuple:
 
 
 def search(model: ModelSpec, cluster: Cluster, profile: Profile, top: int = 10, workers: int = 1,
-           progress: bool = True, space: SearchSpace | None = None,
+           progress: bool | None = None, space: SearchSpace | None = None,
            compress_margin: float = 0.05) -> SearchResult:
     """Search parallel plans for ``model`` on ``cluster``; the best max(top, 10) by the
     analytic estimate are simulated and returned best first."""
@@ -315,9 +365,12 @@ def search(model: ModelSpec, cluster: Cluster, profile: Profile, top: int = 10, 
     tps = space.tp or tuple(t for t in _divisors(n) if t <= 2 * gpn)
     n_cores = sum(len(space.pp or [p for p in _divisors(n // t) if p <= model.num_layers]) for t in tps)
     n_cores *= 2 if tables.heterogeneous else 1
-    with tqdm(total=n_cores, desc="estimate", unit="family", disable=not progress, leave=False) as bar:
+    with tqdm(total=n_cores, desc="estimate", unit="family", disable=_bar_off(progress), leave=False) as bar:
         survivors, candidates = _enumerate(model, cluster, tables, space, pr, compress_margin, bar)
     survivors.sort(key=lambda x: (x[0], x[1]))
+    pruned = dict(sorted(pr.counts.items(), key=lambda kv: (-kv[1], kv[0])))
+    if not survivors:
+        raise NoPlanFits(model, cluster, pruned, *(reversed(pr.closest) if pr.closest else (None, None)))
     k = max(top, MIN_SIMULATED)
     chosen = [s for s in survivors[:k]]
     if tables.heterogeneous:
@@ -327,6 +380,9 @@ def search(model: ModelSpec, cluster: Cluster, profile: Profile, top: int = 10, 
     estimates: dict[str, StepEstimate] = {s[1]: s[3] for s in chosen}
     results = simulate_plans(model, cluster, profile, [s[1] for s in chosen], workers, progress)
     results.sort(key=lambda r: _rank_key(r, compress_margin))
+    if not results[0].fits_memory:  # the estimate's memory is the simulation's, so not expected
+        best = min(results, key=lambda r: r.memory_shortfall_gib)
+        raise NoPlanFits(model, cluster, pruned, best.plan, best.memory_shortfall_gib)
 
     notes = []
     if results:
@@ -346,7 +402,7 @@ def search(model: ModelSpec, cluster: Cluster, profile: Profile, top: int = 10, 
             plan = resolve_plan(results[i].plan, model, n)
             results[i] = simulate(model, plan, cluster, profile, record=True)
     return SearchResult(topology=cluster.name, model=model.name, num_devices=n, ranked=results,
-                        pruned=dict(sorted(pr.counts.items(), key=lambda kv: (-kv[1], kv[0]))),
+                        pruned=pruned,
                         pruned_examples=dict(sorted(pr.examples.items())), candidates=candidates + pr.generated,
                         estimated=len(survivors), notes=[x for x in notes if x],
                         wall_s=time.perf_counter() - t0)

@@ -9,27 +9,28 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import Field, model_validator
 
 from costmodel.errors import InputError
+from costmodel.limits import MAX_GLOBAL_BATCH, MAX_HEADS, MAX_HIDDEN, MAX_LAYERS, MAX_SEQ, MAX_VOCAB
 from costmodel.shapes import ModelSpec
-from specs.validation import first_error
+from costmodel.yamlio import load_yaml
+from specs.validation import Int, Strict, validate
 
 
-class ModelFile(BaseModel):
-    """The model YAML: exactly these fields (unknown keys are rejected)."""
+class ModelFile(Strict):
+    """The model YAML: exactly these fields (unknown keys are rejected); sizes bounded as
+    costmodel/limits.py says."""
 
-    model_config = ConfigDict(extra="forbid")
-    name: str
-    num_layers: int = Field(gt=0)
-    hidden_size: int = Field(gt=0)
-    num_attention_heads: int = Field(gt=0)
-    num_query_groups: int | None = Field(default=None, gt=0)
-    ffn_hidden_size: int | None = Field(default=None, gt=0)
-    seq_length: int = Field(gt=0)
-    vocab_size: int = Field(gt=0)
-    global_batch_size: int = Field(gt=0)
+    name: str = Field(max_length=200)
+    num_layers: Int(1, MAX_LAYERS)
+    hidden_size: Int(1, MAX_HIDDEN)
+    num_attention_heads: Int(1, MAX_HEADS)
+    num_query_groups: Int(1, MAX_HEADS) | None = None
+    ffn_hidden_size: Int(1, 4 * MAX_HIDDEN) | None = None
+    seq_length: Int(1, MAX_SEQ)
+    vocab_size: Int(1, MAX_VOCAB)
+    global_batch_size: Int(1, MAX_GLOBAL_BATCH)
     activation: Literal["gelu", "swiglu"] = "gelu"
 
     @model_validator(mode="after")
@@ -90,13 +91,7 @@ DEFAULT_MODEL = "gpt3-1.3b"
 
 def model_from_mapping(data: dict, source: str) -> ModelSpec:
     """Validate a mapping (from YAML) into a ModelSpec; InputError names the field."""
-    if not isinstance(data, dict):
-        raise InputError(source, None, "expected a mapping of model fields")
-    try:
-        m = ModelFile(**data)
-    except ValidationError as err:
-        field, msg = first_error(err, ModelFile)
-        raise InputError(source, field, msg) from None
+    m = validate(ModelFile, data, source)
     return ModelSpec(**m.model_dump())
 
 
@@ -110,10 +105,4 @@ def load_model(name_or_path: str) -> ModelSpec:
             name_or_path, "--model",
             f"no such preset or file; presets: {', '.join(sorted(PRESETS))}",
         )
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f"line {mark.line + 1}" if mark else "YAML"
-        raise InputError(str(path), where, f"malformed YAML: {getattr(err, 'problem', err)}") from None
-    return model_from_mapping(data, str(path))
+    return model_from_mapping(load_yaml(path, str(path), "model file"), str(path))

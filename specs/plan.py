@@ -15,45 +15,43 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import Field, field_validator
 
 from costmodel.errors import InputError
+from costmodel.limits import MAX_DEVICES, MAX_GLOBAL_BATCH, MAX_LAYERS, TOPK_FRACTION_MIN
 from costmodel.shapes import ModelSpec
-from specs.validation import first_error
+from costmodel.yamlio import load_yaml
+from specs.validation import Bool, Int, Strict, short, validate
 
-class PlanFile(BaseModel):
-    """What a user may write in a plan; omitted keys take the defaults."""
+Degree = Int(1, MAX_DEVICES)
 
-    model_config = ConfigDict(extra="forbid")
-    tp: int = Field(default=1, gt=0)
-    pp: int = Field(default=1, gt=0)
-    dp: int | None = Field(default=None, gt=0)
-    mbs: int = Field(default=1, gt=0)
-    vpp: int = Field(default=1, gt=0)
+
+class PlanFile(Strict):
+    """What a user may write in a plan; omitted keys take the defaults. Sizes are bounded
+    (costmodel/limits.py) before anything is allocated for them."""
+
+    tp: Degree = 1
+    pp: Degree = 1
+    dp: Degree | None = None
+    mbs: Int(1, MAX_GLOBAL_BATCH) = 1
+    vpp: Int(1, MAX_LAYERS) = 1
     schedule: Literal["gpipe", "1f1b", "interleaved"] | None = None
-    sp: bool = False
+    sp: Bool = False
     recompute: Literal["none", "selective", "full"] = "none"
-    zero: int = Field(default=0, ge=0, le=3)
-    overlap_grad_reduce: bool = True
+    zero: Int(0, 3) = 0
+    overlap_grad_reduce: Bool = True
     compress: str = "none"
     allreduce: Literal["ring", "tree", "hierarchical", "auto"] = "ring"
     precision: Literal["bf16", "fp16", "fp8", "fp32"] = "bf16"
     placement: Literal["tp-pp-dp", "tp-dp-pp"] = "tp-pp-dp"
-    layers: list[int] | None = None  # layers per pipeline stage (non-uniform split)
-    mb_shares: list[int] | None = None  # microbatches per data-parallel replica
+    # layers per pipeline stage (non-uniform split); microbatches per data-parallel replica
+    layers: list[Int(1, MAX_LAYERS)] | None = Field(default=None, max_length=MAX_DEVICES)
+    mb_shares: list[Int(1, MAX_GLOBAL_BATCH)] | None = Field(default=None, max_length=MAX_DEVICES)
 
     @field_validator("compress")
     @classmethod
     def _compress(cls, v: str) -> str:
         parse_compress(v)
-        return v
-
-    @field_validator("layers", "mb_shares")
-    @classmethod
-    def _positive(cls, v):
-        if v is not None and any(x <= 0 for x in v):
-            raise ValueError(f"every entry must be a positive integer (got {v})")
         return v
 
 
@@ -66,9 +64,9 @@ def parse_compress(v: str) -> float | None:
             frac = float(v[5:])
         except ValueError:
             frac = -1.0
-        if 0.0 < frac < 1.0:
+        if TOPK_FRACTION_MIN <= frac < 1.0:  # False for nan
             return frac
-    raise ValueError(f"must be 'none' or 'topk:FRACTION' with 0 < FRACTION < 1 (got {v!r})")
+    raise ValueError(f"{short(v)}: must be 'none' or 'topk:FRACTION' with {TOPK_FRACTION_MIN:g} <= FRACTION < 1")
 
 
 @dataclass(frozen=True)
@@ -91,8 +89,20 @@ class Plan:
     placement: str
     layers: tuple[int, ...]  # per pipeline stage (pp entries); with vpp > 1 split evenly per chunk
     mb_shares: tuple[int, ...]  # microbatches per DP replica (dp entries)
+    # Whether the plan string states layers= / mb_shares=. True when the user (or the
+    # heterogeneous balancer) gave the split, and forced True whenever the default split
+    # that resolve_plan would compute is not this one: to_string must then print it, or
+    # the string would not reproduce the plan (issue 8: a uniform 16:16 split with vpp=3
+    # was printed without layers=, and resolving it raised InputError).
     explicit_layers: bool = False
     explicit_shares: bool = False
+
+    def __post_init__(self) -> None:
+        layers_default = (len(set(self.layers)) <= 1
+                          and sum(self.layers) % (self.pp * self.vpp) == 0)
+        shares_default = len(set(self.mb_shares)) <= 1
+        object.__setattr__(self, "explicit_layers", self.explicit_layers or not layers_default)
+        object.__setattr__(self, "explicit_shares", self.explicit_shares or not shares_default)
 
     @property
     def topk_fraction(self) -> float | None:
@@ -155,10 +165,10 @@ def parse_plan_string(text: str) -> dict:
     out: dict = {}
     for item in filter(None, (p.strip() for p in text.split(","))):
         if "=" not in item:
-            raise InputError("--plan", item, "expected key=value (comma-separated)")
+            raise InputError("--plan", None, f"{short(item)}: expected key=value (comma-separated)")
         key, value = (s.strip() for s in item.split("=", 1))
         if key in out:
-            raise InputError("--plan", key, "given twice")
+            raise InputError("--plan", key[:60], "given twice")
         out[key] = value.split(":") if key in ("layers", "mb_shares") else value
     return out
 
@@ -172,13 +182,8 @@ def load_plan_mapping(plan: str | Path | dict) -> tuple[dict, str]:
     if text.endswith((".yaml", ".yml")) or ("=" not in text and text and path.is_file()):
         if not path.is_file():
             raise InputError(text, "--plan", "no such plan file")
-        try:
-            data = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as err:
-            raise InputError(text, None, f"malformed YAML: {getattr(err, 'problem', err)}") from None
-        if not isinstance(data, dict):
-            raise InputError(text, None, "expected a mapping of plan keys")
-        return data, text
+        data = load_yaml(path, text, "plan file")
+        return ({} if data is None else data), text
     return parse_plan_string(text), "--plan"
 
 
@@ -186,11 +191,7 @@ def resolve_plan(plan: str | Path | dict, model: ModelSpec, num_devices: int,
                  gpus_per_node: int | None = None) -> Plan:
     """Validate a plan against the model and the device count; fill in every default."""
     raw, src = load_plan_mapping(plan)
-    try:
-        pf = PlanFile(**raw)
-    except ValidationError as err:
-        fld, msg = first_error(err, PlanFile)
-        raise InputError(src, fld, msg) from None
+    pf = validate(PlanFile, raw, src)
 
     tp, pp, vpp = pf.tp, pf.pp, pf.vpp
     if num_devices % (tp * pp):
@@ -205,6 +206,9 @@ def resolve_plan(plan: str | Path | dict, model: ModelSpec, num_devices: int,
         raise InputError(src, "tp", f"tp={tp} and num_query_groups={model.kv_groups}: one must divide the other")
     if model.ffn % tp:
         raise InputError(src, "tp", f"tp={tp} must divide ffn_hidden_size={model.ffn}")
+
+    if pf.sp and model.seq_length % tp:
+        raise InputError(src, "sp", f"sequence parallelism needs tp={tp} to divide seq_length={model.seq_length}")
 
     schedule = pf.schedule or ("interleaved" if vpp > 1 else "1f1b")
     if schedule == "interleaved" and vpp < 2:

@@ -1,4 +1,4 @@
-"""Cluster topology: load a YAML file (schema in ``sim/topology_schema.py``) into a ``Cluster``,
+"""Cluster topology: load a YAML file (schema in ``specs/topology_schema.py``) into a ``Cluster``,
 a networkx graph of every link with routes between devices.
 
 Graph. Vertices: GPU devices ``n<node>.gpu<g>``, one intra-node hub per node for star fabrics
@@ -31,12 +31,13 @@ from importlib.resources import files
 from pathlib import Path
 
 import networkx as nx
-import yaml
-from pydantic import ValidationError
 
 from costmodel.errors import InputError
 from costmodel.gpus import GpuSpec, get_gpu
+from costmodel.limits import MAX_DEVICES, MAX_GPUS_PER_NODE, MAX_NODES
+from costmodel.yamlio import decode, parse_yaml, read_text
 from specs import topology_schema as schema
+from specs.validation import short, validate
 
 _BUNDLE = "topologies"
 _NODE_VERTEX = re.compile(r"^n\d+\.")
@@ -166,23 +167,6 @@ class Cluster:
 
 # ----------------------------------------------------------------------------- loading
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """SafeLoader that rejects a key given twice (PyYAML silently keeps the last)."""
-
-
-def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False):
-    seen = set()
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node, deep=deep)
-        if key in seen:
-            raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
-        seen.add(key)
-    return loader.construct_mapping(node, deep)
-
-
-_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
-
-
 def list_topologies() -> list[str]:
     """Names of the bundled topology files (stems of ``topologies/*.yaml``)."""
     return sorted(p.name[:-5] for p in files(_BUNDLE).iterdir() if p.name.endswith(".yaml"))
@@ -195,32 +179,84 @@ def _read(name_or_path: str) -> tuple[str, str]:
     if not looks_like_path:
         res = files(_BUNDLE) / f"{name_or_path}.yaml"
         if res.is_file():
-            return str(res), res.read_text(encoding="utf-8")
+            return str(res), decode(res.read_bytes(), str(res))
         if not Path(name_or_path).is_file():
-            raise InputError(name_or_path, "topology", f"no bundled topology or file named {name_or_path!r}; bundled: {bundled}")
-    path = Path(name_or_path)
-    if not path.is_file():
+            raise InputError(name_or_path, "topology", f"no bundled topology or file named {short(name_or_path)}; bundled: {bundled}")
+    if not Path(name_or_path).is_file():
         raise InputError(name_or_path, "topology", f"file not found; bundled topologies: {bundled}")
-    try:
-        return str(path), path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(name_or_path, "topology", f"cannot read the file: {exc}") from None
+    return name_or_path, read_text(name_or_path, what="topology file")
 
 
 def _parse(source: str, text: str) -> schema.TopologyFile:
-    try:
-        data = yaml.load(text, Loader=_UniqueKeyLoader)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise InputError(source, None, f"malformed YAML{where}: {problem}") from None
+    data = parse_yaml(text, source)
     if not isinstance(data, dict):
         raise InputError(source, None, f"expected a mapping of topology fields at top level, got {type(data).__name__}")
-    try:
-        return schema.TopologyFile.model_validate(data)
-    except ValidationError as exc:
-        raise schema.to_input_error(exc, source) from None
+    topo = validate(schema.TopologyFile, data, source)
+    _check_size(topo, source)
+    return topo
+
+
+def _check_size(topo: schema.TopologyFile, source: str) -> None:
+    """At most MAX_DEVICES devices, checked before any node is built."""
+    total = _count(topo)
+    if total > MAX_DEVICES:
+        raise InputError(source, "groups", f"{total:,} devices: the cluster would have more than "
+                                           f"{MAX_DEVICES:,} devices, the most plansim models")
+
+
+def _resize_node_type(topo: schema.TopologyFile, gpus_per_node: int, source: str) -> schema.TopologyFile:
+    """The single group's node type with ``gpus_per_node`` devices (the validator's --world)."""
+    if isinstance(gpus_per_node, bool) or not isinstance(gpus_per_node, int) \
+            or not 1 <= gpus_per_node <= MAX_GPUS_PER_NODE:
+        raise InputError(source, "--world", f"{str(gpus_per_node)[:60]}: must be an integer in "
+                                            f"[1, {MAX_GPUS_PER_NODE}]")
+    if len(topo.groups) != 1:
+        raise InputError(source, "--world", f"cannot resize the devices of a topology with "
+                                            f"{len(topo.groups)} groups; edit node_types in the file instead")
+    nt_name = topo.groups[0].node_type
+    nt = topo.node_types.get(nt_name)
+    if nt is None:
+        raise InputError(source, "groups[0].node_type", f"unknown node type {nt_name[:60]!r}")
+    if nt.intra.kind == "nvlink_mesh" and nt.intra.links is not None:
+        raise InputError(source, "--world", "cannot resize a node type with explicit NVLink links; "
+                                            "edit the file instead")
+    types = dict(topo.node_types)
+    types[nt_name] = nt.model_copy(update={"gpus_per_node": gpus_per_node})
+    topo = topo.model_copy(update={"node_types": types})
+    _check_size(topo, source)
+    return topo
+
+
+def topology_devices(name_or_path: str, nodes: int | None = None) -> int:
+    """The device count ``load_topology`` would build, read from the validated file without
+    building anything (so a plan can be checked against it first)."""
+    topo, _ = _load_file(name_or_path, nodes)
+    return _count(topo)
+
+
+def _count(topo: schema.TopologyFile) -> int:
+    return sum(grp.nodes * topo.node_types[grp.node_type].gpus_per_node
+               for grp in topo.groups if grp.node_type in topo.node_types)
+
+
+def _load_file(name_or_path: str, nodes: int | None,
+               gpus_per_node: int | None = None) -> tuple[schema.TopologyFile, str]:
+    """The validated topology file, with ``gpus_per_node`` and ``nodes`` applied; nothing
+    built yet."""
+    source, text = _read(str(name_or_path))
+    topo = _parse(source, text)
+    if gpus_per_node is not None:
+        topo = _resize_node_type(topo, gpus_per_node, source)
+    if nodes is not None:
+        if isinstance(nodes, bool) or not isinstance(nodes, int) or not 1 <= nodes <= MAX_NODES:
+            raise InputError(source, "--nodes", f"{str(nodes)[:60]}: must be an integer in [1, {MAX_NODES}]")
+        if len(topo.groups) != 1:
+            names = ", ".join(g.name for g in topo.groups)
+            raise InputError(source, "--nodes", f"cannot scale a heterogeneous topology with {len(topo.groups)} "
+                                                f"groups ({names[:200]}); edit groups[].nodes in the file instead")
+        topo = topo.model_copy(update={"groups": [topo.groups[0].model_copy(update={"nodes": nodes})]})
+        _check_size(topo, source)
+    return topo, source
 
 
 def load_topology(name_or_path: str, nodes: int | None = None, gpus_per_node: int | None = None) -> Cluster:
@@ -228,33 +264,7 @@ def load_topology(name_or_path: str, nodes: int | None = None, gpus_per_node: in
     the node count of a single-group topology (the ``--nodes`` option); ``gpus_per_node``
     replaces its node type's device count (``--world`` of the validator: N worker processes
     on one host are N devices)."""
-    source, text = _read(str(name_or_path))
-    topo = _parse(source, text)
-    if gpus_per_node is not None:
-        if isinstance(gpus_per_node, bool) or not isinstance(gpus_per_node, int) or gpus_per_node <= 0:
-            raise InputError(source, "--world", f"must be a positive integer, got {gpus_per_node!r}")
-        if len(topo.groups) != 1:
-            raise InputError(source, "--world", f"cannot resize the devices of a topology with "
-                                                f"{len(topo.groups)} groups; edit node_types in the file instead")
-        nt_name = topo.groups[0].node_type
-        nt = topo.node_types.get(nt_name)
-        if nt is None:
-            raise InputError(source, "groups[0].node_type", f"unknown node type {nt_name!r}")
-        if nt.intra.kind == "nvlink_mesh" and nt.intra.links is not None:
-            raise InputError(source, "--world", "cannot resize a node type with explicit NVLink links; "
-                                                "edit the file instead")
-        types = dict(topo.node_types)
-        types[nt_name] = nt.model_copy(update={"gpus_per_node": gpus_per_node})
-        topo = topo.model_copy(update={"node_types": types})
-    if nodes is not None:
-        if isinstance(nodes, bool) or not isinstance(nodes, int) or nodes <= 0:
-            raise InputError(source, "--nodes", f"must be a positive integer, got {nodes!r}")
-        if len(topo.groups) != 1:
-            names = ", ".join(g.name for g in topo.groups)
-            raise InputError(source, "--nodes", f"cannot scale a heterogeneous topology with {len(topo.groups)} "
-                                                f"groups ({names}); edit groups[].nodes in the file instead")
-        topo = topo.model_copy(update={"groups": [topo.groups[0].model_copy(update={"nodes": nodes})]})
-    return _build(topo, source)
+    return _build(*_load_file(name_or_path, nodes, gpus_per_node))
 
 
 # ----------------------------------------------------------------------------- building
@@ -290,7 +300,7 @@ def _check_node_type(tname: str, nt: schema.NodeType, source: str, networked: bo
     ov = nt.gpu_overrides
     spec = base.with_overrides(peak_tflops=ov.peak_tflops, mem_gib=ov.mem_gib, mem_bw_GBps=ov.mem_bw_GBps)
     if nt.intra.links is not None and nt.intra.kind != "nvlink_mesh":
-        raise InputError(source, f"node_types.{tname}.intra.links", f"only for kind nvlink_mesh, not {nt.intra.kind!r}")
+        raise InputError(source, f"node_types.{tname}.intra.links", f"only for kind nvlink_mesh, not {short(nt.intra.kind)}")
     if networked and nt.nics is None:
         raise InputError(source, f"node_types.{tname}.nics", "required: the cluster has a network (more than one node)")
     if nt.nics is not None and nt.pcie is None:
@@ -321,10 +331,10 @@ class _Builder:
         names = set()
         for i, grp in enumerate(topo.groups):
             if grp.name in names:
-                raise InputError(source, f"groups.{i}.name", f"duplicate group name {grp.name!r}")
+                raise InputError(source, f"groups.{i}.name", f"duplicate group name {short(grp.name)}")
             names.add(grp.name)
             if grp.node_type not in topo.node_types:
-                raise InputError(source, f"groups.{i}.node_type", f"unknown node type {grp.node_type!r}; "
+                raise InputError(source, f"groups.{i}.node_type", f"unknown node type {short(grp.node_type)}; "
                                                                    f"allowed: {', '.join(topo.node_types)}")
         used = {grp.node_type for grp in topo.groups}
         networked = topo.network is not None
@@ -413,7 +423,7 @@ class _Builder:
                 name = getattr(ln, end)
                 if _NODE_VERTEX.match(name) and roles.get(name) != "nic":
                     raise InputError(self.source, f"network.links.{i}.{end}",
-                                     f"unknown vertex {name!r}; node vertices here are NICs n<node>.nic<i> "
+                                     f"unknown vertex {short(name)}; node vertices here are NICs n<node>.nic<i> "
                                      f"(nodes 0..{len(self.nodes) - 1}); other names are switches")
                 if name not in roles:
                     self.g.add_node(name, role="switch")

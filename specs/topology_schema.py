@@ -1,9 +1,10 @@
-"""Schema of a topology YAML file (pydantic v2), and the translation of its errors.
+"""Schema of a topology YAML file (pydantic v2): shapes, types and bounded ranges.
 
-This module checks shapes, types and ranges only (positive bandwidths and counts, known
+This module checks shapes, types and ranges only (bandwidths, latencies and counts within the
+bounds of costmodel/limits.py, known
 ``kind`` names, no unknown keys). Cross-references (GPU names, node types used by groups,
 NVLink pair indices, explicit-link vertex names, connectivity) are checked in
-``sim/topology.py`` where the cluster is built, so each error can name its own field.
+``specs/topology.py`` where the cluster is built, so each error can name its own field.
 
 Units are in the field names: ``bw_GBps`` = GB/s (1e9 bytes/s), ``bw_gbps`` = Gb/s
 (1e9 bits/s, how NICs are sold), ``latency_us`` = microseconds.
@@ -12,39 +13,31 @@ from __future__ import annotations
 
 from typing import Annotated, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveFloat, PositiveInt, ValidationError, model_validator, field_validator
-from pydantic_core import PydanticCustomError
+from pydantic import Field, field_validator
 
-from costmodel.errors import InputError
 from costmodel.gpus import PRECISIONS
+from costmodel.limits import (BW_GBITPS_RANGE, BW_GBPS_RANGE, LATENCY_US_MAX, MAX_GPUS_PER_NODE,
+                              MAX_LINKS_PER_PAIR, MAX_NICS_PER_NODE, MAX_NODES, MEM_GIB_RANGE,
+                              OVERSUBSCRIPTION_RANGE, PEAK_TFLOPS_RANGE)
+from specs.validation import Float, Int, Strict as _Strict, short
 
 INTRA_KINDS = ("nvswitch", "nvlink_mesh", "pcie", "loopback")
 NETWORK_KINDS = ("fat_tree", "rail_optimized", "explicit")
 
-
-class _Strict(BaseModel):
-    """Frozen, and rejects unknown keys with a message that lists the allowed ones."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _known_keys(cls, data):
-        if isinstance(data, dict):
-            for key in data:
-                if key not in cls.model_fields:
-                    raise PydanticCustomError(
-                        "unknown_key", "unknown key '{key}'; allowed: {allowed}",
-                        {"key": str(key), "allowed": ", ".join(cls.model_fields)})
-        return data
+# Bounded number types (costmodel/limits.py says why each bound).
+GBps = Float(*BW_GBPS_RANGE)  # GB/s per direction
+Gbps = Float(*BW_GBITPS_RANGE)  # Gb/s per direction (NIC line rates)
+LatencyUs = Float(0.0, LATENCY_US_MAX)
+Nodes = Int(1, MAX_NODES)
+Name = Annotated[str, Field(min_length=1, max_length=200)]  # names of GPUs, groups, node types, switches
 
 
 class GpuOverrides(_Strict):
     """Replace datasheet figures of the node type's GPU (e.g. a power-capped part)."""
 
-    peak_tflops: dict[Literal[PRECISIONS], PositiveFloat] | None = None  # merged key by key
-    mem_gib: PositiveFloat | None = None
-    mem_bw_GBps: PositiveFloat | None = None
+    peak_tflops: dict[Literal[PRECISIONS], Float(*PEAK_TFLOPS_RANGE)] | None = None  # merged key by key
+    mem_gib: Float(*MEM_GIB_RANGE) | None = None
+    mem_bw_GBps: GBps | None = None
 
 
 class IntraSpec(_Strict):
@@ -57,30 +50,30 @@ class IntraSpec(_Strict):
     """
 
     kind: Literal[INTRA_KINDS]
-    bw_GBps: PositiveFloat
-    latency_us: NonNegativeFloat
-    links: list[tuple[int, int, PositiveInt]] | None = None
+    bw_GBps: GBps
+    latency_us: LatencyUs
+    links: list[tuple[Int(0, MAX_GPUS_PER_NODE - 1), Int(0, MAX_GPUS_PER_NODE - 1), Int(1, MAX_LINKS_PER_PAIR)]] | None = None
 
 
 class PcieSpec(_Strict):
     """The GPU <-> NIC hop (per direction)."""
 
-    bw_GBps: PositiveFloat
-    latency_us: NonNegativeFloat
+    bw_GBps: GBps
+    latency_us: LatencyUs
 
 
 class NicSpec(_Strict):
     """Network adapters of one node: ``count`` NICs of ``bw_gbps`` each, per direction.
     ``latency_us`` is one adapter's share of a message's one-way latency (adapter + cable)."""
 
-    count: PositiveInt
-    bw_gbps: PositiveFloat
-    latency_us: NonNegativeFloat
+    count: Int(1, MAX_NICS_PER_NODE)
+    bw_gbps: Gbps
+    latency_us: LatencyUs
 
 
 class NodeType(_Strict):
-    gpu: str
-    gpus_per_node: PositiveInt
+    gpu: Name
+    gpus_per_node: Int(1, MAX_GPUS_PER_NODE)
     gpu_overrides: GpuOverrides = GpuOverrides()
     intra: IntraSpec
     pcie: PcieSpec | None = None  # required when nics is given
@@ -88,9 +81,9 @@ class NodeType(_Strict):
 
 
 class Group(_Strict):
-    name: str
-    node_type: str
-    nodes: PositiveInt
+    name: Name
+    node_type: Name
+    nodes: Nodes
 
 
 class FatTree(_Strict):
@@ -99,9 +92,9 @@ class FatTree(_Strict):
     (sum of NIC bandwidth under it) / ``oversubscription``."""
 
     kind: Literal["fat_tree"]
-    nodes_per_leaf: PositiveInt
-    oversubscription: PositiveFloat = 1.0
-    switch_latency_us: NonNegativeFloat
+    nodes_per_leaf: Nodes
+    oversubscription: Float(*OVERSUBSCRIPTION_RANGE) = 1.0
+    switch_latency_us: LatencyUs
 
 
 class RailOptimized(_Strict):
@@ -110,19 +103,19 @@ class RailOptimized(_Strict):
     same oversubscription rule as the fat tree."""
 
     kind: Literal["rail_optimized"]
-    nodes_per_leaf: PositiveInt
-    oversubscription: PositiveFloat = 1.0
-    switch_latency_us: NonNegativeFloat
+    nodes_per_leaf: Nodes
+    oversubscription: Float(*OVERSUBSCRIPTION_RANGE) = 1.0
+    switch_latency_us: LatencyUs
 
 
 class ExplicitLink(_Strict):
     """One physical link (both directions) between NIC ``n<node>.nic<i>`` vertices or switches
     named by the file (any name not starting with ``n<digits>.``)."""
 
-    a: str
-    b: str
-    bw_gbps: PositiveFloat
-    latency_us: NonNegativeFloat
+    a: Name
+    b: Name
+    bw_gbps: Gbps
+    latency_us: LatencyUs
 
 
 class Explicit(_Strict):
@@ -134,8 +127,8 @@ Network = Annotated[Union[FatTree, RailOptimized, Explicit], Field(discriminator
 
 
 class TopologyFile(_Strict):
-    name: str
-    description: str = ""
+    name: Name
+    description: str = Field(default="", max_length=10_000)
     node_types: dict[str, NodeType] = Field(min_length=1)
     groups: list[Group] = Field(min_length=1)
     network: Network | None = None  # required when the cluster has more than one node
@@ -150,34 +143,5 @@ class TopologyFile(_Strict):
         known = bundled_profiles()
         for name in v:
             if name not in known:
-                raise ValueError(f"unknown bundled profile {name!r}; allowed: {', '.join(known)}")
+                raise ValueError(f"unknown bundled profile {short(name)}; allowed: {', '.join(known)}")
         return v
-
-
-def _short(value: object, limit: int = 80) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def to_input_error(err: ValidationError, source: str) -> InputError:
-    """The first pydantic error as a one-line InputError naming the dotted field path."""
-    first = err.errors()[0]
-    parts: list[str] = []
-    for i, item in enumerate(first["loc"]):
-        if item == "[key]":  # pydantic marks a bad dict key this way; the key is already in loc
-            continue
-        if i > 0 and first["loc"][i - 1] == "network" and item in NETWORK_KINDS:
-            continue  # the discriminated union inserts the tag into the path; users never wrote it
-        parts.append(str(item))
-    field = ".".join(parts) or None
-    kind = first["type"]
-    if kind == "unknown_key":
-        field = ".".join(parts + [first["ctx"]["key"]])
-        return InputError(source, field, first["msg"])
-    if kind == "missing":
-        return InputError(source, field, "required field is missing")
-    if kind == "union_tag_not_found":
-        return InputError(source, f"{field}.kind", f"missing; allowed: {', '.join(NETWORK_KINDS)}")
-    if kind == "union_tag_invalid":
-        return InputError(source, f"{field}.kind", f"unknown kind {first['ctx']['tag']!r}; allowed: {', '.join(NETWORK_KINDS)}")
-    return InputError(source, field, f"{first['msg']}; got {_short(first['input'])}")

@@ -192,8 +192,11 @@ def test_out_of_memory_prune_at_the_capacity():
     # (The ranked list also holds the compressed variants the compression note simulates.)
     assert fits.ranked[0].plan == resolve_plan(plan, model(lo), 8).to_string()
     assert fits.ranked[0].fits_memory and S.R_OOM not in fits.pruned
-    oom = S.search(model(hi), cluster, PROFILE, progress=False, space=space)
-    assert oom.ranked == [] and oom.pruned[S.R_OOM] == 1
+    with pytest.raises(S.NoPlanFits) as oom:
+        S.search(model(hi), cluster, PROFILE, progress=False, space=space)
+    assert oom.value.pruned == {S.R_OOM: 1}
+    assert oom.value.closest == resolve_plan(plan, model(hi), 8).to_string()
+    assert 0 < oom.value.shortfall_gib < 0.01
 
 
 def test_search_prefers_no_recompute_when_it_fits():

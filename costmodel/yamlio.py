@@ -1,0 +1,145 @@
+"""The one reader of input files: text decoding and YAML parsing for every file type
+(plan, model, topology, profile; the runs CSV shares the text decoding).
+
+It lives in costmodel, the lowest package, because profiles (costmodel/profile.py) read
+YAML too and costmodel may not import specs. Every failure is a one-line InputError:
+
+- a missing or unreadable file, a file larger than ``MAX_FILE_BYTES``;
+- binary content (a NUL byte) or bytes that are not UTF-8;
+- malformed YAML (with line and column), a mapping key given twice (PyYAML would keep the
+  last value silently);
+- aliases that expand the document by more than ``MAX_ALIAS_NODES`` nodes (a "billion
+  laughs" alias bomb is refused after composing its small node graph, before anything is
+  constructed, validated or printed), or an alias that contains itself.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from costmodel.errors import InputError
+
+# Input files are hand-written descriptions of a cluster, a model or a plan: the largest
+# bundled one is a few kB. 16 MiB leaves room for a machine-written explicit network of
+# ~100k links while bounding what a mistaken path (a dataset, a binary) can make us read.
+MAX_FILE_BYTES = 16 * 2**20
+# YAML nodes that aliases may add beyond the ones written in the file. Sharing a block of
+# settings a few times adds tens of nodes; an alias bomb adds millions.
+MAX_ALIAS_NODES = 10_000
+
+
+def read_text(path: str | Path, source: str | None = None, what: str = "file") -> str:
+    """The UTF-8 text of ``path``; InputError (one line) when it is missing, unreadable,
+    too large, binary or not UTF-8."""
+    source = source or str(path)
+    p = Path(path)
+    try:
+        if not p.is_file():
+            raise InputError(source, None, f"no such {what}")
+        if p.stat().st_size > MAX_FILE_BYTES:
+            raise InputError(source, None, f"{p.stat().st_size:,} bytes; an input file may have at most "
+                                           f"{MAX_FILE_BYTES:,} bytes")
+        data = p.read_bytes()
+    except OSError as err:
+        raise InputError(source, None, f"cannot read the {what}: {err.strerror or err}") from None
+    return decode(data, source)
+
+
+def decode(data: bytes, source: str) -> str:
+    """UTF-8 text of ``data``, refusing binary content (NUL bytes) and other encodings."""
+    if b"\x00" in data:
+        at = data.index(b"\x00")
+        raise InputError(source, None, f"binary content (a NUL byte at offset {at}); expected a UTF-8 text file")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise InputError(source, None, f"not UTF-8 text (byte 0x{data[err.start]:02x} at offset {err.start}); "
+                                       "save the file as UTF-8") from None
+
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader that rejects a mapping key given twice."""
+
+
+def _construct_mapping(loader: _Loader, node: yaml.MappingNode, deep: bool = False):
+    seen = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        try:
+            dup = key in seen
+        except TypeError:  # an unhashable key: construct_mapping reports it
+            dup = False
+        if dup:
+            raise yaml.constructor.ConstructorError(None, None, f"duplicate key {str(key)[:60]!r}",
+                                                    key_node.start_mark)
+        if not isinstance(key, (list, dict)):
+            seen.add(key)
+    return loader.construct_mapping(node, deep)
+
+
+_Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def _expanded_size(root: yaml.Node, limit: int) -> tuple[int, int]:
+    """(nodes of the document with every alias expanded, distinct nodes); the first stops
+    counting past ``limit``.
+    The composed graph shares aliased nodes, so sizes are memoised per node (linear time)."""
+    size: dict[int, int] = {}
+    active: set[int] = set()
+
+    def walk(node: yaml.Node) -> int:
+        key = id(node)
+        if key in size:
+            return size[key]
+        if key in active:
+            raise ValueError("an alias refers to a node that contains it")
+        active.add(key)
+        total = 1
+        if isinstance(node, yaml.SequenceNode):
+            children = node.value
+        elif isinstance(node, yaml.MappingNode):
+            children = [n for pair in node.value for n in pair]
+        else:
+            children = []
+        for child in children:
+            total = min(total + walk(child), limit + 1)
+        active.discard(key)
+        size[key] = total
+        return total
+
+    return walk(root), len(size)
+
+
+def parse_yaml(text: str, source: str):
+    """The YAML document in ``text`` (None when empty); InputError on any problem above."""
+    loader = _Loader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        try:
+            expanded, distinct = _expanded_size(node, 10 * MAX_FILE_BYTES)
+        except ValueError as err:
+            raise InputError(source, None, f"malformed YAML: {err}") from None
+        except RecursionError:
+            raise InputError(source, None, "malformed YAML: nested too deeply") from None
+        if expanded - distinct > MAX_ALIAS_NODES:
+            raise InputError(source, None, f"YAML aliases expand the document by more than "
+                                           f"{MAX_ALIAS_NODES:,} nodes; write the values out")
+        return loader.construct_document(node)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(err, "problem", None) or str(err)
+        raise InputError(source, None, f"malformed YAML{where}: {problem}") from None
+    except RecursionError:
+        raise InputError(source, None, "malformed YAML: nested too deeply") from None
+    finally:
+        loader.dispose()
+
+
+def load_yaml(path: str | Path, source: str | None = None, what: str = "file"):
+    """Read and parse one YAML input file (see the module docstring for what is refused)."""
+    source = source or str(path)
+    return parse_yaml(read_text(path, source, what), source)
