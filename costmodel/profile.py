@@ -23,6 +23,7 @@ from typing import Iterable
 
 import yaml
 
+from costmodel.dtypes import GRAD_REDUCE_CHOICES
 from costmodel.errors import InputError
 
 
@@ -68,7 +69,7 @@ class RuntimeSettings:
 
 
 _BOOL_FIELDS = {f.name for f in fields(RuntimeSettings) if f.type in ("bool", bool)}
-_STR_CHOICES = {"grad_reduce_dtype": ("auto", "fp32", "bf16", "fp16")}
+_STR_CHOICES = {"grad_reduce_dtype": ("auto",) + GRAD_REDUCE_CHOICES}
 
 # Edge kinds of sim/topology's graph that belong to the inter-node network.
 NETWORK_KINDS = ("network", "nic", "leaf_spine", "explicit")

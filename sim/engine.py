@@ -20,9 +20,10 @@ from collections import defaultdict
 import simpy
 
 from costmodel import efficiency as ce
+from costmodel.dtypes import WORKING_BYTES as BYTES, grad_reduce_bytes
 from sim import collective_flows as cf
 from sim.flownet import FlowNetwork
-from sim.program import BYTES, TOPK_ENTRY_BYTES, Program, grad_reduce_bytes
+from sim.program import TOPK_ENTRY_BYTES, Program
 from sim.result import CATEGORIES, Segment
 
 
