@@ -117,6 +117,8 @@ def balanced_layers(tables: CostTables, plan: Plan) -> tuple[int, ...] | None:
     when no split fits in memory."""
     p = plan.pp
     m_max = max(plan.mb_shares)
+    if plan.schedule == "interleaved":  # its microbatch shares become multiples of p
+        m_max = -(-m_max // p) * p
     per_layer, fixed, hi = [], [], []
     for s in range(p):
         # A stage is as slow as its slowest replica (the DP reduction waits for it).

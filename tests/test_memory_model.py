@@ -118,3 +118,20 @@ def test_inflight_moments(schedule, p, v):
             ref = ref or got
             assert got == ref
             assert program.schedule_inflight(schedule, p, m, v) == tuple(got)
+
+
+def test_balancer_sizes_interleaved_memory_on_whole_groups():
+    """The layer balancer sizes memory for microbatch shares that are not multiples of
+    pp (the search prunes such interleaved plans only after balancing): with 5
+    microbatches per replica on pp=4 it plans for 8 in flight instead of asking the
+    interleaved schedule (whose in-flight counts the memory model walks) for an
+    impossible 5, and still splits the layers by the stages' GPU types."""
+    from search.hetero import nonuniform_variant
+
+    cluster, model, profile = _inputs("hetero-a100-v100", "gpt3-2.7b")
+    plan = resolve_plan("tp=1,pp=4,dp=16,mbs=1,vpp=2,schedule=interleaved,placement=tp-dp-pp",
+                        model, cluster.num_devices)
+    var, why = nonuniform_variant(CostTables(model, cluster, profile), replace(plan, mb_shares=(5,) * 16))
+    assert var is not None, why
+    assert sum(var.layers) == model.num_layers and var.explicit_layers
+    assert var.layers[0] > var.layers[3]  # A100 stages first (tp-dp-pp), V100 stages last
