@@ -135,3 +135,19 @@ def test_balancer_sizes_interleaved_memory_on_whole_groups():
     assert var is not None, why
     assert sum(var.layers) == model.num_layers and var.explicit_layers
     assert var.layers[0] > var.layers[3]  # A100 stages first (tp-dp-pp), V100 stages last
+
+
+def test_balanced_split_fits_in_the_program():
+    """The balancer's layer caps come from the same memory model as the program: for
+    gpt3-13b, tp=2, pp=4, vpp=3 interleaved on hetero-a100-v100 it must not hand stage 0
+    (A100, 80 GiB) the 14 layers that need 81.05 GiB there (02c3a0b's balancer did: its
+    linear mean-chunk cap gave 14:15:6:5). Every device of the balanced plan's program fits."""
+    from search.hetero import nonuniform_variant
+
+    cluster, model, profile = _inputs("hetero-a100-v100", "gpt3-13b")
+    plan = resolve_plan("tp=2,pp=4,dp=8,mbs=1,vpp=3,schedule=interleaved,sp=true,placement=tp-dp-pp,"
+                        "layers=10:10:10:10", model, cluster.num_devices)
+    var, why = nonuniform_variant(CostTables(model, cluster, profile), plan)
+    assert var is not None, why
+    assert var.layers[0] <= 13
+    assert _program_shortfall_gib(program.build_program(model, var, cluster, profile)) <= 0
