@@ -1,4 +1,5 @@
-"""The search's out-of-memory check and the simulator's program report the same memory.
+"""The search's out-of-memory check and the simulator's program report the same memory
+(and resolve allreduce=auto by the same rule).
 
 Both now go through costmodel/device_memory.py; these tests compare what the two paths
 report (the search's ``CostTables.memory_shortfall_gib`` against ``build_program``'s
@@ -14,6 +15,7 @@ import pytest
 
 import sim.program as program
 from costmodel.profile import load_profile
+from costmodel.shapes import ModelSpec
 from search import search as search_mod
 from search.costs import CostTables
 from sim.metrics import simulate
@@ -151,3 +153,18 @@ def test_balanced_split_fits_in_the_program():
     assert var is not None, why
     assert var.layers[0] <= 13
     assert _program_shortfall_gib(program.build_program(model, var, cluster, profile)) <= 0
+
+
+def test_allreduce_auto_resolves_alike_in_search_and_program():
+    """allreduce=auto has one rule (sim.program.choose_allreduce): hierarchical only where
+    every node holds as many of the DP group's ranks. With placement=tp-dp-pp on three
+    8-GPU nodes, stage 0's 12 DP ranks sit 8 + 4 on two nodes and stage 1's 4 + 8, so both
+    stages resolve to ring in the program; the search must resolve the same (02c3a0b's
+    search skipped the even-split check and said hierarchical)."""
+    cluster = load_topology("dgx-a100", nodes=3)
+    profile = load_profile(None, bundled=cluster.profiles)
+    model = ModelSpec("m", 8, 1024, 16, 512, 32000, 24)
+    plan = resolve_plan("tp=1,pp=2,dp=12,mbs=1,allreduce=auto,placement=tp-dp-pp", model, 24)
+    built = program.build_program(model, plan, cluster, profile).dp_algorithm
+    assert tuple(built) == ("ring", "ring")
+    assert tuple(CostTables(model, cluster, profile).resolve_auto(plan)) == tuple(built)
