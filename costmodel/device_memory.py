@@ -17,9 +17,6 @@ from costmodel import memory as mem
 from costmodel.dtypes import working_bytes
 from costmodel.shapes import ModelSpec
 
-KINDS = ("weights", "grads", "optimizer", "activations", "logits", "topk_residual")
-
-
 class MemoryConfig(NamedTuple):
     """What of a plan and the framework the memory of a device depends on (a NamedTuple:
     it keys caches, and tuples hash fast)."""
@@ -46,7 +43,8 @@ class ChunkSpec(NamedTuple):
 
 def device_memory(model: ModelSpec, cfg: MemoryConfig, chunks: tuple[ChunkSpec, ...],
                   inflight: tuple[tuple[int, ...], ...]) -> dict[str, float]:
-    """Bytes by kind (KINDS) on one device of a TP group at its peak.
+    """Bytes by kind (weights, grads, optimizer, activations, logits, topk_residual) on
+    one device of a TP group at its peak.
 
     ``inflight``: per candidate peak moment, the microbatches in flight on each chunk
     (one count per entry of ``chunks``). Weights, gradient buffer and optimizer states

@@ -315,7 +315,8 @@ def stage_chunks(plan: Plan, stage: int) -> tuple[ChunkSpec, ...]:
 def stage_memory(model: ModelSpec, plan: Plan, runtime: RuntimeSettings, stage: int, m: int) -> dict[str, float]:
     """Peak bytes by kind on a device of pipeline rank ``stage`` of a replica that runs
     ``m`` microbatches: costmodel.device_memory on this plan's chunks and schedule. The
-    program, the search's memory prune and the heterogeneous balancer all call this."""
+    program and the search's memory prune call this; the heterogeneous balancer calls
+    device_memory on the same memory_config, stage_chunks flags and schedule_inflight."""
     inflight = schedule_inflight(plan.schedule, plan.pp, m, plan.vpp)[stage]
     return device_memory(model, memory_config(plan, runtime), stage_chunks(plan, stage), inflight)
 
