@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 from typing import Iterable, Sequence
 
+from costmodel.dtypes import TRAINING, optimizer_step_bytes
 from costmodel.flops import Op
 from costmodel.gpus import GpuSpec
 from costmodel.profile import GpuEfficiency, RuntimeSettings
@@ -163,16 +164,9 @@ def ops_time_s(ops: Iterable[Op], gpu: GpuSpec, eff: GpuEfficiency, precision: s
     return max(gpu_t, host_t)
 
 
-# Optimizer step, HBM bytes moved per parameter held (mixed-precision Adam as in
-# Micikevicius et al. 2018 and Megatron-LM's Float16OptimizerWithFloat16Params):
-#   fp16: copy 16-bit grads to fp32 main grads (read 2, write 4), unscale with the
-#         inf/NaN check of loss scaling (read 4, write 4), gradient norm (read 4),
-#         Adam (read master, grad, m, v: 16; write master, m, v: 12), copy master to the
-#         16-bit weights (read 4, write 2), zero the grad buffer (write 2): 54 B.
-#   bf16: gradients accumulate in fp32 main grads (no copy, no loss scale): norm 4,
-#         Adam 28, copy to bf16 weights 6, zero the fp32 grad buffer 4: 42 B.
-#   fp32: norm 4, Adam 28, zero grads 4: 36 B.
-OPTIMIZER_BYTES_PER_PARAM = {"fp16": 54.0, "bf16": 42.0, "fp8": 42.0, "fp32": 36.0}
+# Optimizer step, HBM bytes moved per parameter held, derived from the precision's dtypes
+# (costmodel/dtypes.py, optimizer_step_bytes: fp16 54, bf16 and fp8 42, fp32 36).
+OPTIMIZER_BYTES_PER_PARAM = {p: optimizer_step_bytes(p) for p in TRAINING}
 # Fused multi-tensor kernels per step: grad copy, unscale, norm, Adam, weight copy, zero.
 OPTIMIZER_KERNELS = 6
 

@@ -15,9 +15,10 @@ import types
 from dataclasses import dataclass
 from typing import Mapping
 
+from costmodel.dtypes import DTYPE_BYTES
 from costmodel.errors import InputError
 
-PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "fp8")
+PRECISIONS = tuple(DTYPE_BYTES)  # the arithmetic formats a datasheet may give a peak for
 
 # When a device lacks a precision's math units, the framework runs that precision on the
 # next-best units. Each chain ends at fp32, which every spec must have.

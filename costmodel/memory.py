@@ -7,28 +7,22 @@ tensor, so that it extends to grouped-query attention, SwiGLU and any FFN width;
 """
 from __future__ import annotations
 
+from costmodel.dtypes import DTYPE_BYTES, grad_reduce_bytes, optimizer_state_bytes, working_bytes
 from costmodel.errors import InputError
 from costmodel.flops import check_recompute, check_sizes, check_tp_divides
 from costmodel.shapes import ModelSpec
 
 _MASK_BYTES = 1  # a dropout mask element (torch.bool / uint8), whatever the activation width
-
-# Bytes per parameter for (weights, gradients, optimizer states).
-# Mixed precision with Adam: 16-bit weights and gradients, fp32 master weights + Adam m and v
-# = 2 + 2 + 12 = 16 bytes/param (Rajbhandari et al. 2020, ZeRO).
-# Pure fp32 Adam: fp32 weights and gradients, m and v; no separate master copy.
-_STATE_BYTES = {
-    "bf16": (2, 2, 12),
-    "fp16": (2, 2, 12),
-    "fp32": (4, 4, 8),
-    # fp8 training (Transformer Engine style) casts to fp8 inside the GEMMs only; the
-    # weights, gradients and Adam state are kept as in bf16 mixed precision.
-    "fp8": (2, 2, 12),
-}
+# FlashAttention keeps, per query row and head, the fp32 log-sum-exp of the softmax for its
+# backward instead of the s x s probabilities (Dao 2023, FlashAttention-2, Alg. 1 line 13
+# and Alg. 2; FlashAttention-1, Dao et al. 2022 Alg. 2, kept the row max m and row sum l,
+# two such fp32 vectors, which FlashAttention-2 folds into one).
+_LSE_BYTES = DTYPE_BYTES["fp32"]
 
 
 def activation_bytes_per_layer(
-    model: ModelSpec, mbs: int, tp: int, sp: bool, recompute: str, *, bytes_per_elem: int = 2
+    model: ModelSpec, mbs: int, tp: int, sp: bool, recompute: str, *, bytes_per_elem: int = 2,
+    flash_attention: bool = False,
 ) -> float:
     """Activation bytes one layer keeps from forward to backward, per device, one microbatch.
 
@@ -59,6 +53,12 @@ def activation_bytes_per_layer(
     Full recompute keeps only the layer input, e*sbh (Table 2: 2sbh). With SP the layer
     input is Megatron's sequence-parallel slice [s/t, b, h], so we divide it by t; Table 2's
     2sbh row is for plain TP.
+
+    FlashAttention (Dao et al. 2022, Sec. 3.1 and Alg. 2: the forward returns O and the
+    softmax row statistics; the backward recomputes the attention matrix from Q, K, V in
+    SRAM) keeps no s x s tensor: the three score terms go, and the kernel keeps the fp32
+    log-sum-exp per row and head, 4*a*s*b/t. Q, K, V and O are already counted above.
+    Selective recompute re-runs the whole core attention, so it keeps neither.
     """
     check_recompute(recompute)
     check_sizes(mbs, tp, bytes_per_elem)
@@ -73,9 +73,13 @@ def activation_bytes_per_layer(
     act_in = 2 * f if model.activation == "swiglu" else f
     replicated = 4 * e * sbh + 2 * _MASK_BYTES * sbh  # two LN inputs, QKV and MLP-up inputs, two masks
     split = e * s * b * (h + g) + e * s * b * g + e * sbh + e * s * b * (act_in + f)
-    attn_scores = model.num_attention_heads * s * s * b * (2 * e + _MASK_BYTES)
+    a = model.num_attention_heads
     if recompute == "selective":
         attn_scores = 0
+    elif flash_attention:
+        attn_scores = a * s * b * _LSE_BYTES
+    else:
+        attn_scores = a * s * s * b * (2 * e + _MASK_BYTES)
     return replicated / replicated_div + (split + attn_scores) / t
 
 
@@ -84,20 +88,18 @@ def model_state_bytes(params: float, dp: int, zero: int, precision: str = "bf16"
     """{'weights', 'grads', 'optimizer'} bytes on one device holding ``params`` parameters
     (already divided by tp and pp). ZeRO (Rajbhandari et al. 2020) shards over the dp
     ranks: stage 1 the optimizer states, stage 2 also the gradients, stage 3 also the weights.
-    ``grad_bytes`` overrides the gradient buffer's bytes per parameter: frameworks that
-    accumulate bf16 gradients in fp32 (Megatron-LM's main_grad, DeepSpeed's BF16_Optimizer)
-    hold 4, which makes the 18 bytes per parameter BLOOM's planning used."""
-    if precision not in _STATE_BYTES:
-        raise InputError(None, "plan.precision", f"got {precision!r}; allowed: {', '.join(_STATE_BYTES)}")
+    Bytes per parameter come from costmodel/dtypes.py: working weights, the gradient buffer
+    in the dtype gradients accumulate and are reduced in (``grad_bytes``, default the
+    precision's: fp32 main grads for bf16 as Megatron-LM and DeepSpeed's BF16_Optimizer keep,
+    which makes the 18 bytes per parameter BLOOM's planning used), master copy + Adam."""
+    w, o = working_bytes(precision), optimizer_state_bytes(precision)
     if zero not in (0, 1, 2, 3):
         raise InputError(None, "plan.zero", f"got {zero!r}; allowed: 0, 1, 2, 3")
     if not isinstance(dp, int) or dp < 1:
         raise InputError(None, "plan.dp", f"data-parallel size must be an integer >= 1, got {dp!r}")
     if params < 0:
         raise InputError(None, "params", f"must be >= 0, got {params!r}")
-    w, g, o = _STATE_BYTES[precision]
-    if grad_bytes is not None:
-        g = grad_bytes
+    g = grad_reduce_bytes(precision) if grad_bytes is None else grad_bytes
     return {
         "weights": params * w / (dp if zero >= 3 else 1),
         "grads": params * g / (dp if zero >= 2 else 1),
@@ -136,7 +138,7 @@ def stage_params(model: ModelSpec, layers: int, tp: int, first: bool, last: bool
 def logits_bytes(model: ModelSpec, mbs: int, tp: int) -> float:
     """fp32 logits of one microbatch on one TP rank, s*b*V/t*4 bytes: the transient peak of
     the last stage while the vocab-parallel cross entropy runs."""
-    return model.seq_length * mbs * model.vocab_size / tp * 4
+    return model.seq_length * mbs * model.vocab_size / tp * DTYPE_BYTES["fp32"]
 
 
 def interleaved_first_stage_factor(p: int, m: int) -> float:
@@ -151,4 +153,4 @@ def topk_residual_bytes(params: float) -> float:
     """Top-k with error feedback keeps the unsent remainder of every local gradient
     element between steps: one fp32 buffer the size of the local parameters, not
     sharded by ZeRO (Stich et al. 2018, error-feedback / memory SGD)."""
-    return 4.0 * params
+    return float(DTYPE_BYTES["fp32"] * params)

@@ -21,6 +21,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Iterable
 
+from costmodel.dtypes import GRAD_REDUCE_CHOICES
 from costmodel.errors import InputError
 from costmodel.limits import LATENCY_US_MAX, number_problem
 from costmodel.yamlio import decode, load_yaml, parse_yaml
@@ -97,7 +98,7 @@ def _range(key: str) -> tuple[float, float, bool, bool]:
 def _short(value: object) -> str:
     text = repr(value) if not isinstance(value, (dict, list)) else type(value).__name__
     return text if len(text) <= 60 else text[:57] + "..."
-_STR_CHOICES = {"grad_reduce_dtype": ("auto", "fp32", "bf16", "fp16")}
+_STR_CHOICES = {"grad_reduce_dtype": ("auto",) + GRAD_REDUCE_CHOICES}
 
 # Edge kinds of sim/topology's graph that belong to the inter-node network.
 NETWORK_KINDS = ("network", "nic", "leaf_spine", "explicit")

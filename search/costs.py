@@ -8,47 +8,51 @@ builds, as the engine runs them) gets the bandwidth of its path's tightest edge 
 by the number of concurrent flows on that edge, counting the symmetric replica groups that
 run the same collective at the same time. Data-parallel reductions of all pipeline stages
 are assumed concurrent (conservative where stages share NICs). Memory follows
-``sim.program.build_program`` term by term, so 'out of memory' here is what the
-simulation would report.
+``sim.program.stage_memory``, the function the simulator's program calls, so 'out of
+memory' here is what the simulation reports.
 """
 from __future__ import annotations
 
 import math
 from collections import Counter
 from dataclasses import replace
+from typing import NamedTuple
 
-from costmodel import collectives as cc
-from costmodel import memory as mem
+from costmodel.dtypes import grad_reduce_bytes, working_bytes
 from costmodel.efficiency import optimizer_time_s, topk_compress_time_s, topk_decompress_time_s
 from costmodel.estimate import ChunkGrads, PipelineCost, StageCost
 from costmodel.profile import Profile
 from costmodel.shapes import ModelSpec
 from sim import collective_flows as cf
 from specs.plan import Plan
-from sim.program import (BUCKET_BYTES, BYTES, TOPK_ENTRY_BYTES, ChunkWork, chunk_work,
-                         grad_reduce_bytes, group_link)
+from sim.program import (TOPK_ENTRY_BYTES, ChunkWork, ReplicaClass, call_latency_s, choose_allreduce,
+                         chunk_work, n_buckets, replica_classes, stage_chunks, stage_memory)
 from specs.topology import Cluster
 
 GIB = 2.0 ** 30
 
 
-def peak_inflight(schedule: str, p: int, m: int, v: int, rank: int) -> int:
-    """Chunk-activations rank ``rank`` holds at its peak (closed forms of the action lists
-    in sim/schedules.py: GPipe all m; 1F1B min(p - r, m); interleaved its warm-up
-    forwards plus one)."""
-    if schedule == "gpipe":
-        return m
-    if schedule == "1f1b":
-        return min(p - rank, m)
-    warm = min((v - 1) * p + 2 * (p - rank - 1), m * v)
-    return min(warm + 1, m * v)
+class ChunkCost(NamedTuple):
+    """One chunk of ``layers`` layers on one device, per microbatch."""
+
+    fwd_s: float  # forward compute + exposed TP communication
+    bwd_s: float  # backward (recompute included) + exposed TP communication
+    tp_s: float  # the exposed TP communication of both
+    params: float  # parameters this device holds for the chunk
 
 
-def n_buckets(total_bytes: float, layers: int) -> int:
-    """Gradient buckets of a chunk, as sim.program._buckets splits them."""
-    if total_bytes <= 0:
-        return 0
-    return max(1, min(layers, math.ceil(total_bytes / BUCKET_BYTES)))
+class LinearCost(NamedTuple):
+    """Seconds of a transfer as fixed + per_byte * bytes."""
+
+    fixed_s: float
+    s_per_byte: float
+
+
+class PhaseCost(NamedTuple):
+    """One phase of a collective: its latency and seconds per unit of the flows' bytes."""
+
+    latency_s: float
+    s_per_unit: float
 
 
 class CostTables:
@@ -64,12 +68,11 @@ class CostTables:
         self.heterogeneous = len({d.gpu.name for d in cluster.devices}) > 1 or len(cluster.groups()) > 1
         self._node_type = [cluster.nodes[d.node].node_type for d in cluster.devices]
         self._work: dict[tuple, ChunkWork] = {}
-        self._chunk: dict[tuple, tuple] = {}
-        self._classes: dict[tuple, list] = {}
+        self._chunk: dict[tuple, ChunkCost] = {}
+        self._classes: dict[tuple, list[ReplicaClass]] = {}
         self._memory: dict[Plan, float] = {}
-        self.memo: dict[str, dict] = {}  # for callers' own memoisation (sim/hetero.py)
-        self._phases: dict[tuple, list[tuple[float, float]]] = {}
-        self._call: dict[tuple, float] = {}
+        self.memo: dict[str, dict] = {}  # for callers' own memoisation (search/hetero.py)
+        self._phases: dict[tuple, LinearCost] = {}
 
     def grad_bytes(self, precision: str) -> int:
         """Bytes per gradient element in the DP reduction (the profile's runtime decides)."""
@@ -84,21 +87,21 @@ class CostTables:
             w = self._work[key] = chunk_work(self.model, plan, self.cluster, self.profile, rank, layers, first, last)
         return w
 
-    def chunk(self, plan: Plan, rank: int, layers: int, first: bool, last: bool) -> tuple:
-        """(fwd_s, bwd_s, tp_s, params, act_bytes) of a chunk of ``layers`` layers."""
+    def chunk(self, plan: Plan, rank: int, layers: int, first: bool, last: bool) -> ChunkCost:
+        """The costs of a chunk of ``layers`` layers on ``rank``'s GPU type."""
         key = (self._node_type[rank], plan.tp, plan.mbs, plan.sp, plan.recompute, plan.precision, layers, first, last)
         got = self._chunk.get(key)
         if got is None:
             got = self._chunk[key] = self._chunk_uncached(plan, rank, layers, first, last)
         return got
 
-    def _chunk_uncached(self, plan: Plan, rank: int, layers: int, first: bool, last: bool) -> tuple:
+    def _chunk_uncached(self, plan: Plan, rank: int, layers: int, first: bool, last: bool) -> ChunkCost:
         one = self.work(plan, rank, 1, False, False)
         ext = self.work(plan, rank, 0, first, last)
         fwd = layers * (one.fwd_s + one.fwd_tp_s) + ext.fwd_s + ext.fwd_tp_s
         bwd = layers * (one.bwd_s + one.bwd_tp_s) + ext.bwd_s + ext.bwd_tp_s
         tp = layers * (one.fwd_tp_s + one.bwd_tp_s) + ext.fwd_tp_s + ext.bwd_tp_s
-        return fwd, bwd, tp, layers * one.params + ext.params, layers * one.act_bytes
+        return ChunkCost(fwd, bwd, tp, layers * one.params + ext.params)
 
     def layer_time_s(self, plan: Plan, rank: int) -> float:
         """Forward + backward of one layer and one microbatch on ``rank``'s GPU type: the
@@ -109,11 +112,9 @@ class CostTables:
     # ------------------------------------------------------------------ communication
     def call_s(self, ranks: list[int]) -> float:
         """Per-call software latency of the fabric a group spans (as the engine charges)."""
-        nodes = {self.cluster.node_of(r) for r in ranks}
-        kind = self.cluster.nodes[next(iter(nodes))].intra_kind if len(nodes) == 1 else "network"
-        return self.profile.fabric(kind).call_latency_us * 1e-6
+        return call_latency_s(self.cluster, self.profile, ranks)
 
-    def phase_costs(self, phases: list[cf.Phase], replicas: list[tuple[int, ...]]) -> list[tuple[float, float]]:
+    def phase_costs(self, phases: list[cf.Phase], replicas: list[tuple[int, ...]]) -> list[PhaseCost]:
         """Per phase (latency seconds, seconds per unit of the flows' bytes): every flow
         of the phase and its replica copies count on the edges they cross; a flow gets
         the tightest edge's bandwidth divided by that count."""
@@ -137,7 +138,7 @@ class CostTables:
                 rate = min(self.bw[e] / count[e] for e in path)
                 worst = max(worst, nbytes / rate)
                 lat = max(lat, ph.latency_steps * sum(self.lat[e] for e in path))
-            out.append((lat, worst))
+            out.append(PhaseCost(lat, worst))
         return out
 
     def _dp_groups(self, plan: Plan, stage: int) -> tuple[tuple[int, ...], list[tuple[int, ...]]]:
@@ -147,7 +148,7 @@ class CostTables:
                   if (s, t) != (stage, 0)]
         return rep, others
 
-    def dp_op(self, plan: Plan, stage: int, op: str, algo: str = "ring") -> tuple[float, float]:
+    def dp_op(self, plan: Plan, stage: int, op: str, algo: str = "ring") -> LinearCost:
         """(fixed seconds, seconds per byte) of one DP collective on ``stage``: op is
         all_reduce (with algo), reduce_scatter, all_gather, or sparse (per byte of one
         rank's (index, value) payload)."""
@@ -164,12 +165,14 @@ class CostTables:
                 phases = cf.build(algo, "all_reduce", rep, 1.0, node_of=node_of)
             else:
                 phases = cf.build("ring", op, rep, 1.0, node_of=node_of)
-            costs = self.phase_costs(phases, others)
-            got = self._phases[key] = [(self.call_s(list(rep)) + sum(c[0] for c in costs),
-                                        sum(c[1] for c in costs))]
-        return got[0]
+            got = self._phases[key] = self._linear(list(rep), self.phase_costs(phases, others))
+        return got
 
-    def p2p(self, plan: Plan, d0: int, stage: int) -> tuple[float, float]:
+    def _linear(self, ranks: list[int], costs: list[PhaseCost]) -> LinearCost:
+        """A collective's phases in sequence, plus one call's software latency."""
+        return LinearCost(self.call_s(ranks) + sum(c.latency_s for c in costs), sum(c.s_per_unit for c in costs))
+
+    def p2p(self, plan: Plan, d0: int, stage: int) -> LinearCost:
         """(fixed seconds, seconds per byte) of the activation send stage -> stage+1 of
         replica d0, with every replica's and TP peer's send alongside."""
         nxt = (stage + 1) % plan.pp
@@ -179,32 +182,8 @@ class CostTables:
             src, dst = plan.rank(d0, stage, 0), plan.rank(d0, nxt, 0)
             reps = [(plan.rank(d, stage, t), plan.rank(d, nxt, t)) for d in range(plan.dp)
                     for t in range(plan.tp) if (d, t) != (d0, 0)]
-            costs = self.phase_costs(cf.p2p(src, dst, 1.0), reps)
-            got = self._phases[key] = [(self.call_s([src, dst]) + sum(c[0] for c in costs),
-                                        sum(c[1] for c in costs))]
-        return got[0]
-
-    def resolve_allreduce(self, plan: Plan, stage: int, bucket_bytes: float) -> str:
-        """What allreduce=auto becomes on ``stage`` (sim.program._choose_allreduce's rule:
-        the cheapest algorithm for one bucket by the alpha-beta formulas)."""
-        if plan.allreduce != "auto":
-            return plan.allreduce
-        if plan.dp == 1:
-            return "ring"
-        group = plan.dp_group(stage, 0)
-        bw, lat, kind = group_link(self.cluster, group)
-        fab = self.profile.fabric(kind)
-        nodes = sorted({self.cluster.node_of(r) for r in group})
-        local = len(group) // len(nodes)
-        costs = {"ring": cc.ring_allreduce_s(bucket_bytes, len(group), bw * fab.bw_eff, lat),
-                 "tree": cc.tree_allreduce_s(bucket_bytes, len(group), bw * fab.bw_eff, lat)}
-        if local > 1 and len(nodes) > 1:
-            node = self.cluster.nodes[nodes[0]]
-            ifab = self.profile.fabric(node.intra_kind)
-            costs["hierarchical"] = cc.hierarchical_allreduce_s(
-                bucket_bytes, local, len(nodes), node.intra_bw_Bps * ifab.bw_eff, node.intra_latency_s,
-                bw * fab.bw_eff, lat)
-        return min(sorted(costs), key=lambda k: costs[k])
+            got = self._phases[key] = self._linear([src, dst], self.phase_costs(cf.p2p(src, dst, 1.0), reps))
+        return got
 
     def dp_ranks_per_node(self, plan: Plan) -> set[int]:
         """How many ranks of one DP group share a node, over all groups (hierarchical
@@ -221,34 +200,24 @@ class CostTables:
         return got
 
     def resolve_auto(self, plan: Plan) -> tuple[str, ...]:
-        """allreduce=auto per stage, sized on the first bucket of the stage's first chunk
-        of replica 0 (as build_program does)."""
+        """allreduce=auto per stage (sim.program.choose_allreduce), sized on the first
+        bucket of the stage's first chunk of replica 0, as build_program does."""
         out = []
-        p, v = plan.pp, plan.vpp
-        for s in range(p):
-            n = plan.chunk_layers(s)[0]
-            *_, prm, _ = self.chunk(plan, plan.rank(0, s, 0), n, s == 0, s == p * v - 1)
+        for s in range(plan.pp):
+            first = stage_chunks(plan, s)[0]
+            prm = self.chunk(plan, plan.rank(0, s, 0), first.layers, first.first, first.last).params
             gbytes = prm * self.grad_bytes(plan.precision)
-            k = n_buckets(gbytes, n)
-            out.append(self.resolve_allreduce(plan, s, gbytes / k if k else 0.0))
+            k = n_buckets(gbytes, first.layers)
+            out.append(choose_allreduce(plan, self.cluster, self.profile, s, gbytes / k if k else 0.0))
         return tuple(out)
 
     # ------------------------------------------------------------------ whole plan
-    def classes(self, plan: Plan) -> list[tuple[int, list[int]]]:
-        """Replica classes as build_program forms them: (microbatches, member replicas)."""
+    def classes(self, plan: Plan) -> list[ReplicaClass]:
+        """Replica classes as build_program forms them (sim.program.replica_classes)."""
         key = (plan.placement, plan.tp, plan.pp, plan.dp, plan.mb_shares)
         got = self._classes.get(key)
-        if got is not None:
-            return got
-        if not self.heterogeneous and len(set(plan.mb_shares)) == 1:
-            got = self._classes[key] = [(plan.mb_shares[0], list(range(plan.dp)))]
-            return got
-        out: dict[tuple, list[int]] = {}
-        for d in range(plan.dp):
-            sig = (tuple(self.cluster.devices[plan.rank(d, s, 0)].gpu.name for s in range(plan.pp)),
-                   plan.mb_shares[d])
-            out.setdefault(sig, []).append(d)
-        got = self._classes[key] = [(sig[1], members) for sig, members in out.items()]
+        if got is None:
+            got = self._classes[key] = replica_classes(plan, self.cluster)
         return got
 
     def memory_shortfall_gib(self, plan: Plan) -> float:
@@ -261,27 +230,10 @@ class CostTables:
 
     def _shortfall(self, plan: Plan) -> float:
         worst = -math.inf
-        p, v = plan.pp, plan.vpp
-        for m, members in self.classes(plan):
-            d0 = members[0]
-            for s in range(p):
-                rank = plan.rank(d0, s, 0)
-                params = acts = 0.0
-                holds_last = False
-                for c, n in enumerate(plan.chunk_layers(s)):
-                    vs = c * p + s
-                    *_, prm, act = self.chunk(plan, rank, n, vs == 0, vs == p * v - 1)
-                    params += prm
-                    acts += act
-                    holds_last |= vs == p * v - 1
-                states = mem.model_state_bytes(params, plan.dp, plan.zero, plan.precision,
-                                               grad_bytes=self.grad_bytes(plan.precision))
-                peak = sum(states.values()) + acts / v * peak_inflight(plan.schedule, p, m, v, s)
-                if holds_last:
-                    peak += mem.logits_bytes(self.model, plan.mbs, plan.tp)
-                if plan.topk_fraction is not None:
-                    peak += mem.topk_residual_bytes(params)
-                cap = self.cluster.devices[rank].gpu.mem_bytes
+        for cls in self.classes(plan):
+            for s in range(plan.pp):
+                peak = sum(stage_memory(self.model, plan, self.runtime, s, cls.microbatches).values())
+                cap = self.cluster.devices[plan.rank(cls.members[0], s, 0)].gpu.mem_bytes
                 worst = max(worst, (peak - cap) / GIB)
         return worst
 
@@ -292,8 +244,8 @@ class CostTables:
         prec = plan.precision
         frac = plan.topk_fraction
         out = []
-        for m, members in self.classes(plan):
-            d0 = members[0]
+        for m_cls in self.classes(plan):
+            m, d0 = m_cls.microbatches, m_cls.members[0]
             stages = []
             for s in range(p):
                 rank = plan.rank(d0, s, 0)
@@ -301,9 +253,9 @@ class CostTables:
                 eff = self.profile.gpu(gpu.name)
                 fwd = bwd = tp = params = 0.0
                 grads, z3_gather, z3_rs = [], 0.0, 0.0
-                for c, n in enumerate(plan.chunk_layers(s)):
-                    vs = c * p + s
-                    f, b, t, prm, _ = self.chunk(plan, rank, n, vs == 0, vs == p * v - 1)
+                for ch in stage_chunks(plan, s):
+                    n = ch.layers
+                    f, b, t, prm = self.chunk(plan, rank, n, ch.first, ch.last)
                     fwd, bwd, tp, params = fwd + f, bwd + b, tp + t, params + prm
                     if plan.dp == 1:
                         continue
@@ -311,7 +263,7 @@ class CostTables:
                     if plan.zero == 3:
                         ag0, ag1 = self.dp_op(plan, s, "all_gather")
                         rs0, rs1 = self.dp_op(plan, s, "reduce_scatter")
-                        z3_gather = max(z3_gather, ag0 + ag1 * prm * BYTES[prec])
+                        z3_gather = max(z3_gather, ag0 + ag1 * prm * working_bytes(prec))
                         z3_rs = max(z3_rs, rs0 + rs1 * gbytes)
                         continue
                     k = n_buckets(gbytes, n)
@@ -340,9 +292,9 @@ class CostTables:
                 gather = 0.0
                 if plan.zero in (1, 2) and plan.dp > 1:
                     g0, g1 = self.dp_op(plan, s, "all_gather")
-                    gather = g0 + g1 * params * BYTES[prec]
+                    gather = g0 + g1 * params * working_bytes(prec)
                 stages.append(StageCost(fwd_s=fwd, bwd_s=bwd, tp_s=tp, p2p_s=p2p, grads=tuple(grads),
                                         optimizer_s=optimizer_time_s(opt_params, gpu, eff, prec),
                                         gather_s=gather, zero3_gather_s=z3_gather, zero3_rs_s=z3_rs, vpp=v))
-            out.append(PipelineCost(tuple(stages), m, v, plan.schedule, len(members)))
+            out.append(PipelineCost(tuple(stages), m, v, plan.schedule, len(m_cls.members)))
         return out

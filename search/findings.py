@@ -10,9 +10,9 @@ from costmodel.efficiency import topk_compress_time_s, topk_decompress_time_s
 from costmodel.estimate import StepEstimate, estimate_step
 from search.hetero import describe_split, group_speeds
 from specs.plan import Plan, resolve_plan
-from sim.program import TOPK_ENTRY_BYTES
+from sim.program import TOPK_ENTRY_BYTES, n_buckets, stage_chunks
 from sim.result import StepResult
-from search.costs import CostTables, n_buckets
+from search.costs import CostTables
 
 TOPK_FRACTIONS = ("topk:0.01", "topk:0.001")
 
@@ -70,9 +70,9 @@ def _dense_volume(tables: CostTables, plan: Plan, dense: Plan) -> tuple[float, f
     """(dense GB per GPU per step, DP path GB/s per GPU, gradient elements per bucket) of
     stage 0, which stands for the data-parallel path."""
     buckets, elems = [], 0.0
-    for c, nl in enumerate(plan.chunk_layers(0)):
-        vs = c * plan.pp
-        *_, prm, _ = tables.chunk(plan, plan.rank(0, 0, 0), nl, vs == 0, vs == plan.pp * plan.vpp - 1)
+    for ch in stage_chunks(plan, 0):
+        nl = ch.layers
+        prm = tables.chunk(plan, plan.rank(0, 0, 0), nl, ch.first, ch.last).params
         k = n_buckets(prm * tables.grad_bytes(plan.precision), nl)
         buckets += [prm / k] * k
         elems += prm

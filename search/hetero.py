@@ -19,9 +19,10 @@ import heapq
 import math
 from dataclasses import replace
 
-from costmodel import memory as mem
+from costmodel.device_memory import ChunkSpec, device_memory
+from sim.program import memory_config, schedule_inflight, stage_chunks
 from specs.plan import Plan
-from search.costs import CostTables, peak_inflight
+from search.costs import CostTables
 
 
 def water_fill(total: int, unit_cost: list[float], fixed: list[float], lo: list[int],
@@ -53,30 +54,62 @@ def _type_grid(tables: CostTables, plan: Plan) -> list[list[str]]:
     return [[devs[plan.rank(d, s, 0)].gpu.name for s in range(plan.pp)] for d in range(plan.dp)]
 
 
-def _stage_extras(tables: CostTables, plan: Plan, rank: int, s: int) -> tuple[float, float]:
-    """(seconds per microbatch, parameters) of the embedding/head that stage s holds."""
-    p, v = plan.pp, plan.vpp
-    t = params = 0.0
-    for c in range(v):
-        vs = c * p + s
-        f, b, _, prm, _ = tables.chunk(plan, rank, 0, vs == 0, vs == p * v - 1)
-        t, params = t + f + b, params + prm
-    return t, params
+def _stage_extras(tables: CostTables, plan: Plan, rank: int, s: int) -> float:
+    """Seconds per microbatch of the embedding/head that stage s holds."""
+    t = 0.0
+    for ch in stage_chunks(plan, s):
+        cost = tables.chunk(plan, rank, 0, ch.first, ch.last)
+        t += cost.fwd_s + cost.bwd_s
+    return t
 
 
-def _max_layers(tables: CostTables, plan: Plan, d: int, s: int, m: int) -> int:
-    """Most layers stage s of replica d can hold: memory is linear in the layer count."""
-    rank = plan.rank(d, s, 0)
-    gpu = tables.cluster.devices[rank].gpu
-    one = tables.work(plan, rank, 1, False, False)
-    _, extra_params = _stage_extras(tables, plan, rank, s)
-    state = lambda params: sum(mem.model_state_bytes(params, plan.dp, plan.zero, plan.precision).values())
-    inflight = peak_inflight(plan.schedule, plan.pp, m, plan.vpp, s)
-    fixed = state(extra_params)
-    if s == plan.pp - 1:  # the last virtual stage is always on the last rank
-        fixed += mem.logits_bytes(tables.model, plan.mbs, plan.tp)
-    per_layer = state(one.params) + one.act_bytes * inflight / plan.vpp
-    return max(0, math.floor((gpu.mem_bytes - fixed) / per_layer))
+def _max_layers(tables: CostTables, plan: Plan, s: int, m: int) -> int:
+    """Most layers stage s can hold on every replica (the smallest device among them
+    bounds it), by the one memory model (sim.program.stage_memory) with ``m``
+    microbatches in flight; memory grows with the layer count, so bisect."""
+    cap = min(tables.cluster.devices[plan.rank(d, s, 0)].gpu.mem_bytes for d in range(plan.dp))
+    memo = tables.memo.setdefault("max_layers", {})
+    key = (memory_config(plan, tables.runtime), plan.schedule, plan.pp, plan.vpp, s, m, cap)
+    got = memo.get(key)
+    if got is None:
+        got = memo[key] = _bisect_layers(tables, plan, s, m, cap)
+    return got
+
+
+def _bisect_layers(tables: CostTables, plan: Plan, s: int, m: int, cap: float) -> int:
+    """Largest n with stage s's memory at n layers (costmodel.device_memory, as
+    sim.program.stage_memory calls it) <= cap. With n a multiple of vpp every chunk holds
+    n/vpp layers, so memory is linear in n there: two evaluations place the answer within
+    one vpp-wide window, which a bisection then resolves."""
+    v = plan.vpp
+    cfg = memory_config(plan, tables.runtime)
+    inflight = schedule_inflight(plan.schedule, plan.pp, m, v)[s]
+    flags = stage_chunks(plan, s)
+    splits = tables.memo.setdefault("chunk_split", {})
+
+    def need(n: int) -> float:
+        split = splits.get((n, v))
+        if split is None:  # Plan.chunk_layers depends on the layer count and vpp only
+            split = splits[(n, v)] = replace(plan, layers=(n,) * plan.pp).chunk_layers(s)
+        chunks = tuple(ChunkSpec(k, f.first, f.last) for k, f in zip(split, flags))
+        return sum(device_memory(tables.model, cfg, chunks, inflight).values())
+
+    base = need(0)
+    if base > cap:
+        return 0
+    per_window = need(v) - base
+    top = tables.model.num_layers
+    k = top // v if per_window <= 0 else min(top // v, math.floor((cap - base) / per_window))
+    while k > 0 and need(k * v) > cap:  # guard against rounding in the division
+        k -= 1
+    lo, hi = k * v, min(top, k * v + v - 1)
+    while lo < hi:  # invariant: need(lo) <= cap; nothing above hi fits
+        mid = (lo + hi + 1) // 2
+        if need(mid) <= cap:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 def balanced_layers(tables: CostTables, plan: Plan) -> tuple[int, ...] | None:
@@ -84,14 +117,16 @@ def balanced_layers(tables: CostTables, plan: Plan) -> tuple[int, ...] | None:
     when no split fits in memory."""
     p = plan.pp
     m_max = max(plan.mb_shares)
+    if plan.schedule == "interleaved":  # its microbatch shares become multiples of p
+        m_max = -(-m_max // p) * p
     per_layer, fixed, hi = [], [], []
     for s in range(p):
         # A stage is as slow as its slowest replica (the DP reduction waits for it).
         d = max(range(plan.dp), key=lambda d: (tables.layer_time_s(plan, plan.rank(d, s, 0)), -d))
         rank = plan.rank(d, s, 0)
         per_layer.append(tables.layer_time_s(plan, rank))
-        fixed.append(_stage_extras(tables, plan, rank, s)[0])
-        hi.append(min(_max_layers(tables, plan, dd, s, m_max) for dd in range(plan.dp)))
+        fixed.append(_stage_extras(tables, plan, rank, s))
+        hi.append(_max_layers(tables, plan, s, m_max))
     return water_fill(tables.model.num_layers, per_layer, fixed, [plan.vpp] * p, hi)
 
 
@@ -111,10 +146,9 @@ def balanced_shares(tables: CostTables, plan: Plan) -> tuple[int, ...] | None:
             for s in range(p):
                 rank = plan.rank(d, s, 0)
                 t = 0.0
-                for c, n in enumerate(plan.chunk_layers(s)):
-                    vs = c * p + s
-                    f, b, *_ = tables.chunk(plan, rank, n, vs == 0, vs == p * v - 1)
-                    t += f + b
+                for ch in stage_chunks(plan, s):
+                    cost = tables.chunk(plan, rank, ch.layers, ch.first, ch.last)
+                    t += cost.fwd_s + cost.bwd_s
                 ts.append(t)
             cache[sig] = (max(ts), (sum(ts) - max(ts)) / v)
         slope.append(cache[sig][0])

@@ -8,23 +8,11 @@ from typing import Sequence
 
 import simpy
 
-from costmodel.profile import Profile
 from sim import collective_flows as cf
 from sim.accountant import StepAccountant
 from sim.flownet import FlowNetwork
-from sim.program import Program
+from sim.program import Program, call_latency_s
 from specs.topology import Cluster
-
-
-def group_kind(cluster: Cluster, ranks: Sequence[int]) -> str:
-    """The link class a group's collective runs on: the node's fabric or the network."""
-    nodes = {cluster.node_of(r) for r in ranks}
-    return cluster.nodes[next(iter(nodes))].intra_kind if len(nodes) == 1 else "network"
-
-
-def call_latency_s(cluster: Cluster, profile: Profile, ranks: Sequence[int]) -> float:
-    """Per-call software latency of the fabric a group spans, seconds."""
-    return profile.fabric(group_kind(cluster, ranks)).call_latency_us * 1e-6
 
 
 def run_call(env: simpy.Environment, net: FlowNetwork, cluster: Cluster, phases: list[cf.Phase],

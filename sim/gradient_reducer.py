@@ -20,7 +20,8 @@ from sim import collective_flows as cf
 from sim.accountant import RankKey, StepAccountant
 from sim.calls import EnginePart
 from sim.flownet import FlowNetwork
-from sim.program import BYTES, TOPK_ENTRY_BYTES, ChunkWork, Program, grad_reduce_bytes
+from costmodel.dtypes import WORKING_BYTES as BYTES, grad_reduce_bytes
+from sim.program import TOPK_ENTRY_BYTES, ChunkWork, Program
 
 
 class BucketId(NamedTuple):

@@ -17,7 +17,8 @@ import simpy
 
 from sim import collective_flows as cf
 from sim.accountant import RankKey, StepAccountant
-from sim.calls import EnginePart, group_kind
+from sim.calls import EnginePart
+from sim.program import group_kind
 from sim.flownet import FlowNetwork
 from sim.gradient_reducer import GradientReducer
 from sim.program import Program

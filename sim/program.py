@@ -10,34 +10,22 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import NamedTuple
 
 from costmodel import collectives as cc
 from costmodel import flops as fl
 from costmodel import memory as mem
+from costmodel.device_memory import ChunkSpec, MemoryConfig, device_memory
+from costmodel.dtypes import grad_reduce_bytes, working_bytes
 from costmodel.efficiency import op_time_s, ops_time_s, optimizer_time_s
 from costmodel.flops import matmul_flops
 from costmodel.errors import InputError
 from costmodel.profile import Profile, RuntimeSettings
 from costmodel.shapes import ModelSpec
 from specs.plan import Plan
-from sim.schedules import Action, make_schedule
+from sim.schedules import Action, inflight_peaks, make_schedule
 from specs.topology import Cluster
-
-BYTES = {"bf16": 2, "fp16": 2, "fp8": 1, "fp32": 4}
-# Gradients are accumulated and reduced in fp32 for bf16 training (Megatron-LM's
-# default accumulate_allreduce_grads_in_fp32 for bf16; DeepSpeed's bf16 optimizer
-# likewise); fp16 training reduces fp16 gradients. A profile's runtime.grad_reduce_dtype
-# overrides this (grad_reduce_bytes).
-GRAD_REDUCE_BYTES = {"bf16": 4, "fp16": 2, "fp8": 4, "fp32": 4}
-_DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
-
-
-def grad_reduce_bytes(precision: str, runtime: RuntimeSettings) -> int:
-    """Bytes per gradient element in the data-parallel reduction."""
-    if runtime.grad_reduce_dtype == "auto":
-        return GRAD_REDUCE_BYTES[precision]
-    return _DTYPE_BYTES[runtime.grad_reduce_dtype]
-
 
 # Gradient bucket size for overlapped reduction, bytes. PyTorch DDP's default
 # bucket_cap_mb is 25 MB; we use that and never split finer than one layer.
@@ -62,7 +50,6 @@ class ChunkWork:
     p2p_bytes: float  # activation (and its gradient) sent to the neighbour stage, per device
     params: float  # parameters held by this device for this chunk
     grad_buckets: tuple[float, ...]  # bytes to reduce, in the order backward produces them
-    act_bytes: float  # activation memory kept per in-flight microbatch
 
 
 @dataclass
@@ -111,8 +98,7 @@ def _tp_call_s(cluster: Cluster, profile: Profile, ranks: list[int], nbytes: flo
     if n == 1:
         return 0.0
     bw, lat, kind = group_link(cluster, ranks)
-    fab = profile.fabric(kind)
-    return cc.ring_allreduce_s(nbytes, n, bw * fab.bw_eff, lat) + fab.call_latency_us * 1e-6
+    return cc.ring_allreduce_s(nbytes, n, bw * profile.fabric(kind).bw_eff, lat) + call_latency_s(cluster, profile, ranks)
 
 
 def _tp_comm_s(cluster: Cluster, profile: Profile, ranks: list[int], nbytes: float, calls: int) -> float:
@@ -148,7 +134,7 @@ def tp_layer_comm_s(cluster: Cluster, profile: Profile, ranks: list[int], act_by
         return 0.0, 0.0
     bw, lat, kind = group_link(cluster, ranks)
     fab = profile.fabric(kind)
-    bw_eff, call = bw * fab.bw_eff, fab.call_latency_us * 1e-6
+    bw_eff, call = bw * fab.bw_eff, call_latency_s(cluster, profile, ranks)
     ar = cc.ring_allreduce_s(act_bytes, n, bw_eff, lat) + call
     ag = cc.allgather_s(act_bytes, n, bw_eff, lat) + call
     rs = cc.reduce_scatter_s(act_bytes, n, bw_eff, lat) + call
@@ -173,25 +159,42 @@ def tp_layer_comm_s(cluster: Cluster, profile: Profile, ranks: list[int], act_by
     return fwd, bwd + (fwd if full else 0.0)
 
 
+def group_kind(cluster: Cluster, ranks: list[int]) -> str:
+    """The fabric class a group's collective runs over: the node's own fabric when every
+    rank is on one node, else the inter-node network."""
+    nodes = {cluster.node_of(r) for r in ranks}
+    return cluster.nodes[next(iter(nodes))].intra_kind if len(nodes) == 1 else "network"
+
+
+def call_latency_s(cluster: Cluster, profile: Profile, ranks: list[int]) -> float:
+    """Software cost of one collective call over ``ranks`` (the fabric's call_latency_us)."""
+    return profile.fabric(group_kind(cluster, ranks)).call_latency_us * 1e-6
+
+
 def group_link(cluster: Cluster, ranks: list[int]) -> tuple[float, float, str]:
     """(bottleneck bytes/s, worst per-hop latency s, fabric kind) of a ring over `ranks`."""
-    nodes = {cluster.node_of(r) for r in ranks}
-    if len(nodes) == 1:
-        node = cluster.nodes[next(iter(nodes))]
-        return node.intra_bw_Bps, node.intra_latency_s, node.intra_kind
+    kind = group_kind(cluster, ranks)
+    if kind != "network":
+        node = cluster.nodes[cluster.node_of(ranks[0])]
+        return node.intra_bw_Bps, node.intra_latency_s, kind
     bw, lat = math.inf, 0.0
     for a, b in zip(ranks, ranks[1:] + ranks[:1]):
         path = cluster.route(a, b)
         bw = min(bw, cluster.path_bw_Bps(path))
         lat = max(lat, cluster.path_latency_s(path))
-    return bw, lat, "network"
+    return bw, lat, kind
+
+
+def n_buckets(total_bytes: float, layers: int) -> int:
+    """Gradient buckets of a chunk: BUCKET_BYTES each, never finer than one layer."""
+    if total_bytes <= 0:
+        return 0
+    return max(1, min(layers, math.ceil(total_bytes / BUCKET_BYTES)))
 
 
 def _buckets(total_bytes: float, layers: int) -> tuple[float, ...]:
-    if total_bytes <= 0:
-        return ()
-    k = max(1, min(layers, math.ceil(total_bytes / BUCKET_BYTES)))
-    return (total_bytes / k,) * k
+    k = n_buckets(total_bytes, layers)
+    return (total_bytes / k,) * k if k else ()
 
 
 def chunk_work(model: ModelSpec, plan: Plan, cluster: Cluster, profile: Profile,
@@ -202,7 +205,7 @@ def chunk_work(model: ModelSpec, plan: Plan, cluster: Cluster, profile: Profile,
     rt = profile.runtime
     prec = plan.precision
     b, tp, sp = plan.mbs, plan.tp, plan.sp
-    width = BYTES[prec] if prec != "fp8" else 2  # activations stay 16-bit under fp8 GEMMs
+    width = working_bytes(prec)  # activations stay 16-bit under fp8 GEMMs (costmodel/dtypes.py)
 
     def secs(ops):
         return ops_time_s(ops, gpu, eff, prec, rt)
@@ -237,7 +240,6 @@ def chunk_work(model: ModelSpec, plan: Plan, cluster: Cluster, profile: Profile,
 
     params = mem.stage_params(model, layers, tp, first, last)
     grad_bytes = params * grad_reduce_bytes(prec, rt) if plan.dp > 1 else 0.0
-    act_bytes = layers * mem.activation_bytes_per_layer(model, b, tp, sp, plan.recompute)
     # Pipeline p2p: with scatter/gather (Megatron-LM's default; DeepSpeed's pipeline engine
     # partitions its boundary tensors the same way) each TP rank sends its b*s*h/t slice and
     # the receivers all-gather it over the node's fabric; without it every TP rank sends b*s*h.
@@ -245,7 +247,7 @@ def chunk_work(model: ModelSpec, plan: Plan, cluster: Cluster, profile: Profile,
     return ChunkWork(
         layers=layers, first=first, last=last, fwd_s=fwd_s, bwd_s=bwd_s,
         fwd_tp_s=fwd_tp, bwd_tp_s=bwd_tp, fwd_flops=fwd_fl, bwd_flops=bwd_fl,
-        p2p_bytes=p2p, params=params, grad_buckets=_buckets(grad_bytes, layers), act_bytes=act_bytes,
+        p2p_bytes=p2p, params=params, grad_buckets=_buckets(grad_bytes, layers),
     )
 
 
@@ -263,7 +265,7 @@ def grad_accumulation_ops(model: ModelSpec, layers: int, tp: int, first: bool, l
     if params <= 0:
         return []
     acc = grad_reduce_bytes(precision, runtime)
-    new = BYTES[precision] if precision != "fp8" else 2
+    new = working_bytes(precision)
     return [fl.Op("grad_accumulate", "memory", params, params * (2 * acc + new))]
 
 
@@ -275,13 +277,48 @@ def _coords(plan: Plan, rank: int) -> tuple[int, int]:
     return q % plan.dp, q // plan.dp
 
 
-def peak_activation_bytes(actions: list[Action], chunk_act: dict[int, float]) -> float:
-    """Walk one rank's action list: F keeps a microbatch's activations, B frees them."""
-    cur = peak = 0.0
-    for a in actions:
-        cur += chunk_act[a.chunk] if a.kind == "F" else -chunk_act[a.chunk]
-        peak = max(peak, cur)
-    return peak
+def schedule_inflight(schedule: str, p: int, m: int, v: int) -> tuple[tuple[tuple[int, ...], ...], ...]:
+    """Per pipeline rank, the per-chunk in-flight counts at the moments its activations
+    can peak (sim/schedules.inflight_peaks over the rank's action list).
+
+    1F1B and interleaved hold the same moments for every m >= 3p: forward k is chunk
+    (k // p) % v and backward k chunk v-1-(k // p) % v, both periodic in k with period p*v,
+    so in the steady state (forward k + W beside backward k, W < (v+1)p warm-up forwards)
+    the counts depend on k mod p*v only; 3p microbatches give 3pv >= W + pv actions, a
+    warm-up and at least one whole period. Walking 3p instead of m keeps the search fast
+    (tests/test_memory_model.py checks the equality). GPipe holds all m: no shortcut."""
+    if schedule != "gpipe":
+        m = min(m, 3 * p)
+    return _schedule_inflight(schedule, p, m, v)
+
+
+@lru_cache(maxsize=1024)
+def _schedule_inflight(schedule: str, p: int, m: int, v: int) -> tuple[tuple[tuple[int, ...], ...], ...]:
+    return tuple(inflight_peaks(acts, v) for acts in make_schedule(schedule, p, m, v))
+
+
+def memory_config(plan: Plan, runtime: RuntimeSettings) -> MemoryConfig:
+    """The plan and framework settings device memory depends on."""
+    return MemoryConfig(tp=plan.tp, sp=plan.sp, mbs=plan.mbs, recompute=plan.recompute,
+                        precision=plan.precision, dp=plan.dp, zero=plan.zero,
+                        grad_bytes=grad_reduce_bytes(plan.precision, runtime),
+                        topk=plan.topk_fraction is not None, flash_attention=runtime.flash_attention)
+
+
+def stage_chunks(plan: Plan, stage: int) -> tuple[ChunkSpec, ...]:
+    """The model chunks pipeline rank ``stage`` holds: chunk c is virtual stage c*p + stage."""
+    last = plan.pp * plan.vpp - 1
+    return tuple(ChunkSpec(n, c * plan.pp + stage == 0, c * plan.pp + stage == last)
+                 for c, n in enumerate(plan.chunk_layers(stage)))
+
+
+def stage_memory(model: ModelSpec, plan: Plan, runtime: RuntimeSettings, stage: int, m: int) -> dict[str, float]:
+    """Peak bytes by kind on a device of pipeline rank ``stage`` of a replica that runs
+    ``m`` microbatches: costmodel.device_memory on this plan's chunks and schedule. The
+    program and the search's memory prune call this; the heterogeneous balancer calls
+    device_memory on the same memory_config, stage_chunks flags and schedule_inflight."""
+    inflight = schedule_inflight(plan.schedule, plan.pp, m, plan.vpp)[stage]
+    return device_memory(model, memory_config(plan, runtime), stage_chunks(plan, stage), inflight)
 
 
 def build_program(model: ModelSpec, plan: Plan, cluster: Cluster, profile: Profile) -> Program:
@@ -295,15 +332,9 @@ def build_program(model: ModelSpec, plan: Plan, cluster: Cluster, profile: Profi
             if len(names) > 1:
                 raise InputError("--plan", "tp", f"TP group of replica {d}, stage {s} mixes GPU types "
                                  f"{sorted(names)}; choose tp and placement so each TP group is one type")
-    # Classes of identical DP replicas.
-    classes: dict[tuple, list[int]] = {}
-    for d in range(plan.dp):
-        sig = (tuple(cluster.devices[plan.rank(d, s, 0)].gpu.name for s in range(p)), plan.mb_shares[d])
-        classes.setdefault(sig, []).append(d)
-
     pipelines = []
     cache: dict[tuple, ChunkWork] = {}
-    for (gpus, m), members in classes.items():
+    for gpus, m, members in replica_classes(plan, cluster):
         d0 = members[0]
         ranks = tuple(plan.rank(d0, s, 0) for s in range(p))
         actions = make_schedule(plan.schedule, p, m, v)
@@ -311,36 +342,52 @@ def build_program(model: ModelSpec, plan: Plan, cluster: Cluster, profile: Profi
         opt, memory = [], []
         for s in range(p):
             gpu = cluster.devices[ranks[s]].gpu
-            per_chunk = plan.chunk_layers(s)
-            for c in range(v):
-                vs = c * p + s
-                key = (gpu.name, per_chunk[c], vs == 0, vs == p * v - 1)
+            for c, spec in enumerate(stage_chunks(plan, s)):
+                key = (gpu.name, spec.layers, spec.first, spec.last)
                 if key not in cache:
                     cache[key] = chunk_work(model, plan, cluster, profile, ranks[s], *key[1:])
                 chunks[(s, c)] = cache[key]
             params = sum(chunks[(s, c)].params for c in range(v))
-            # The gradient buffer has the dtype gradients are accumulated and reduced in.
-            states = mem.model_state_bytes(params, plan.dp, plan.zero, plan.precision,
-                                           grad_bytes=grad_reduce_bytes(plan.precision, profile.runtime))
             opt_params = params / plan.dp if plan.zero >= 1 else params
             opt.append(optimizer_time_s(opt_params, gpu, profile.gpu(gpu.name), plan.precision))
-            acts = peak_activation_bytes(actions[s], {c: chunks[(s, c)].act_bytes for c in range(v)})
-            extra = mem.logits_bytes(model, plan.mbs, plan.tp) if chunks[(s, v - 1)].last or any(
-                chunks[(s, c)].last for c in range(v)) else 0.0
-            residual = mem.topk_residual_bytes(params) if plan.topk_fraction else 0.0
-            memory.append({**states, "activations": acts, "logits": extra, "topk_residual": residual})
+            memory.append(stage_memory(model, plan, profile.runtime, s, m))
         name = "+".join(sorted(set(gpus))) + f" x{m}mb"
-        pipelines.append(PipelineProgram(name, tuple(members), ranks, m, actions, chunks, tuple(opt), tuple(memory)))
+        pipelines.append(PipelineProgram(name, members, ranks, m, actions, chunks, tuple(opt), tuple(memory)))
 
-    algos = tuple(_choose_allreduce(plan, cluster, profile, s, pipelines[0]) for s in range(p))
+    algos = tuple(choose_allreduce(plan, cluster, profile, s, _first_bucket(pipelines[0], s, v)) for s in range(p))
     rt = profile.runtime
     return Program(model, plan, cluster, profile, pipelines, algos,
                    p2p_blocking=rt.p2p_blocking, zero_grad_all_reduce=rt.zero1_grad_all_reduce)
 
 
-def _choose_allreduce(plan: Plan, cluster: Cluster, profile: Profile, stage: int, pipe: PipelineProgram) -> str:
-    """Resolve allreduce=auto per stage: the cheapest algorithm for one bucket by the
-    analytic formulas on this DP group's links."""
+class ReplicaClass(NamedTuple):
+    """Data-parallel replicas that run identically: same GPU type per stage, same
+    number of microbatches. One pipeline is simulated (and costed) per class."""
+
+    gpus: tuple[str, ...]  # GPU type of each pipeline stage
+    microbatches: int
+    members: tuple[int, ...]  # DP indices
+
+
+def replica_classes(plan: Plan, cluster: Cluster) -> list[ReplicaClass]:
+    """The plan's replicas grouped into classes, in order of their first member."""
+    classes: dict[tuple, list[int]] = {}
+    for d in range(plan.dp):
+        sig = (tuple(cluster.devices[plan.rank(d, s, 0)].gpu.name for s in range(plan.pp)), plan.mb_shares[d])
+        classes.setdefault(sig, []).append(d)
+    return [ReplicaClass(gpus, m, tuple(members)) for (gpus, m), members in classes.items()]
+
+
+def _first_bucket(pipe: PipelineProgram, stage: int, v: int) -> float:
+    buckets = [b for c in range(v) for b in pipe.chunks[(stage, c)].grad_buckets]
+    return buckets[0] if buckets else 0.0
+
+
+def choose_allreduce(plan: Plan, cluster: Cluster, profile: Profile, stage: int, bucket_bytes: float) -> str:
+    """The all-reduce algorithm of ``stage``'s DP reduction: the plan's, or for
+    allreduce=auto the cheapest for one bucket of ``bucket_bytes`` by the analytic formulas
+    on this DP group's links (hierarchical only where every node holds as many of the
+    group's ranks). The program and the search both resolve through here."""
     group = plan.dp_group(stage, 0)
     per_node: dict[int, int] = {}
     for r in group:
@@ -351,20 +398,18 @@ def _choose_allreduce(plan: Plan, cluster: Cluster, profile: Profile, stage: int
                          f"node; stage {stage} has {sorted(set(per_node.values()))} per node (use ring, tree or auto)")
     if plan.allreduce != "auto" or plan.dp == 1:
         return plan.allreduce if plan.allreduce != "auto" else "ring"
-    buckets = [b for c in range(plan.vpp) for b in pipe.chunks[(stage, c)].grad_buckets]
-    size = buckets[0] if buckets else 0.0
     bw, lat, kind = group_link(cluster, group)
     fab = profile.fabric(kind)
-    nodes = sorted({cluster.node_of(r) for r in group})
+    nodes = sorted(per_node)
     local = len(group) // len(nodes)
     n_node = cluster.nodes[nodes[0]]
     costs = {
-        "ring": cc.ring_allreduce_s(size, len(group), bw * fab.bw_eff, lat),
-        "tree": cc.tree_allreduce_s(size, len(group), bw * fab.bw_eff, lat),
+        "ring": cc.ring_allreduce_s(bucket_bytes, len(group), bw * fab.bw_eff, lat),
+        "tree": cc.tree_allreduce_s(bucket_bytes, len(group), bw * fab.bw_eff, lat),
     }
     if local > 1 and len(nodes) > 1 and even:
         ifab = profile.fabric(n_node.intra_kind)
         costs["hierarchical"] = cc.hierarchical_allreduce_s(
-            size, local, len(nodes), n_node.intra_bw_Bps * ifab.bw_eff, n_node.intra_latency_s,
+            bucket_bytes, local, len(nodes), n_node.intra_bw_Bps * ifab.bw_eff, n_node.intra_latency_s,
             bw * fab.bw_eff, lat)
     return min(sorted(costs), key=lambda k: costs[k])

@@ -20,7 +20,7 @@ from costmodel.errors import InputError
 __all__ = [
     "Action", "ScheduleError", "gpipe", "one_f_one_b", "interleaved", "make_schedule",
     "SCHEDULE_NAMES", "virtual_stage", "dependencies", "peak_inflight",
-    "peak_inflight_total", "list_schedule_makespan",
+    "peak_inflight_total", "inflight_peaks", "list_schedule_makespan",
 ]
 
 SCHEDULE_NAMES = ("gpipe", "1f1b", "interleaved")
@@ -191,6 +191,25 @@ def peak_inflight_total(actions: Sequence[Action]) -> int:
     for _, live in _inflight_trace(actions):
         best = max(best, sum(live.values()))
     return best
+
+
+def inflight_peaks(actions: Sequence[Action], v: int) -> tuple[tuple[int, ...], ...]:
+    """The moments one rank's held activations can peak, as per-chunk in-flight counts
+    (v entries each): the counts right after every forward (a backward only frees), less
+    those another moment's counts bound entry by entry. With any non-negative bytes per
+    chunk, the peak of held bytes is the largest of these moments' weighted sums, whatever
+    the chunks' sizes (uneven layer splits included); costmodel/device_memory.py takes them."""
+    moments = set()
+    for a, (_, live) in zip(actions, _inflight_trace(actions)):
+        if a.kind == "F":
+            moments.add(tuple(live.get(c, 0) for c in range(v)))
+    kept: list[tuple[int, ...]] = []
+    # Only a moment with at least as many in flight in total can bound another: visit
+    # them by falling total and compare with those already kept.
+    for m in sorted(moments, key=lambda m: (-sum(m), m)):
+        if not any(all(x <= y for x, y in zip(m, o)) for o in kept):
+            kept.append(m)
+    return tuple(sorted(kept))
 
 
 TimeFn = Union[float, Callable[[int, Action], float]]

@@ -13,8 +13,8 @@ from costmodel.profile import load_profile
 from costmodel.shapes import ModelSpec
 from sim.metrics import simulate
 from specs.plan import resolve_plan
-from sim.schedules import list_schedule_makespan, make_schedule, peak_inflight_total
-from search.costs import CostTables, peak_inflight
+from sim.schedules import list_schedule_makespan, make_schedule
+from search.costs import CostTables
 from specs.topology import load_topology
 
 PROFILE = load_profile(None)
@@ -81,15 +81,6 @@ def test_estimate_step_hand_numbers():
     assert est.pipeline_s == pytest.approx(15.0 + 0.4)
     assert est.step_s == pytest.approx(15.4 + 0.5 + 0.2)
     assert est.dp_s == pytest.approx(0.5)
-
-
-@pytest.mark.parametrize("schedule,p,m,v", [("gpipe", 4, 6, 1), ("1f1b", 4, 3, 1), ("1f1b", 8, 16, 1),
-                                            ("interleaved", 4, 8, 2), ("interleaved", 4, 4, 3)])
-def test_peak_inflight_closed_form(schedule, p, m, v):
-    """The closed-form in-flight count equals the walk over each rank's action list."""
-    sched = make_schedule(schedule, p, m, v)
-    for r in range(p):
-        assert peak_inflight(schedule, p, m, v, r) == peak_inflight_total(sched[r])
 
 
 PLANS = [

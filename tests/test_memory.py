@@ -66,12 +66,15 @@ def test_activation_bytes_per_elem_fp32():
 
 
 def test_model_state_bytes_zero_stages():
-    """16 bytes/param mixed-precision Adam (ZeRO paper); stage k shards optimizer, then grads, then weights over dp."""
+    """16 bytes/param fp16 mixed-precision Adam (ZeRO paper, Sec. 3.1: 2 + 2 + 12); stage k
+    shards optimizer, then grads, then weights over dp. bf16 keeps fp32 gradients by default
+    (Megatron-LM's main_grad), fp32 training has no master copy (4 + 4 + 8)."""
     p, dp = 1e9, 8
-    assert model_state_bytes(p, dp, 0) == {"weights": 2e9, "grads": 2e9, "optimizer": 12e9}
-    assert model_state_bytes(p, dp, 1) == {"weights": 2e9, "grads": 2e9, "optimizer": 1.5e9}
-    assert model_state_bytes(p, dp, 2) == {"weights": 2e9, "grads": 0.25e9, "optimizer": 1.5e9}
-    assert model_state_bytes(p, dp, 3) == {"weights": 0.25e9, "grads": 0.25e9, "optimizer": 1.5e9}
+    assert model_state_bytes(p, dp, 0, "fp16") == {"weights": 2e9, "grads": 2e9, "optimizer": 12e9}
+    assert model_state_bytes(p, dp, 1, "fp16") == {"weights": 2e9, "grads": 2e9, "optimizer": 1.5e9}
+    assert model_state_bytes(p, dp, 2, "fp16") == {"weights": 2e9, "grads": 0.25e9, "optimizer": 1.5e9}
+    assert model_state_bytes(p, dp, 3, "fp16") == {"weights": 0.25e9, "grads": 0.25e9, "optimizer": 1.5e9}
+    assert model_state_bytes(p, dp, 0, "bf16") == {"weights": 2e9, "grads": 4e9, "optimizer": 12e9}
     assert model_state_bytes(p, dp, 0, "fp32") == {"weights": 4e9, "grads": 4e9, "optimizer": 8e9}
     with pytest.raises(InputError, match="allowed: 0, 1, 2, 3"):
         model_state_bytes(p, dp, 4)

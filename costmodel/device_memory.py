@@ -1,0 +1,84 @@
+"""One device's memory at its peak, by kind: the single model that the simulator's program,
+the search's out-of-memory prune and the heterogeneous layer balancer all call.
+
+Inputs are plain numbers so that costmodel needs nothing from the schedule code: the
+layers of each model chunk the device holds (uneven chunks are exact) and the schedule's
+in-flight activation counts per chunk at the moments the held activations can peak (right
+after a forward; sim/schedules.py's ``inflight_peaks`` gives them for a rank's action
+list). The peak of activations is the largest of those moments' sums of
+in-flight count x chunk activation bytes, which is what walking the action list gives.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import NamedTuple
+
+from costmodel import memory as mem
+from costmodel.dtypes import working_bytes
+from costmodel.shapes import ModelSpec
+
+class MemoryConfig(NamedTuple):
+    """What of a plan and the framework the memory of a device depends on (a NamedTuple:
+    it keys caches, and tuples hash fast)."""
+
+    tp: int
+    sp: bool
+    mbs: int
+    recompute: str  # none | selective | full
+    precision: str  # bf16 | fp16 | fp8 | fp32 (costmodel/dtypes.py)
+    dp: int
+    zero: int  # ZeRO stage 0..3
+    grad_bytes: int  # bytes per element of the gradient buffer (the reduction dtype)
+    topk: bool  # top-k compression with an error-feedback residual
+    flash_attention: bool  # fused attention keeps no s x s scores
+
+
+class ChunkSpec(NamedTuple):
+    """One model chunk (virtual pipeline stage) on the device."""
+
+    layers: int
+    first: bool  # holds the embedding
+    last: bool  # holds the output layer and the loss
+
+
+def device_memory(model: ModelSpec, cfg: MemoryConfig, chunks: tuple[ChunkSpec, ...],
+                  inflight: tuple[tuple[int, ...], ...]) -> dict[str, float]:
+    """Bytes by kind (weights, grads, optimizer, activations, logits, topk_residual) on
+    one device of a TP group at its peak.
+
+    ``inflight``: per candidate peak moment, the microbatches in flight on each chunk
+    (one count per entry of ``chunks``). Weights, gradient buffer and optimizer states
+    cover the parameters of all chunks (ZeRO-sharded over dp); activations are the worst
+    moment's sum of count x chunk layers x one layer's activations; the last stage adds the
+    fp32 logits of one microbatch, and top-k compression an fp32 residual the size of the
+    local parameters. The per-layer and per-chunk terms are cached: the search and the
+    heterogeneous balancer ask for the same shapes many times."""
+    params = _params(model, cfg.tp, chunks)
+    held_layers = _held_layers(tuple(c.layers for c in chunks), inflight)
+    states = mem.model_state_bytes(params, cfg.dp, cfg.zero, cfg.precision, grad_bytes=cfg.grad_bytes)
+    return {
+        **states,
+        "activations": held_layers * _layer_activations(model, cfg),
+        "logits": mem.logits_bytes(model, cfg.mbs, cfg.tp) if any(c.last for c in chunks) else 0.0,
+        "topk_residual": mem.topk_residual_bytes(params) if cfg.topk else 0.0,
+    }
+
+
+@lru_cache(maxsize=65536)
+def _held_layers(layers: tuple[int, ...], inflight: tuple[tuple[int, ...], ...]) -> int:
+    """Layer-activations held at the worst moment: max over moments of sum count x layers."""
+    return max((sum(n * k for n, k in zip(counts, layers)) for counts in inflight), default=0)
+
+
+@lru_cache(maxsize=4096)
+def _layer_activations(model: ModelSpec, cfg: MemoryConfig) -> float:
+    """Activation bytes one layer keeps per in-flight microbatch, at the precision's width."""
+    return mem.activation_bytes_per_layer(model, cfg.mbs, cfg.tp, cfg.sp, cfg.recompute,
+                                          bytes_per_elem=working_bytes(cfg.precision),
+                                          flash_attention=cfg.flash_attention)
+
+
+@lru_cache(maxsize=65536)
+def _params(model: ModelSpec, tp: int, chunks: tuple[ChunkSpec, ...]) -> float:
+    """Parameters one device holds for all its chunks."""
+    return sum(mem.stage_params(model, c.layers, tp, c.first, c.last) for c in chunks)
