@@ -62,7 +62,8 @@ def cmd_search(args) -> int:
     if args.workers < 1:
         raise InputError("--workers", None, f"must be a positive integer (got {args.workers})")
     cluster, model, profile = _load_inputs(args)
-    result = search(model, cluster, profile, top=args.top, workers=args.workers, progress=True)
+    result = search(model, cluster, profile, top=args.top, workers=args.workers, progress=True,
+                    record_best=bool(args.report))
     written = []
     if args.report:
         from reports.report import write_report
