@@ -24,14 +24,11 @@ from sim.program import Program
 from sim.result import Segment
 
 
-def effective_graph(cluster, profile):
-    """The cluster graph with each link's line rate scaled by its class's achievable
-    fraction (profile ``fabrics.<kind>.bw_eff``): flows share what a collective can
-    really use of a link, not its datasheet rate."""
-    g = cluster.graph.copy()
-    for _u, _v, data in g.edges(data=True):
-        data["bw_Bps"] = data["bw_Bps"] * profile.fabric(data.get("kind", "default")).bw_eff
-    return g
+def bw_efficiency(profile):
+    """Per link class, the achievable fraction of its line rate (profile
+    ``fabrics.<kind>.bw_eff``): flows share what a collective can really use of a link,
+    not its datasheet rate. The flow network applies it to each link it touches."""
+    return lambda kind: profile.fabric(kind).bw_eff
 
 
 class Engine:
@@ -44,7 +41,8 @@ class Engine:
         self.cluster = program.cluster
         self.record = record
         self.env = simpy.Environment()
-        self.net = FlowNetwork(self.env, effective_graph(self.cluster, program.profile), record=record)
+        self.net = FlowNetwork(self.env, self.cluster.graph, record=record,
+                              bw_scale=bw_efficiency(program.profile))
         self.accountant = StepAccountant(self.env, [pipe.ranks for pipe in program.pipelines],
                                          self.plan.pp, record)
         self.reducer = GradientReducer(self.env, self.net, program, self.accountant)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from typing import Mapping, NamedTuple, Sequence
+from typing import Callable, Mapping, NamedTuple, Sequence
 
 import networkx
 import simpy
@@ -63,12 +63,19 @@ class _Flow:
 
 class FlowNetwork:
     """Max-min fair bandwidth sharing over a directed graph whose edges carry ``bw_Bps``
-    (bytes/s) and ``latency_s`` (seconds)."""
+    (bytes/s) and ``latency_s`` (seconds).
 
-    def __init__(self, env: simpy.Environment, graph: networkx.DiGraph, record: bool = False):
+    ``bw_scale(kind)``, if given, is the fraction of an edge's ``bw_Bps`` that flows can
+    use, by the edge's ``kind`` attribute: applied when a flow first touches the edge, so
+    a 100k-edge cluster graph is neither copied nor rescaled as a whole."""
+
+    def __init__(self, env: simpy.Environment, graph: networkx.DiGraph, record: bool = False,
+                 bw_scale: Callable[[str], float] | None = None):
         self.env = env
         self.graph = graph
         self.record = record
+        self._bw_scale = bw_scale
+        self._scale_of: dict[str, float] = {}       # kind -> bw_scale(kind), memoised
         self.bytes_carried: dict[Edge, float] = {}
         self.samples: list[LinkSample] = []
         # Scratch space for callers that derive data from this network and want to reuse
@@ -140,6 +147,12 @@ class FlowNetwork:
             raise ValueError(f"edge {e!r} has no 'bw_Bps' attribute") from None
         if not bw > 0:
             raise ValueError(f"edge {e!r}: bw_Bps={bw!r} must be > 0")
+        if self._bw_scale is not None:
+            kind = data.get("kind", "default")
+            scale = self._scale_of.get(kind)
+            if scale is None:
+                scale = self._scale_of[kind] = float(self._bw_scale(kind))
+            bw = bw * scale
         self._bw[e] = bw
         self._lat[e] = float(data.get("latency_s", 0.0))
 
