@@ -21,6 +21,7 @@ import simpy
 
 from costmodel.errors import InputError
 from sim.flownet import Edge, FlowNetwork
+from sim.symmetric_collective import Representative, representatives
 
 __all__ = [
     "Flow", "Phase", "ring_allreduce", "tree_allreduce", "hierarchical_allreduce",
@@ -301,7 +302,7 @@ def _cached_route(net: FlowNetwork, route: Route, rkey, s: int, d: int) -> tuple
 
 def run_phases(env: simpy.Environment, net: FlowNetwork, route: Route,
                phases: list[Phase], replicas: Sequence[Sequence[int]] = (), label: str = "",
-               group: Sequence[int] | None = None) -> simpy.Event:
+               group: Sequence[int] | None = None, symmetric: bool = False) -> simpy.Event:
     """Run ``phases`` one after another, each phase's flows concurrently on ``net``.
     Returns an event that succeeds when the last phase is done.
 
@@ -309,7 +310,11 @@ def run_phases(env: simpy.Environment, net: FlowNetwork, route: Route,
     time but not simulated. For each flow (s, d) at positions (i, j) of the group (``group``
     or each phase's own ``Phase.group``), the replica flows (R[i], R[j]) are routed, and the
     simulated flow gets multiplicity 1 + (number of replica flows using that edge) on each
-    edge of its own path. Routes and multiplicity maps are cached on ``net.cache``."""
+    edge of its own path. Routes and multiplicity maps are cached on ``net.cache``.
+
+    ``symmetric``: the group is homogeneous (one GPU type, identical replicas), so a
+    phase's flows may run as one representative per class of identical flows
+    (sim/symmetric_collective.py), with the same rates, bytes per link and end time."""
     rkey = _route_key(route)
     # Keep the route's owner alive while its id is a cache key, so the id is not reused.
     net.cache.setdefault("collective_route_owners", {})[rkey] = route
@@ -349,10 +354,35 @@ def run_phases(env: simpy.Environment, net: FlowNetwork, route: Route,
 
     # Resolved now, not inside the process, so bad replica groups fail at the call site.
     per_phase = [multiplicity_maps(ph) for ph in phases]
+    scache = net.cache.setdefault("symmetric_representatives", {})
+
+    def symmetric_reps(ph: Phase, cached: dict | None) -> list[Representative]:
+        key = (rkey, reps, ph.flows)
+        out = scache.get(key)
+        if out is None:
+            g = tuple(group) if group is not None else ph.group
+            first = g[0] if g else None
+            paths, weights = [], []
+            for s, d, _nbytes in ph.flows:
+                path = _cached_route(net, route, rkey, s, d)
+                mult = None if cached is None else multiplicity(cached, s, d, path)
+                paths.append(path)
+                weights.append({e: 1 for e in path} if mult is None else mult)
+            out = scache[key] = representatives(
+                paths, weights, [f.nbytes for f in ph.flows],
+                [first in (f.src, f.dst) for f in ph.flows], net.edge_params)
+        return out
 
     def proc():
         for ph, cached in zip(phases, per_phase):
             events = []
+            if symmetric and len(ph.flows) > 2:
+                for rep in symmetric_reps(ph, cached):
+                    events.append(net.transfer(rep.path, ph.flows[rep.index].nbytes,
+                                               latency_steps=ph.latency_steps, label=label,
+                                               carried=rep.carried, shares=rep.weights))
+                yield env.all_of(events)
+                continue
             for s, d, nbytes in ph.flows:
                 path = _cached_route(net, route, rkey, s, d)
                 mult = None if cached is None else multiplicity(cached, s, d, path)

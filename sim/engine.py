@@ -33,9 +33,11 @@ def bw_efficiency(profile):
 
 class Engine:
     """One step of ``program``: ``run()`` returns the step time; then ``totals``,
-    ``segments`` (when ``record``), ``done_at`` and ``net`` describe it."""
+    ``segments`` (when ``record``), ``done_at`` and ``net`` describe it.
+    ``symmetric_dp=False`` simulates every data-parallel flow explicitly (the reference
+    the symmetric collectives are tested against)."""
 
-    def __init__(self, program: Program, record: bool = False):
+    def __init__(self, program: Program, record: bool = False, symmetric_dp: bool = True):
         self.prog = program
         self.plan = program.plan
         self.cluster = program.cluster
@@ -45,7 +47,7 @@ class Engine:
                               bw_scale=bw_efficiency(program.profile))
         self.accountant = StepAccountant(self.env, [pipe.ranks for pipe in program.pipelines],
                                          self.plan.pp, record)
-        self.reducer = GradientReducer(self.env, self.net, program, self.accountant)
+        self.reducer = GradientReducer(self.env, self.net, program, self.accountant, symmetric=symmetric_dp)
         self.executor = PipelineExecutor(self.env, self.net, program, self.accountant, self.reducer)
 
     @property

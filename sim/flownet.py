@@ -45,12 +45,16 @@ _LEVEL_REL = 1e-12
 
 
 class _Flow:
-    __slots__ = ("fid", "weights", "size", "remaining", "rate", "t_last", "version",
+    __slots__ = ("fid", "weights", "carried", "size", "remaining", "rate", "t_last", "version",
                  "done", "event", "label")
 
-    def __init__(self, fid: int, weights: dict, size: float, event: simpy.Event, label: str):
+    def __init__(self, fid: int, weights: dict, size: float, event: simpy.Event, label: str,
+                 carried: Mapping[Edge, float] | None = None):
         self.fid = fid
         self.weights = weights      # edge -> multiplicity on that edge
+        # edge -> copies of this flow's bytes that cross it, for bytes_carried (defaults to
+        # weights; a representative of a symmetric collective also counts its twins' links).
+        self.carried = weights if carried is None else carried
         self.size = size
         self.remaining = size       # bytes left as of t_last
         self.rate = 0.0             # bytes/s per copy
@@ -96,12 +100,18 @@ class FlowNetwork:
     # ----------------------------------------------------------------- public API
     def transfer(self, path: Sequence[Edge], nbytes: float,
                  multiplicity: Mapping[Edge, int] | None = None, latency_steps: int = 1,
-                 label: str = "") -> simpy.Event:
+                 label: str = "", carried: Mapping[Edge, float] | None = None,
+                 shares: Mapping[Edge, int] | None = None) -> simpy.Event:
         """Send ``nbytes`` along ``path`` (directed edges). Waits
         latency_steps * sum(latency_s over path) seconds, then shares bandwidth until done.
         ``multiplicity[e]`` (default 1) counts identical unsimulated flows on edge e.
-        Empty path or nbytes == 0: only the latency. Returns an event that succeeds at
-        completion."""
+        ``shares``, if given, replaces the per-edge multiplicities outright and may name
+        edges off the path (a symmetric collective's representative sharing its twins'
+        links, sim/symmetric_collective.py); the path then only sets the latency.
+        ``carried`` (default: the multiplicities) says how many copies of the bytes each
+        edge is credited with in ``bytes_carried`` at completion; it may name edges off the
+        path (the links of unsimulated twins). Empty path or nbytes == 0: only the latency.
+        Returns an event that succeeds at completion."""
         if nbytes < 0 or not math.isfinite(nbytes):
             raise ValueError(f"transfer {label!r}: nbytes={nbytes!r} must be finite and >= 0")
         if latency_steps < 0:
@@ -118,10 +128,18 @@ class FlowNetwork:
             if k:
                 weights[e] = weights.get(e, 0) + k
         latency *= latency_steps
+        if shares is not None:
+            weights = {}
+            for e, k in shares.items():
+                self._edge_info(e)
+                if k < 0:
+                    raise ValueError(f"transfer {label!r}: multiplicity {k!r} on edge {e} must be >= 0")
+                if k:
+                    weights[e] = k
         if nbytes == 0 or not weights:
             return self.env.timeout(latency)
         event = self.env.event()
-        flow = _Flow(self._next_id, weights, float(nbytes), event, label)
+        flow = _Flow(self._next_id, weights, float(nbytes), event, label, carried)
         self._next_id += 1
         self.flows_started += 1
         if latency > 0:
@@ -129,6 +147,11 @@ class FlowNetwork:
         else:
             self._activate(flow)
         return event
+
+    def edge_params(self, e: Edge) -> tuple[float, float]:
+        """(usable bandwidth in bytes/s, latency in s) of directed edge ``e``."""
+        self._edge_info(e)
+        return self._bw[e], self._lat[e]
 
     def active_flows(self) -> int:
         """Number of flows currently sending (for tests and diagnostics)."""
@@ -229,11 +252,12 @@ class FlowNetwork:
         f.done = True
         f.rate = 0.0
         f.remaining = 0.0
-        for e, w in f.weights.items():
+        for e in f.weights:
             on = self._on_edge[e]
             del on[f]
             if not on:
                 del self._on_edge[e]
+        for e, w in f.carried.items():
             self.bytes_carried[e] = self.bytes_carried.get(e, 0.0) + w * f.size
         self.flows_finished += 1
         f.event.succeed()

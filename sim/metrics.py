@@ -17,11 +17,12 @@ GIB = 2.0 ** 30
 
 
 def simulate(model: ModelSpec, plan: Plan, cluster: Cluster, profile: Profile,
-             record: bool = False) -> StepResult:
-    """Simulate one training step of `model` under `plan` on `cluster`."""
+             record: bool = False, symmetric_dp: bool = True) -> StepResult:
+    """Simulate one training step of `model` under `plan` on `cluster` (``symmetric_dp``:
+    see Engine)."""
     t_wall = time.perf_counter()
     prog = build_program(model, plan, cluster, profile)
-    eng = Engine(prog, record=record)
+    eng = Engine(prog, record=record, symmetric_dp=symmetric_dp)
     # The cluster graph (~100k edges at 16k GPUs), the program and their caches live
     # through the run: freezing them keeps the cyclic collector's full passes, triggered
     # by the run's many short-lived events, from walking them again and again.
