@@ -295,9 +295,40 @@ def _cached_route(net: FlowNetwork, route: Route, rkey, s: int, d: int) -> tuple
     key = (rkey, s, d)
     path = cache.get(key)
     if path is None:
-        path = tuple((e[0], e[1]) for e in route(s, d))
+        path = route(s, d)
+        # Cluster.route already gives a tuple of 2-tuples; only other routes are copied.
+        if type(path) is not tuple or any(type(e) is not tuple or len(e) != 2 for e in path):
+            path = tuple((e[0], e[1]) for e in path)
         cache[key] = path
     return path
+
+
+def _replica_counts(net: FlowNetwork, route: Route, rkey, path: tuple[Edge, ...], pairs) -> dict | None:
+    """Multiplicity on each edge of ``path``: 1 + the replica flows (src, dst) in ``pairs``
+    whose routes use it; None where every edge has 1."""
+    count = {e: 1 for e in path}
+    for a, b in pairs:
+        for e in _cached_route(net, route, rkey, a, b):
+            if e in count:
+                count[e] += 1
+    return None if all(c == 1 for c in count.values()) else count
+
+
+def p2p_route(net: FlowNetwork, route: Route, src: int, dst: int,
+              replicas: Sequence[tuple[int, int]]) -> tuple[tuple[Edge, ...], dict | None]:
+    """Path and multiplicity map of a point-to-point send src -> dst whose unsimulated
+    replica sends ``replicas`` (pairs) run alongside, as run_phases would compute them;
+    cached on ``net.cache`` by (src, dst, replicas), so that a pipeline send costs one
+    dictionary look-up after the first."""
+    rkey = _route_key(route)
+    net.cache.setdefault("collective_route_owners", {})[rkey] = route
+    cache = net.cache.setdefault("p2p_routes", {})
+    key = (rkey, src, dst, replicas)
+    out = cache.get(key)
+    if out is None:
+        path = _cached_route(net, route, rkey, src, dst)
+        out = cache[key] = (path, _replica_counts(net, route, rkey, path, replicas))
+    return out
 
 
 def run_phases(env: simpy.Environment, net: FlowNetwork, route: Route,
@@ -343,13 +374,7 @@ def run_phases(env: simpy.Environment, net: FlowNetwork, route: Route,
         if (s, d) in maps:
             return maps[(s, d)]
         i, j = cached["positions"][s], cached["positions"][d]
-        count = {e: 1 for e in path}
-        for rep in reps:
-            for e in _cached_route(net, route, rkey, rep[i], rep[j]):
-                if e in count:
-                    count[e] += 1
-        m = None if all(c == 1 for c in count.values()) else count
-        maps[(s, d)] = m
+        m = maps[(s, d)] = _replica_counts(net, route, rkey, path, ((rep[i], rep[j]) for rep in reps))
         return m
 
     # Resolved now, not inside the process, so bad replica groups fail at the call site.

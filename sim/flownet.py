@@ -101,7 +101,8 @@ class FlowNetwork:
     def transfer(self, path: Sequence[Edge], nbytes: float,
                  multiplicity: Mapping[Edge, int] | None = None, latency_steps: int = 1,
                  label: str = "", carried: Mapping[Edge, float] | None = None,
-                 shares: Mapping[Edge, int] | None = None) -> simpy.Event:
+                 shares: Mapping[Edge, int] | None = None, delay_s: float = 0.0,
+                 event: simpy.Event | None = None) -> simpy.Event:
         """Send ``nbytes`` along ``path`` (directed edges). Waits
         latency_steps * sum(latency_s over path) seconds, then shares bandwidth until done.
         ``multiplicity[e]`` (default 1) counts identical unsimulated flows on edge e.
@@ -110,8 +111,10 @@ class FlowNetwork:
         links, sim/symmetric_collective.py); the path then only sets the latency.
         ``carried`` (default: the multiplicities) says how many copies of the bytes each
         edge is credited with in ``bytes_carried`` at completion; it may name edges off the
-        path (the links of unsimulated twins). Empty path or nbytes == 0: only the latency.
-        Returns an event that succeeds at completion."""
+        path (the links of unsimulated twins). ``delay_s`` is waited before the latency
+        (a call's software cost) in the same timeout. Empty path or nbytes == 0: only the
+        latency. Returns an event that succeeds at completion: ``event`` if given (so a
+        caller's own event needs no forwarding callback), else a new one."""
         if nbytes < 0 or not math.isfinite(nbytes):
             raise ValueError(f"transfer {label!r}: nbytes={nbytes!r} must be finite and >= 0")
         if latency_steps < 0:
@@ -127,7 +130,7 @@ class FlowNetwork:
                 raise ValueError(f"transfer {label!r}: multiplicity {k!r} on edge {e} must be >= 0")
             if k:
                 weights[e] = weights.get(e, 0) + k
-        latency *= latency_steps
+        latency = latency * latency_steps + delay_s
         if shares is not None:
             weights = {}
             for e, k in shares.items():
@@ -137,8 +140,12 @@ class FlowNetwork:
                 if k:
                     weights[e] = k
         if nbytes == 0 or not weights:
-            return self.env.timeout(latency)
-        event = self.env.event()
+            if event is None:
+                return self.env.timeout(latency)
+            self.env.timeout(latency).callbacks.append(lambda _ev: event.succeed())
+            return event
+        if event is None:
+            event = self.env.event()
         flow = _Flow(self._next_id, weights, float(nbytes), event, label, carried)
         self._next_id += 1
         self.flows_started += 1

@@ -117,17 +117,13 @@ class PipelineExecutor(EnginePart):
         call_s = self._p2p_call_s.get((src, dst))
         if call_s is None:
             call_s = self._p2p_call_s[(src, dst)] = self.call_latency_s([src, dst])
-        done = self.call(cf.p2p(src, dst, nbytes), replicas, label, call_s)
-        t_start = self.env.now
+        # One flow: the call's software cost and the path latency in one timeout, then
+        # the bytes; the arrival event is the flow's own (no process, no forwarding).
+        path, mult = cf.p2p_route(self.net, self.cluster.route, src, dst, replicas)
+        self.net.transfer(path, nbytes, mult, latency_steps=1, label=label, delay_s=call_s, event=ev)
         if self.acct.record:
-            key = RankKey(pi, src_stage)
-
-            def _rec(_e, t_start=t_start):
-                self.acct.seg(key, "pp", "send", t_start, self.env.now, label)
-                ev.succeed()
-            done.callbacks.append(_rec)
-        else:
-            done.callbacks.append(lambda _e: ev.succeed())
+            key, t_start = RankKey(pi, src_stage), self.env.now
+            ev.callbacks.append(lambda _e: self.acct.seg(key, "pp", "send", t_start, self.env.now, label))
 
     def _wait_sent(self, key: RankKey, k: Handoff, label: str):
         """Blocking pipeline send (Program.p2p_blocking, e.g. DeepSpeed's pipeline engine):
