@@ -296,8 +296,8 @@ def _cached_route(net: FlowNetwork, route: Route, rkey, s: int, d: int) -> tuple
     path = cache.get(key)
     if path is None:
         path = route(s, d)
-        # Cluster.route already gives a tuple of 2-tuples; only other routes are copied.
-        if type(path) is not tuple or any(type(e) is not tuple or len(e) != 2 for e in path):
+        # Cluster.route already gives a tuple of 2-tuples; other routes are copied.
+        if type(path) is not tuple:
             path = tuple((e[0], e[1]) for e in path)
         cache[key] = path
     return path
@@ -308,7 +308,9 @@ def _replica_counts(net: FlowNetwork, route: Route, rkey, path: tuple[Edge, ...]
     whose routes use it; None where every edge has 1."""
     count = {e: 1 for e in path}
     for a, b in pairs:
-        for e in _cached_route(net, route, rkey, a, b):
+        # Each replica route is used once per call site: not worth net.cache's copy
+        # (Cluster.route keeps its own cache across simulations).
+        for e in route(a, b):
             if e in count:
                 count[e] += 1
     return None if all(c == 1 for c in count.values()) else count
