@@ -13,8 +13,7 @@ are ratios of two cases measured in the same run, each the median of N repeats:
 - per-event overhead: plansim's CPU per SimPy event (events counted by wrapping
   Environment.step) over bare SimPy's CPU per event for a loop of the same number of
   timeouts, on the 1,024-GPU case;
-- peak memory: the process's maximum resident set (resource.getrusage), and the
-  tracemalloc peak of one simulation of each case.
+- peak memory: the peak resident set (VmHWM) of a fresh process that simulates one case.
 
     python benchmarks/bench_scale.py [N] [--cases 1k,16k,405b,100k]
 """
@@ -24,9 +23,9 @@ import argparse
 import gc
 import resource
 import statistics
+import subprocess
 import sys
 import time
-import tracemalloc
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -120,7 +119,16 @@ def main() -> None:
     ap.add_argument("n", nargs="?", type=int, default=3)
     ap.add_argument("--cases", default="1k,16k,405b,100k")
     ap.add_argument("--no-memory", action="store_true")
+    ap.add_argument("--rss-of", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.rss_of:
+        time_case(CASES[args.rss_of])
+        # VmHWM (peak RSS of this address space, kB): ru_maxrss would carry the parent's
+        # peak across fork and exec on Linux.
+        status = Path("/proc/self/status").read_text()
+        hwm_kb = next((int(line.split()[1]) for line in status.splitlines() if line.startswith("VmHWM:")), None)
+        print(hwm_kb / 1024 if hwm_kb is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+        return
     keys = args.cases.split(",")
     cpu: dict[str, list[float]] = {k: [] for k in keys}
     step: dict[str, float] = {}
@@ -153,16 +161,12 @@ def main() -> None:
               f"median {statistics.median(ratios):.1f}x over {args.n} (min {min(ratios):.1f}, "
               f"max {max(ratios):.1f})  (target <= 3)")
     if not args.no_memory:
+        # Peak resident memory of one simulation of each case, each in a fresh process
+        # (interpreter and imports included), so that cases do not inherit each other's peaks.
         for k in keys:
-            tracemalloc.start()
-            cluster, model, profile, plan = _inputs(CASES[k])
-            simulate(model, plan, cluster, profile)
-            _, peak = tracemalloc.get_traced_memory()
-            tracemalloc.stop()
-            print(f"tracemalloc peak {k}: {peak / 2**20:.0f} MiB")
-    print(f"max RSS of this process: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB "
-          f"(target < 1024)")
-
+            out = subprocess.run([sys.executable, __file__, "--rss-of", k], check=True,
+                                 capture_output=True, text=True).stdout.strip()
+            print(f"peak RSS {k}: {float(out):.0f} MiB (target < 1024)")
 
 if __name__ == "__main__":
     main()
