@@ -168,5 +168,6 @@ def main() -> None:
                                  capture_output=True, text=True).stdout.strip()
             print(f"peak RSS {k}: {float(out):.0f} MiB (target < 1024)")
 
+
 if __name__ == "__main__":
     main()
