@@ -351,7 +351,8 @@ def run_phases(env: simpy.Environment, net: FlowNetwork, route: Route,
     rkey = _route_key(route)
     # Keep the route's owner alive while its id is a cache key, so the id is not reused.
     net.cache.setdefault("collective_route_owners", {})[rkey] = route
-    reps = tuple(tuple(r) for r in replicas)
+    reps = replicas if type(replicas) is tuple and all(type(r) is tuple for r in replicas) \
+        else tuple(tuple(r) for r in replicas)
     mcache = net.cache.setdefault("collective_multiplicity", {})
 
     def multiplicity_maps(ph: Phase) -> dict | None:

@@ -48,6 +48,11 @@ class GradientReducer(EnginePart):
         self._optimized = [0] * p                               # classes past the optimizer
         self._call_s = [self.call_latency_s(self.plan.dp_group(s, 0)) if self.plan.dp > 1 else 0.0
                         for s in range(p)]
+        self._phase_cache: dict[tuple[int, float, str], list[cf.Phase]] = {}
+        # The DP groups of TP indices 1..tp-1 per stage, built once (tuples: run_phases
+        # takes them as they are).
+        self._replicas = [tuple(tuple(self.plan.dp_group(s, t)) for t in range(1, self.plan.tp))
+                          for s in range(p)]
         # A stage's DP collectives run as representative flows (sim/symmetric_collective.py)
         # when its replicas are identical and on one GPU type; otherwise flow by flow.
         self._symmetric = [symmetric and self.n_classes == 1
@@ -146,6 +151,15 @@ class GradientReducer(EnginePart):
 
     # ------------------------------------------------------------ collectives
     def _phases(self, s: int, nbytes: float, op: str) -> list[cf.Phase]:
+        """The phases of one DP collective of stage s; built once per (stage, bytes, op):
+        gradient buckets repeat a few sizes, and phases are immutable."""
+        key = (s, nbytes, op)
+        phases = self._phase_cache.get(key)
+        if phases is None:
+            phases = self._phase_cache[key] = self._build_phases(s, nbytes, op)
+        return phases
+
+    def _build_phases(self, s: int, nbytes: float, op: str) -> list[cf.Phase]:
         group = self.plan.dp_group(s, 0)
         algo = self.prog.dp_algorithm[s]
         if op == "all_reduce":
@@ -159,5 +173,4 @@ class GradientReducer(EnginePart):
     def _run(self, s: int, phases: list[cf.Phase], label: str) -> simpy.Process:
         """One data-parallel collective call of stage s; the DP groups of TP indices
         1..tp-1 run the same call alongside (unsimulated replicas)."""
-        replicas = [self.plan.dp_group(s, t) for t in range(1, self.plan.tp)]
-        return self.call(phases, replicas, label, self._call_s[s], self._symmetric[s])
+        return self.call(phases, self._replicas[s], label, self._call_s[s], self._symmetric[s])
