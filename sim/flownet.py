@@ -300,6 +300,12 @@ class FlowNetwork:
         if not flows:
             return
         bw = self._bw
+        if len(flows) == 1:
+            # Alone on its links (most pipeline sends): progressive filling stops at its
+            # tightest edge, the same quotient the general loop below would compute.
+            f = flows[0]
+            f.rate = max(min(bw[e] / (0.0 + w) for e, w in f.weights.items()), 0.0)
+            return
         on_edge = self._on_edge
         used = {e: 0.0 for e in edges}                 # capacity taken by frozen flows
         wsum = {e: 0.0 for e in edges}                 # sum of unfrozen multiplicities
