@@ -104,14 +104,16 @@ def bare_simpy_cpu_s(n_events: int) -> float:
     return (time.process_time() - t0) * n_events / (per * 100)
 
 
-def time_case(c: Case) -> tuple[float, float]:
-    """CPU seconds of simulate() of one case (topology loading included, as the CLI does),
-    and its step time."""
+def time_case(c: Case) -> tuple[float, float, float]:
+    """CPU seconds of simulate() of one case with topology loading included (as the CLI
+    does) and without it (the engine alone), and its step time."""
     gc.collect()
     t0 = time.process_time()
     cluster, model, profile, plan = _inputs(c)
+    t1 = time.process_time()
     res = simulate(model, plan, cluster, profile)
-    return time.process_time() - t0, res.step_time_s
+    t2 = time.process_time()
+    return t2 - t0, t2 - t1, res.step_time_s
 
 
 def main() -> None:
@@ -131,20 +133,25 @@ def main() -> None:
         return
     keys = args.cases.split(",")
     cpu: dict[str, list[float]] = {k: [] for k in keys}
+    engine: dict[str, list[float]] = {k: [] for k in keys}
     step: dict[str, float] = {}
     for _ in range(args.n):                 # interleaved, so load changes hit all cases alike
         for k in keys:
-            t, s = time_case(CASES[k])
+            t, t_engine, s = time_case(CASES[k])
             cpu[k].append(t)
+            engine[k].append(t_engine)
             step[k] = s
     med = {k: statistics.median(v) for k, v in cpu.items()}
+    med_engine = {k: statistics.median(v) for k, v in engine.items()}
     for k in keys:
         c = CASES[k]
         print(f"{k:5s} {c.model} on {c.topology} --nodes {c.nodes} ({c.plan.split(',layers')[0]}): "
               f"median {med[k]:.2f} CPU s over {args.n} (min {min(cpu[k]):.2f}, max {max(cpu[k]):.2f}); "
               f"step {step[k]:.4f} s")
     if "1k" in med and "16k" in med:
-        print(f"scale ratio 16k/1k GPUs (gpt3-175b): {med['16k'] / med['1k']:.2f}x  (target <= 2)")
+        print(f"scale ratio 16k/1k GPUs (gpt3-175b): {med['16k'] / med['1k']:.2f}x  (target <= 2); "
+              f"engine alone (topology loaded beforehand): {med_engine['16k'] / med_engine['1k']:.2f}x "
+              f"({med_engine['16k']:.3f} vs {med_engine['1k']:.3f} CPU s)")
     if "1k" in keys:
         ratios = []
         for _ in range(args.n):
