@@ -123,7 +123,8 @@ def cmd_search(args) -> int:
         output_dir(args.report, "--report")
     cluster, model, profile = _load_inputs(args)
     result = run_search(args, model, cluster, profile, top=args.top, workers=args.workers,
-                        progress=None)  # progress bars on a terminal only
+                        progress=None,  # progress bars on a terminal only
+                        record_best=bool(args.report))  # timelines only for a report
     written = []
     if args.report:
         from reports.report import write_report

@@ -353,9 +353,11 @@ def _rank_key(res: StepResult, compress_margin: float) -> tuple:
 
 def search(model: ModelSpec, cluster: Cluster, profile: Profile, top: int = 10, workers: int = 1,
            progress: bool | None = None, space: SearchSpace | None = None,
-           compress_margin: float = 0.05) -> SearchResult:
+           compress_margin: float = 0.05, record_best: bool = True) -> SearchResult:
     """Search parallel plans for ``model`` on ``cluster``; the best max(top, 10) by the
-    analytic estimate are simulated and returned best first."""
+    analytic estimate are simulated and returned best first. ``record_best``: re-simulate
+    the best two with their timelines recorded (for a report's Gantt charts; costs two
+    more simulations, so callers that write no report pass False)."""
     t0 = time.perf_counter()
     space = space or SearchSpace()
     tables = CostTables(model, cluster, profile)
@@ -398,7 +400,7 @@ def search(model: ModelSpec, cluster: Cluster, profile: Profile, top: int = 10, 
         notes.append(estimate_note(results, estimates))
         results = sorted(by_plan.values(), key=lambda r: _rank_key(r, compress_margin))
         # Record the best two again with their segments, for the report's Gantt charts.
-        for i in range(min(2, len(results))):
+        for i in range(min(2, len(results)) if record_best else 0):
             plan = resolve_plan(results[i].plan, model, n)
             results[i] = simulate(model, plan, cluster, profile, record=True)
     return SearchResult(topology=cluster.name, model=model.name, num_devices=n, ranked=results,

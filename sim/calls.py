@@ -16,15 +16,16 @@ from specs.topology import Cluster
 
 
 def run_call(env: simpy.Environment, net: FlowNetwork, cluster: Cluster, phases: list[cf.Phase],
-             replicas, label: str, call_s: float) -> simpy.Process:
-    """Start one call: wait ``call_s``, then run ``phases``; the process ends with the call."""
-    return env.process(_call(env, net, cluster, phases, replicas, label, call_s))
+             replicas, label: str, call_s: float, symmetric: bool = False) -> simpy.Process:
+    """Start one call: wait ``call_s``, then run ``phases``; the process ends with the call.
+    ``symmetric``: see collective_flows.run_phases."""
+    return env.process(_call(env, net, cluster, phases, replicas, label, call_s, symmetric))
 
 
-def _call(env, net, cluster, phases, replicas, label, call_s):
+def _call(env, net, cluster, phases, replicas, label, call_s, symmetric):
     if call_s > 0:
         yield env.timeout(call_s)
-    yield cf.run_phases(env, net, cluster.route, phases, replicas=replicas, label=label)
+    yield cf.run_phases(env, net, cluster.route, phases, replicas=replicas, label=label, symmetric=symmetric)
 
 
 class EnginePart:
@@ -39,9 +40,10 @@ class EnginePart:
         self.cluster = program.cluster
         self.acct = accountant
 
-    def call(self, phases: list[cf.Phase], replicas, label: str, call_s: float) -> simpy.Process:
+    def call(self, phases: list[cf.Phase], replicas, label: str, call_s: float,
+             symmetric: bool = False) -> simpy.Process:
         """Start one communication call (see run_call)."""
-        return run_call(self.env, self.net, self.cluster, phases, replicas, label, call_s)
+        return run_call(self.env, self.net, self.cluster, phases, replicas, label, call_s, symmetric)
 
     def call_latency_s(self, ranks: Sequence[int]) -> float:
         """Per-call software latency of the fabric ``ranks`` span, seconds."""

@@ -21,6 +21,7 @@ import simpy
 
 from costmodel.errors import InputError
 from sim.flownet import Edge, FlowNetwork
+from sim.symmetric_collective import Representative, representatives
 
 __all__ = [
     "Flow", "Phase", "ring_allreduce", "tree_allreduce", "hierarchical_allreduce",
@@ -294,14 +295,47 @@ def _cached_route(net: FlowNetwork, route: Route, rkey, s: int, d: int) -> tuple
     key = (rkey, s, d)
     path = cache.get(key)
     if path is None:
-        path = tuple((e[0], e[1]) for e in route(s, d))
+        path = route(s, d)
+        # Cluster.route already gives a tuple of 2-tuples; other routes are copied.
+        if type(path) is not tuple:
+            path = tuple((e[0], e[1]) for e in path)
         cache[key] = path
     return path
 
 
+def _replica_counts(net: FlowNetwork, route: Route, rkey, path: tuple[Edge, ...], pairs) -> dict | None:
+    """Multiplicity on each edge of ``path``: 1 + the replica flows (src, dst) in ``pairs``
+    whose routes use it; None where every edge has 1."""
+    count = {e: 1 for e in path}
+    for a, b in pairs:
+        # Each replica route is used once per call site: not worth net.cache's copy
+        # (Cluster.route keeps its own cache across simulations).
+        for e in route(a, b):
+            if e in count:
+                count[e] += 1
+    return None if all(c == 1 for c in count.values()) else count
+
+
+def p2p_route(net: FlowNetwork, route: Route, src: int, dst: int,
+              replicas: Sequence[tuple[int, int]]) -> tuple[tuple[Edge, ...], dict | None]:
+    """Path and multiplicity map of a point-to-point send src -> dst whose unsimulated
+    replica sends ``replicas`` (pairs) run alongside, as run_phases would compute them;
+    cached on ``net.cache`` by (src, dst, replicas), so that a pipeline send costs one
+    dictionary look-up after the first."""
+    rkey = _route_key(route)
+    net.cache.setdefault("collective_route_owners", {})[rkey] = route
+    cache = net.cache.setdefault("p2p_routes", {})
+    key = (rkey, src, dst, replicas)
+    out = cache.get(key)
+    if out is None:
+        path = _cached_route(net, route, rkey, src, dst)
+        out = cache[key] = (path, _replica_counts(net, route, rkey, path, replicas))
+    return out
+
+
 def run_phases(env: simpy.Environment, net: FlowNetwork, route: Route,
                phases: list[Phase], replicas: Sequence[Sequence[int]] = (), label: str = "",
-               group: Sequence[int] | None = None) -> simpy.Event:
+               group: Sequence[int] | None = None, symmetric: bool = False) -> simpy.Event:
     """Run ``phases`` one after another, each phase's flows concurrently on ``net``.
     Returns an event that succeeds when the last phase is done.
 
@@ -309,11 +343,16 @@ def run_phases(env: simpy.Environment, net: FlowNetwork, route: Route,
     time but not simulated. For each flow (s, d) at positions (i, j) of the group (``group``
     or each phase's own ``Phase.group``), the replica flows (R[i], R[j]) are routed, and the
     simulated flow gets multiplicity 1 + (number of replica flows using that edge) on each
-    edge of its own path. Routes and multiplicity maps are cached on ``net.cache``."""
+    edge of its own path. Routes and multiplicity maps are cached on ``net.cache``.
+
+    ``symmetric``: the group is homogeneous (one GPU type, identical replicas), so a
+    phase's flows may run as one representative per class of identical flows
+    (sim/symmetric_collective.py), with the same rates, bytes per link and end time."""
     rkey = _route_key(route)
     # Keep the route's owner alive while its id is a cache key, so the id is not reused.
     net.cache.setdefault("collective_route_owners", {})[rkey] = route
-    reps = tuple(tuple(r) for r in replicas)
+    reps = replicas if type(replicas) is tuple and all(type(r) is tuple for r in replicas) \
+        else tuple(tuple(r) for r in replicas)
     mcache = net.cache.setdefault("collective_multiplicity", {})
 
     def multiplicity_maps(ph: Phase) -> dict | None:
@@ -338,21 +377,40 @@ def run_phases(env: simpy.Environment, net: FlowNetwork, route: Route,
         if (s, d) in maps:
             return maps[(s, d)]
         i, j = cached["positions"][s], cached["positions"][d]
-        count = {e: 1 for e in path}
-        for rep in reps:
-            for e in _cached_route(net, route, rkey, rep[i], rep[j]):
-                if e in count:
-                    count[e] += 1
-        m = None if all(c == 1 for c in count.values()) else count
-        maps[(s, d)] = m
+        m = maps[(s, d)] = _replica_counts(net, route, rkey, path, ((rep[i], rep[j]) for rep in reps))
         return m
 
     # Resolved now, not inside the process, so bad replica groups fail at the call site.
     per_phase = [multiplicity_maps(ph) for ph in phases]
+    scache = net.cache.setdefault("symmetric_representatives", {})
+
+    def symmetric_reps(ph: Phase, cached: dict | None) -> list[Representative]:
+        key = (rkey, reps, ph.flows)
+        out = scache.get(key)
+        if out is None:
+            g = tuple(group) if group is not None else ph.group
+            first = g[0] if g else None
+            paths, weights = [], []
+            for s, d, _nbytes in ph.flows:
+                path = _cached_route(net, route, rkey, s, d)
+                mult = None if cached is None else multiplicity(cached, s, d, path)
+                paths.append(path)
+                weights.append({e: 1 for e in path} if mult is None else mult)
+            out = scache[key] = representatives(
+                paths, weights, [f.nbytes for f in ph.flows],
+                [first in (f.src, f.dst) for f in ph.flows], net.edge_params)
+        return out
 
     def proc():
         for ph, cached in zip(phases, per_phase):
             events = []
+            if symmetric and len(ph.flows) > 2:
+                for rep in symmetric_reps(ph, cached):
+                    events.append(net.transfer(rep.path, ph.flows[rep.index].nbytes,
+                                               latency_steps=ph.latency_steps, label=label,
+                                               carried=rep.carried, shares=rep.weights))
+                yield env.all_of(events)
+                continue
             for s, d, nbytes in ph.flows:
                 path = _cached_route(net, route, rkey, s, d)
                 mult = None if cached is None else multiplicity(cached, s, d, path)

@@ -24,30 +24,30 @@ from sim.program import Program
 from sim.result import Segment
 
 
-def effective_graph(cluster, profile):
-    """The cluster graph with each link's line rate scaled by its class's achievable
-    fraction (profile ``fabrics.<kind>.bw_eff``): flows share what a collective can
-    really use of a link, not its datasheet rate."""
-    g = cluster.graph.copy()
-    for _u, _v, data in g.edges(data=True):
-        data["bw_Bps"] = data["bw_Bps"] * profile.fabric(data.get("kind", "default")).bw_eff
-    return g
+def bw_efficiency(profile):
+    """Per link class, the achievable fraction of its line rate (profile
+    ``fabrics.<kind>.bw_eff``): flows share what a collective can really use of a link,
+    not its datasheet rate. The flow network applies it to each link it touches."""
+    return lambda kind: profile.fabric(kind).bw_eff
 
 
 class Engine:
     """One step of ``program``: ``run()`` returns the step time; then ``totals``,
-    ``segments`` (when ``record``), ``done_at`` and ``net`` describe it."""
+    ``segments`` (when ``record``), ``done_at`` and ``net`` describe it.
+    ``symmetric_dp=False`` simulates every data-parallel flow explicitly (the reference
+    the symmetric collectives are tested against)."""
 
-    def __init__(self, program: Program, record: bool = False):
+    def __init__(self, program: Program, record: bool = False, symmetric_dp: bool = True):
         self.prog = program
         self.plan = program.plan
         self.cluster = program.cluster
         self.record = record
         self.env = simpy.Environment()
-        self.net = FlowNetwork(self.env, effective_graph(self.cluster, program.profile), record=record)
+        self.net = FlowNetwork(self.env, self.cluster.graph, record=record,
+                              bw_scale=bw_efficiency(program.profile))
         self.accountant = StepAccountant(self.env, [pipe.ranks for pipe in program.pipelines],
                                          self.plan.pp, record)
-        self.reducer = GradientReducer(self.env, self.net, program, self.accountant)
+        self.reducer = GradientReducer(self.env, self.net, program, self.accountant, symmetric=symmetric_dp)
         self.executor = PipelineExecutor(self.env, self.net, program, self.accountant, self.reducer)
 
     @property

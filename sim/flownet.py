@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from typing import Mapping, NamedTuple, Sequence
+from typing import Callable, Mapping, NamedTuple, Sequence
 
 import networkx
 import simpy
@@ -45,12 +45,16 @@ _LEVEL_REL = 1e-12
 
 
 class _Flow:
-    __slots__ = ("fid", "weights", "size", "remaining", "rate", "t_last", "version",
+    __slots__ = ("fid", "weights", "carried", "size", "remaining", "rate", "t_last", "version",
                  "done", "event", "label")
 
-    def __init__(self, fid: int, weights: dict, size: float, event: simpy.Event, label: str):
+    def __init__(self, fid: int, weights: dict, size: float, event: simpy.Event, label: str,
+                 carried: Mapping[Edge, float] | None = None):
         self.fid = fid
         self.weights = weights      # edge -> multiplicity on that edge
+        # edge -> copies of this flow's bytes that cross it, for bytes_carried (defaults to
+        # weights; a representative of a symmetric collective also counts its twins' links).
+        self.carried = weights if carried is None else carried
         self.size = size
         self.remaining = size       # bytes left as of t_last
         self.rate = 0.0             # bytes/s per copy
@@ -63,12 +67,19 @@ class _Flow:
 
 class FlowNetwork:
     """Max-min fair bandwidth sharing over a directed graph whose edges carry ``bw_Bps``
-    (bytes/s) and ``latency_s`` (seconds)."""
+    (bytes/s) and ``latency_s`` (seconds).
 
-    def __init__(self, env: simpy.Environment, graph: networkx.DiGraph, record: bool = False):
+    ``bw_scale(kind)``, if given, is the fraction of an edge's ``bw_Bps`` that flows can
+    use, by the edge's ``kind`` attribute: applied when a flow first touches the edge, so
+    a 100k-edge cluster graph is neither copied nor rescaled as a whole."""
+
+    def __init__(self, env: simpy.Environment, graph: networkx.DiGraph, record: bool = False,
+                 bw_scale: Callable[[str], float] | None = None):
         self.env = env
         self.graph = graph
         self.record = record
+        self._bw_scale = bw_scale
+        self._scale_of: dict[str, float] = {}       # kind -> bw_scale(kind), memoised
         self.bytes_carried: dict[Edge, float] = {}
         self.samples: list[LinkSample] = []
         # Scratch space for callers that derive data from this network and want to reuse
@@ -89,12 +100,21 @@ class FlowNetwork:
     # ----------------------------------------------------------------- public API
     def transfer(self, path: Sequence[Edge], nbytes: float,
                  multiplicity: Mapping[Edge, int] | None = None, latency_steps: int = 1,
-                 label: str = "") -> simpy.Event:
+                 label: str = "", carried: Mapping[Edge, float] | None = None,
+                 shares: Mapping[Edge, int] | None = None, delay_s: float = 0.0,
+                 event: simpy.Event | None = None) -> simpy.Event:
         """Send ``nbytes`` along ``path`` (directed edges). Waits
         latency_steps * sum(latency_s over path) seconds, then shares bandwidth until done.
         ``multiplicity[e]`` (default 1) counts identical unsimulated flows on edge e.
-        Empty path or nbytes == 0: only the latency. Returns an event that succeeds at
-        completion."""
+        ``shares``, if given, replaces the per-edge multiplicities outright and may name
+        edges off the path (a symmetric collective's representative sharing its twins'
+        links, sim/symmetric_collective.py); the path then only sets the latency.
+        ``carried`` (default: the multiplicities) says how many copies of the bytes each
+        edge is credited with in ``bytes_carried`` at completion; it may name edges off the
+        path (the links of unsimulated twins). ``delay_s`` is waited before the latency
+        (a call's software cost) in the same timeout. Empty path or nbytes == 0: only the
+        latency. Returns an event that succeeds at completion: ``event`` if given (so a
+        caller's own event needs no forwarding callback), else a new one."""
         if nbytes < 0 or not math.isfinite(nbytes):
             raise ValueError(f"transfer {label!r}: nbytes={nbytes!r} must be finite and >= 0")
         if latency_steps < 0:
@@ -110,11 +130,23 @@ class FlowNetwork:
                 raise ValueError(f"transfer {label!r}: multiplicity {k!r} on edge {e} must be >= 0")
             if k:
                 weights[e] = weights.get(e, 0) + k
-        latency *= latency_steps
+        latency = latency * latency_steps + delay_s
+        if shares is not None:
+            weights = {}
+            for e, k in shares.items():
+                self._edge_info(e)
+                if k < 0:
+                    raise ValueError(f"transfer {label!r}: multiplicity {k!r} on edge {e} must be >= 0")
+                if k:
+                    weights[e] = k
         if nbytes == 0 or not weights:
-            return self.env.timeout(latency)
-        event = self.env.event()
-        flow = _Flow(self._next_id, weights, float(nbytes), event, label)
+            if event is None:
+                return self.env.timeout(latency)
+            self.env.timeout(latency).callbacks.append(lambda _ev: event.succeed())
+            return event
+        if event is None:
+            event = self.env.event()
+        flow = _Flow(self._next_id, weights, float(nbytes), event, label, carried)
         self._next_id += 1
         self.flows_started += 1
         if latency > 0:
@@ -122,6 +154,11 @@ class FlowNetwork:
         else:
             self._activate(flow)
         return event
+
+    def edge_params(self, e: Edge) -> tuple[float, float]:
+        """(usable bandwidth in bytes/s, latency in s) of directed edge ``e``."""
+        self._edge_info(e)
+        return self._bw[e], self._lat[e]
 
     def active_flows(self) -> int:
         """Number of flows currently sending (for tests and diagnostics)."""
@@ -140,6 +177,12 @@ class FlowNetwork:
             raise ValueError(f"edge {e!r} has no 'bw_Bps' attribute") from None
         if not bw > 0:
             raise ValueError(f"edge {e!r}: bw_Bps={bw!r} must be > 0")
+        if self._bw_scale is not None:
+            kind = data.get("kind", "default")
+            scale = self._scale_of.get(kind)
+            if scale is None:
+                scale = self._scale_of[kind] = float(self._bw_scale(kind))
+            bw = bw * scale
         self._bw[e] = bw
         self._lat[e] = float(data.get("latency_s", 0.0))
 
@@ -216,11 +259,12 @@ class FlowNetwork:
         f.done = True
         f.rate = 0.0
         f.remaining = 0.0
-        for e, w in f.weights.items():
+        for e in f.weights:
             on = self._on_edge[e]
             del on[f]
             if not on:
                 del self._on_edge[e]
+        for e, w in f.carried.items():
             self.bytes_carried[e] = self.bytes_carried.get(e, 0.0) + w * f.size
         self.flows_finished += 1
         f.event.succeed()
@@ -256,6 +300,12 @@ class FlowNetwork:
         if not flows:
             return
         bw = self._bw
+        if len(flows) == 1:
+            # Alone on its links (most pipeline sends): progressive filling stops at its
+            # tightest edge, the same quotient the general loop below would compute.
+            f = flows[0]
+            f.rate = max(min(bw[e] / (0.0 + w) for e, w in f.weights.items()), 0.0)
+            return
         on_edge = self._on_edge
         used = {e: 0.0 for e in edges}                 # capacity taken by frozen flows
         wsum = {e: 0.0 for e in edges}                 # sum of unfrozen multiplicities

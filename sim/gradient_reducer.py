@@ -33,7 +33,8 @@ class BucketId(NamedTuple):
 
 
 class GradientReducer(EnginePart):
-    def __init__(self, env: simpy.Environment, net: FlowNetwork, program: Program, accountant: StepAccountant):
+    def __init__(self, env: simpy.Environment, net: FlowNetwork, program: Program, accountant: StepAccountant,
+                 symmetric: bool = True):
         super().__init__(env, net, program, accountant)
         p = self.plan.pp
         self.n_classes = len(program.pipelines)
@@ -48,6 +49,16 @@ class GradientReducer(EnginePart):
         self._optimized = [0] * p                               # classes past the optimizer
         self._call_s = [self.call_latency_s(self.plan.dp_group(s, 0)) if self.plan.dp > 1 else 0.0
                         for s in range(p)]
+        self._phase_cache: dict[tuple[int, float, str], list[cf.Phase]] = {}
+        # The DP groups of TP indices 1..tp-1 per stage, built once (tuples: run_phases
+        # takes them as they are).
+        self._replicas = [tuple(tuple(self.plan.dp_group(s, t)) for t in range(1, self.plan.tp))
+                          for s in range(p)]
+        # A stage's DP collectives run as representative flows (sim/symmetric_collective.py)
+        # when its replicas are identical and on one GPU type; otherwise flow by flow.
+        self._symmetric = [symmetric and self.n_classes == 1
+                           and len({self.cluster.devices[r].gpu.name for r in self.plan.dp_group(s, 0)}) == 1
+                           for s in range(p)]
 
     # ------------------------------------------------------------ the executor's side
     def bucket_elements(self, stage: int, chunk: int) -> float:
@@ -141,6 +152,15 @@ class GradientReducer(EnginePart):
 
     # ------------------------------------------------------------ collectives
     def _phases(self, s: int, nbytes: float, op: str) -> list[cf.Phase]:
+        """The phases of one DP collective of stage s; built once per (stage, bytes, op):
+        gradient buckets repeat a few sizes, and phases are immutable."""
+        key = (s, nbytes, op)
+        phases = self._phase_cache.get(key)
+        if phases is None:
+            phases = self._phase_cache[key] = self._build_phases(s, nbytes, op)
+        return phases
+
+    def _build_phases(self, s: int, nbytes: float, op: str) -> list[cf.Phase]:
         group = self.plan.dp_group(s, 0)
         algo = self.prog.dp_algorithm[s]
         if op == "all_reduce":
@@ -154,5 +174,4 @@ class GradientReducer(EnginePart):
     def _run(self, s: int, phases: list[cf.Phase], label: str) -> simpy.Process:
         """One data-parallel collective call of stage s; the DP groups of TP indices
         1..tp-1 run the same call alongside (unsimulated replicas)."""
-        replicas = [self.plan.dp_group(s, t) for t in range(1, self.plan.tp)]
-        return self.call(phases, replicas, label, self._call_s[s])
+        return self.call(phases, self._replicas[s], label, self._call_s[s], self._symmetric[s])

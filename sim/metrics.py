@@ -1,6 +1,7 @@
 """From an engine run to a StepResult: throughput, FLOP rates, MFU, memory, breakdown."""
 from __future__ import annotations
 
+import gc
 import time
 
 from costmodel import flops as fl
@@ -16,12 +17,20 @@ GIB = 2.0 ** 30
 
 
 def simulate(model: ModelSpec, plan: Plan, cluster: Cluster, profile: Profile,
-             record: bool = False) -> StepResult:
-    """Simulate one training step of `model` under `plan` on `cluster`."""
+             record: bool = False, symmetric_dp: bool = True) -> StepResult:
+    """Simulate one training step of `model` under `plan` on `cluster` (``symmetric_dp``:
+    see Engine)."""
     t_wall = time.perf_counter()
     prog = build_program(model, plan, cluster, profile)
-    eng = Engine(prog, record=record)
-    step = eng.run()
+    eng = Engine(prog, record=record, symmetric_dp=symmetric_dp)
+    # The cluster graph (~100k edges at 16k GPUs), the program and their caches live
+    # through the run: freezing them keeps the cyclic collector's full passes, triggered
+    # by the run's many short-lived events, from walking them again and again.
+    gc.freeze()
+    try:
+        step = eng.run()
+    finally:
+        gc.unfreeze()
     res = summarize(prog, eng, step)
     res.sim_wall_s = time.perf_counter() - t_wall
     return res

@@ -44,10 +44,10 @@ class PipelineExecutor(EnginePart):
         # Cross-rank dependencies: arrival events and the time the producer finished.
         self._arrive: dict[Handoff, simpy.Event] = {}
         self._produced: dict[Handoff, float] = {}
-        self._p2p_call_s: dict[tuple[int, int], float] = {}  # (src, dst) rank -> call latency
-        # The TP peers and identical replicas that send alongside each simulated send,
-        # per (pipeline, source stage, destination stage): built once, reused per microbatch.
-        self._p2p_replicas: dict[tuple[int, int, int], tuple] = {}
+        # Per (pipeline, source stage, destination stage): the send's path, its
+        # multiplicity map (the TP peers and identical replicas that send alongside) and
+        # the call latency, built once and reused for every microbatch.
+        self._p2p_routes: dict[tuple[int, int, int], tuple] = {}
         # Share of compute speed lost per second a stage's gradient collectives overlap
         # it (profile fabrics.<kind>.compute_slowdown of the DP group's fabric).
         self._dp_slowdown = [program.profile.fabric(group_kind(self.cluster, self.plan.dp_group(s, 0))).compute_slowdown
@@ -107,28 +107,22 @@ class PipelineExecutor(EnginePart):
         if src_stage == dst_stage or nbytes <= 0:
             ev.succeed()
             return
-        pipe = self.prog.pipelines[pi]
-        src, dst = pipe.ranks[src_stage], pipe.ranks[dst_stage]
-        replicas = self._p2p_replicas.get((pi, src_stage, dst_stage))
-        if replicas is None:
+        route = self._p2p_routes.get((pi, src_stage, dst_stage))
+        if route is None:
+            pipe = self.prog.pipelines[pi]
+            src, dst = pipe.ranks[src_stage], pipe.ranks[dst_stage]
             d0 = pipe.dp_indices[0]
             replicas = tuple((self.plan.rank(d, src_stage, t), self.plan.rank(d, dst_stage, t))
                              for d in pipe.dp_indices for t in range(self.plan.tp) if (d, t) != (d0, 0))
-            self._p2p_replicas[(pi, src_stage, dst_stage)] = replicas
-        call_s = self._p2p_call_s.get((src, dst))
-        if call_s is None:
-            call_s = self._p2p_call_s[(src, dst)] = self.call_latency_s([src, dst])
-        done = self.call(cf.p2p(src, dst, nbytes), replicas, label, call_s)
-        t_start = self.env.now
+            route = self._p2p_routes[(pi, src_stage, dst_stage)] = (
+                *cf.p2p_route(self.net, self.cluster.route, src, dst, replicas), self.call_latency_s([src, dst]))
+        # One flow: the call's software cost and the path latency in one timeout, then
+        # the bytes; the arrival event is the flow's own (no process, no forwarding).
+        path, mult, call_s = route
+        self.net.transfer(path, nbytes, mult, latency_steps=1, label=label, delay_s=call_s, event=ev)
         if self.acct.record:
-            key = RankKey(pi, src_stage)
-
-            def _rec(_e, t_start=t_start):
-                self.acct.seg(key, "pp", "send", t_start, self.env.now, label)
-                ev.succeed()
-            done.callbacks.append(_rec)
-        else:
-            done.callbacks.append(lambda _e: ev.succeed())
+            key, t_start = RankKey(pi, src_stage), self.env.now
+            ev.callbacks.append(lambda _e: self.acct.seg(key, "pp", "send", t_start, self.env.now, label))
 
     def _wait_sent(self, key: RankKey, k: Handoff, label: str):
         """Blocking pipeline send (Program.p2p_blocking, e.g. DeepSpeed's pipeline engine):

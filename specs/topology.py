@@ -25,6 +25,7 @@ explicit networks by lowest-latency path.
 """
 from __future__ import annotations
 
+import gc
 import re
 from dataclasses import dataclass
 from importlib.resources import files
@@ -316,11 +317,33 @@ class _Builder:
         self.nodes: list[NodeInfo] = []
         self.intra: list[tuple[str | None, dict | None]] = []
         self.nic_of: list[str | None] = []
+        # Vertices and edges are collected and added to the graph in bulk, in the same
+        # order (so adjacency order, and with it routing tie-breaks, are unchanged): one
+        # networkx add_node / add_edge call per element costs ~3x more at 100k edges.
+        self._vertices: list[tuple[str, dict]] = []
+        self._edges: list[tuple[str, str, dict]] = []
+        self._buffered = True
+
+    def vertex(self, v: str, **attrs) -> None:
+        if self._buffered:
+            self._vertices.append((v, attrs))
+        else:
+            self.g.add_node(v, **attrs)
 
     def link(self, a: str, b: str, bw_Bps: float, lat_ab_s: float, lat_ba_s: float, kind: str) -> None:
         """One physical link = two directed edges (same bandwidth each way)."""
-        self.g.add_edge(a, b, bw_Bps=bw_Bps, latency_s=lat_ab_s, kind=kind)
-        self.g.add_edge(b, a, bw_Bps=bw_Bps, latency_s=lat_ba_s, kind=kind)
+        ab = (a, b, {"bw_Bps": bw_Bps, "latency_s": lat_ab_s, "kind": kind})
+        ba = (b, a, {"bw_Bps": bw_Bps, "latency_s": lat_ba_s, "kind": kind})
+        if self._buffered:
+            self._edges += (ab, ba)
+        else:
+            self.g.add_edges_from((ab, ba))
+
+    def flush(self) -> None:
+        """Add the collected vertices, then edges, to the graph; later ones go directly."""
+        self.g.add_nodes_from(self._vertices)
+        self.g.add_edges_from(self._edges)
+        self._vertices, self._edges, self._buffered = [], [], False
 
     def build(self) -> Cluster:
         topo, source = self.topo, self.source
@@ -346,9 +369,11 @@ class _Builder:
                 self.add_node(grp, topo.node_types[grp.node_type], specs[grp.node_type], meshes.get(grp.node_type))
         leaf_of = spine = None
         if isinstance(topo.network, schema.Explicit):
+            self.flush()        # the explicit links are checked against the graph as added
             self.add_explicit(topo.network)
         elif topo.network is not None:
             leaf_of, spine = self.add_tree(topo.network)
+        self.flush()
         cluster = Cluster(topo.name, source, topo.description, self.devices, self.nodes, self.g,
                           self.intra, self.nic_of, leaf_of, spine)
         cluster.profiles = tuple(topo.profiles)
@@ -359,12 +384,12 @@ class _Builder:
         first = len(self.devices)
         gpus = [f"n{i}.gpu{g}" for g in range(n)]
         for g, v in enumerate(gpus):
-            self.g.add_node(v, role="gpu", node=i)
+            self.vertex(v, role="gpu", node=i)
             self.devices.append(Device(first + g, i, g, grp.name, spec, v))
         lat_s = intra.latency_us * 1e-6
         if mesh is None:  # star: GPU <-> hub, half the GPU-to-GPU latency on each hop
             hub = f"n{i}.{intra.kind}"
-            self.g.add_node(hub, role="hub", node=i)
+            self.vertex(hub, role="hub", node=i)
             for v in gpus:
                 self.link(v, hub, intra.bw_GBps * 1e9, lat_s / 2, lat_s / 2, intra.kind)
             self.intra.append((hub, None))
@@ -378,7 +403,7 @@ class _Builder:
         if nics is not None:
             nic_vs = [f"n{i}.nic{k}" for k in range(nics.count)]
             for v in nic_vs:
-                self.g.add_node(v, role="nic", node=i)
+                self.vertex(v, role="nic", node=i)
             pcie_lat_s = nt.pcie.latency_us * 1e-6
             for g, v in enumerate(gpus):
                 nic = nic_vs[g * nics.count // n]  # rail assignment, see module docstring
@@ -404,14 +429,14 @@ class _Builder:
                 nic = f"n{node.index}.nic{k}"
                 leaf = f"leaf{unit}" if net.kind == "fat_tree" else f"su{unit}.rail{k}"
                 if leaf not in below_Bps:
-                    self.g.add_node(leaf, role="leaf")
+                    self.vertex(leaf, role="leaf")
                     below_Bps[leaf] = 0.0
                 leaf_of[nic] = leaf
                 below_Bps[leaf] += node.nic_bw_Bps
                 self.link(nic, leaf, node.nic_bw_Bps, node.nic_latency_s + sw_s, node.nic_latency_s, "nic")
         if len(below_Bps) <= 1:
             return leaf_of, None
-        self.g.add_node("spine", role="spine")
+        self.vertex("spine", role="spine")
         for leaf, bw in below_Bps.items():
             self.link(leaf, "spine", bw / net.oversubscription, sw_s, sw_s, "leaf_spine")
         return leaf_of, "spine"
@@ -444,4 +469,13 @@ class _Builder:
 
 
 def _build(topo: schema.TopologyFile, source: str) -> Cluster:
-    return _Builder(topo, source).build()
+    # The graph is hundreds of thousands of small dicts that all live on: the cyclic
+    # collector's passes, triggered as they are allocated, would walk them again and
+    # again (half of building a 100k-GPU cluster). Nothing here makes cyclic garbage.
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _Builder(topo, source).build()
+    finally:
+        if enabled:
+            gc.enable()

@@ -159,3 +159,23 @@ def test_bad_edges_are_rejected():
         net.transfer([("x", "y")], 1.0)
     with pytest.raises(ValueError, match="no 'bw_Bps'"):
         net.transfer([("b", "c")], 1.0)
+
+
+def test_delay_event_and_bw_scale():
+    """A send that first waits a 1 s call cost (delay_s) on a 10 B/s link of kind 'nic'
+    whose usable fraction is 0.5 (bw_scale): 1 s + 0.25 s latency + 20 B / 5 B/s = 5.25 s.
+    The caller's own event is the one that succeeds (no forwarding), also for 0 bytes
+    (then after the delay and latency only: 1.25 s)."""
+    g = nx.DiGraph()
+    g.add_edge("a", "b", bw_Bps=10.0, latency_s=0.25, kind="nic")
+    env = simpy.Environment()
+    net = FlowNetwork(env, g, bw_scale=lambda kind: {"nic": 0.5}[kind])
+    mine, empty = env.event(), env.event()
+    assert net.transfer([("a", "b")], 20.0, delay_s=1.0, event=mine) is mine
+    assert net.transfer([("a", "b")], 0.0, delay_s=1.0, event=empty) is empty
+    times = {}
+    mine.callbacks.append(lambda _e: times.__setitem__("mine", env.now))
+    empty.callbacks.append(lambda _e: times.__setitem__("empty", env.now))
+    env.run()
+    assert times == {"mine": pytest.approx(5.25), "empty": pytest.approx(1.25)}
+    assert net.bytes_carried[("a", "b")] == pytest.approx(20.0)
