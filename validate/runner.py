@@ -75,18 +75,18 @@ def _groups(plan: Plan, rank: int, rec):
     from validate.comm import Comm
     d, s, t = coords(plan, rank)
     tp = dp = emb = None
+
+    def group(kind: str, ranks: list[int], mine: bool):
+        # new_group is collective over the whole world: every rank creates every group.
+        g = dist.new_group(ranks) if len(ranks) > 1 else None
+        return Comm(kind, ranks, rank, rec, g) if mine else None
+
     for dd in range(plan.dp):
         for ss in range(plan.pp):
-            ranks = plan.tp_group(dd, ss)
-            g = dist.new_group(ranks) if len(ranks) > 1 else None
-            if (dd, ss) == (d, s):
-                tp = Comm("tp", ranks, rank, rec, g)
+            tp = group("tp", plan.tp_group(dd, ss), (dd, ss) == (d, s)) or tp
     for ss in range(plan.pp):
         for tt in range(plan.tp):
-            ranks = plan.dp_group(ss, tt)
-            g = dist.new_group(ranks) if len(ranks) > 1 else None
-            if (ss, tt) == (s, t):
-                dp = Comm("dp", ranks, rank, rec, g)
+            dp = group("dp", plan.dp_group(ss, tt), (ss, tt) == (s, t)) or dp
     if plan.pp > 1:  # first and last stage both hold the tied token embedding
         for dd in range(plan.dp):
             for tt in range(plan.tp):
