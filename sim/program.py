@@ -325,13 +325,24 @@ def build_program(model: ModelSpec, plan: Plan, cluster: Cluster, profile: Profi
     if plan.num_devices != cluster.num_devices:
         raise InputError("--plan", "dp", f"plan covers {plan.num_devices} devices, cluster has {cluster.num_devices}")
     p, v = plan.pp, plan.vpp
-    # TP groups must be one GPU type: a TP group runs in lock step.
+    # TP groups must be one GPU type: a TP group runs in lock step. And every TP group must
+    # span the same number of nodes: the program costs one representative group per stage
+    # (TP index 0), so a plan whose groups straddle node boundaries unevenly (tp=3 on 8-GPU
+    # nodes: ranks 6-8 cross from node 0 to node 1) would be reported faster than it runs.
+    spans = set()
     for d in range(plan.dp):
         for s in range(p):
-            names = {cluster.devices[r].gpu.name for r in plan.tp_group(d, s)}
+            group = plan.tp_group(d, s)
+            names = {cluster.devices[r].gpu.name for r in group}
             if len(names) > 1:
                 raise InputError("--plan", "tp", f"TP group of replica {d}, stage {s} mixes GPU types "
                                  f"{sorted(names)}; choose tp and placement so each TP group is one type")
+            spans.add(len({cluster.node_of(r) for r in group}))
+            if len(spans) > 1:
+                gpn = min(len(node.ranks) for node in cluster.nodes)
+                raise InputError("--plan", "tp", f"tp={plan.tp}: TP group of replica {d}, stage {s} "
+                                 f"(ranks {group[0]}-{group[-1]}) crosses a node boundary while others "
+                                 f"do not; use a tp that divides the {gpn} GPUs per node, or a multiple of it")
     pipelines = []
     cache: dict[tuple, ChunkWork] = {}
     for gpus, m, members in replica_classes(plan, cluster):

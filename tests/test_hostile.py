@@ -154,6 +154,21 @@ def test_huge_node_count_refused_at_once(capsys, argv):
     _assert_refused(*_cli(capsys, "simulate", "dgx-a100", *argv)[::2])
 
 
+def test_tp_groups_straddling_nodes_unevenly_are_refused(capsys):
+    """tp=3 on 8-GPU nodes: the group of ranks 6-8 crosses from node 0 to node 1 while the
+    first two groups sit in one node. The simulator costs one TP group per stage, so it
+    used to report the step about 30 % faster than the real plan; now it refuses, naming
+    the group, while tp=16 (every group spans exactly two nodes) still simulates."""
+    code, _, err = _cli(capsys, "simulate", "dgx-a100", "--nodes", "3", "--model", "gpt3-175b",
+                        "--plan", "tp=3,pp=8,dp=1")
+    _assert_refused(code, err)
+    assert "ranks 6-8" in err and "crosses a node boundary" in err
+    code, out, err = _cli(capsys, "simulate", "dgx-a100", "--nodes", "2", "--model", "gpt3-1.3b",
+                          "--plan", "tp=16", "--json")
+    assert code == 0, err
+    assert json.loads(out)["step_time_s"] > 0
+
+
 def test_bad_plan_fails_before_the_cluster_is_built(capsys, monkeypatch):
     """`simulate --nodes 16384` (131,072 devices, the largest allowed) with a plan that cannot
     split the batch is refused without building the cluster. Before: the 131k-device graph
