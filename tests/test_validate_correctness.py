@@ -206,7 +206,9 @@ def test_torchrun_standalone_two_processes(tmp_path, one_thread):
            "--warmup", "1", "--out", str(out)]
     env = dict(os.environ, PYTHONPATH=str(root), OMP_NUM_THREADS="1")
     res = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=180)
-    assert res.returncode == 0, res.stderr[-2000:]
+    # On failure show the workers' own error lines (torchrun's summary alone hides them).
+    why = [ln for ln in res.stderr.splitlines() if any(k in ln for k in ("rror", "terminate", "what()", "Abort"))]
+    assert res.returncode == 0, "\n".join(why[:20]) + "\n" + res.stderr[-1500:]
     assert res.stdout.count("median step") == 1, res.stdout
     rec = json.loads(out.read_text())
     assert rec["world"] == 2 and rec["steps"] == 2 and len(rec["losses"]) == 3

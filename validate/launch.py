@@ -236,9 +236,16 @@ def _torchrun(fn: Callable, world: int, args: tuple, timeout_s: float,
                          f"the plan needs {world} processes but torchrun started {env_world}")
     rank = int(os.environ["RANK"])
     dist = _init_group(backend, rank, world, None, timeout_s)  # env:// from torchrun
-    out = fn(rank, world, *args)
-    gathered = [None] * world if rank == 0 else None
-    dist.gather_object(out, gathered, dst=0)
+    try:
+        out = fn(rank, world, *args)
+        gathered = [None] * world if rank == 0 else None
+        dist.gather_object(out, gathered, dst=0)
+        # Leave together: a rank that exits while its peer still reads from the gloo
+        # connection can die with SIGABRT in the interpreter's teardown of the group.
+        dist.barrier()
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
     return gathered
 
 
