@@ -349,11 +349,11 @@ def _one_line(err: InputError) -> None:
 
 def _fast(n: int):
     """n examples, each under a 2 s deadline (sized so the file runs in about a minute on a
-    2-core machine: 1,000 topologies, 2,000 models, 1,500 profiles, 1,500 x 2 plan strings)."""
+    2-core machine: 3,000 each of topologies, models, profiles and plan strings (x 2))."""
     return settings(max_examples=n, deadline=2000, suppress_health_check=[HealthCheck.too_slow])
 
 
-@_fast(1000)
+@_fast(3000)
 @given(data=st.data())
 def test_property_topology_documents(data):
     """Any corruption of a valid topology document loads or raises a one-line InputError
@@ -366,7 +366,7 @@ def test_property_topology_documents(data):
         _one_line(err)
 
 
-@_fast(2000)
+@_fast(3000)
 @given(data=st.data())
 def test_property_model_documents(data):
     """Any corruption of a valid model document gives a ModelSpec with bounded integer sizes
@@ -384,7 +384,7 @@ PROFILE_DOC = json.loads(json.dumps(yaml.safe_load((ROOT / "costmodel" / "profil
 BASE_PROFILE = default_profile()
 
 
-@_fast(1500)
+@_fast(3000)
 @given(data=st.data())
 def test_property_profile_documents(data):
     """Any corruption of the default profile merges into a profile whose every number is
@@ -411,7 +411,7 @@ PLAN_VALUES = st.one_of(st.sampled_from(["1", "2", "4", "8", "0", "-1", "true", 
                                          "3:3:3:3", "99999999999999999999", ""]), st.text(max_size=8))
 
 
-@settings(max_examples=1500, deadline=1000)
+@settings(max_examples=3000, deadline=1000)
 @given(items=st.lists(st.tuples(PLAN_TOKENS, PLAN_VALUES), max_size=6), raw=st.text(max_size=30))
 def test_property_plan_strings(items, raw):
     """Plan strings built from plan keys and hostile values (and raw text) resolve to a Plan
