@@ -192,7 +192,10 @@ TOPK_COMPRESS_BYTES_PER_ELEM = 28.0
 
 
 def topk_compress_time_s(elements: float, gpu: GpuSpec, eff: GpuEfficiency) -> float:
-    return elements * TOPK_COMPRESS_BYTES_PER_ELEM / (gpu.mem_bw_Bps * eff.hbm_eff) + 3 * eff.kernel_overhead_us * 1e-6
+    """Error feedback plus top-k selection of one bucket: its memory traffic, the
+    selection's compute where the profile has one (topk_select_ns_per_elem), 3 kernels."""
+    return (elements * TOPK_COMPRESS_BYTES_PER_ELEM / (gpu.mem_bw_Bps * eff.hbm_eff)
+            + elements * eff.topk_select_ns_per_elem * 1e-9 + 3 * eff.kernel_overhead_us * 1e-6)
 
 
 def topk_decompress_time_s(elements: float, received_entries: float, bytes_per_entry: float,

@@ -24,6 +24,7 @@ from costmodel.estimate import ChunkGrads, PipelineCost, StageCost
 from costmodel.profile import Profile
 from costmodel.shapes import ModelSpec
 from sim import collective_flows as cf
+from sim.engine import effective_graph
 from specs.plan import Plan
 from sim.program import (BUCKET_BYTES, BYTES, TOPK_ENTRY_BYTES, ChunkWork, chunk_work,
                          grad_reduce_bytes, group_link)
@@ -59,7 +60,10 @@ class CostTables:
         g = cluster.graph
         self.bw = {(u, v): d["bw_Bps"] * profile.fabric(d.get("kind", "default")).bw_eff
                    for u, v, d in g.edges(data=True)}
-        self.lat = {(u, v): d["latency_s"] for u, v, d in g.edges(data=True)}
+        # Latencies as the engine's flow network has them (a fitted hop latency replaces the topology's).
+        fitted = any(f.hop_latency_us is not None for f in profile.fabrics.values())
+        lat_g = effective_graph(cluster, profile) if fitted else g
+        self.lat = {(u, v): d["latency_s"] for u, v, d in lat_g.edges(data=True)}
         self.runtime = profile.runtime
         self.heterogeneous = len({d.gpu.name for d in cluster.devices}) > 1 or len(cluster.groups()) > 1
         self._node_type = [cluster.nodes[d.node].node_type for d in cluster.devices]
@@ -192,7 +196,7 @@ class CostTables:
         if plan.dp == 1:
             return "ring"
         group = plan.dp_group(stage, 0)
-        bw, lat, kind = group_link(self.cluster, group)
+        bw, lat, kind = group_link(self.cluster, group, self.profile)
         fab = self.profile.fabric(kind)
         nodes = sorted({self.cluster.node_of(r) for r in group})
         local = len(group) // len(nodes)
@@ -202,7 +206,7 @@ class CostTables:
             node = self.cluster.nodes[nodes[0]]
             ifab = self.profile.fabric(node.intra_kind)
             costs["hierarchical"] = cc.hierarchical_allreduce_s(
-                bucket_bytes, local, len(nodes), node.intra_bw_Bps * ifab.bw_eff, node.intra_latency_s,
+                bucket_bytes, local, len(nodes), node.intra_bw_Bps * ifab.bw_eff, ifab.hop_latency_s(node.intra_latency_s),
                 bw * fab.bw_eff, lat)
         return min(sorted(costs), key=lambda k: costs[k])
 

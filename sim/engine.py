@@ -27,10 +27,16 @@ from sim.result import Segment
 def effective_graph(cluster, profile):
     """The cluster graph with each link's line rate scaled by its class's achievable
     fraction (profile ``fabrics.<kind>.bw_eff``): flows share what a collective can
-    really use of a link, not its datasheet rate."""
+    really use of a link, not its datasheet rate. A class with a fitted ``hop_latency_us``
+    gets it as its device-to-device latency instead of the topology's, split in half over a
+    star's two hops as specs/topology.py splits the topology's figure."""
     g = cluster.graph.copy()
-    for _u, _v, data in g.edges(data=True):
-        data["bw_Bps"] = data["bw_Bps"] * profile.fabric(data.get("kind", "default")).bw_eff
+    for u, v, data in g.edges(data=True):
+        fab = profile.fabric(data.get("kind", "default"))
+        data["bw_Bps"] = data["bw_Bps"] * fab.bw_eff
+        if fab.hop_latency_us is not None:
+            hub = "hub" in (g.nodes[u].get("role"), g.nodes[v].get("role"))
+            data["latency_s"] = fab.hop_latency_s(0.0) * (0.5 if hub else 1.0)
     return g
 
 

@@ -110,7 +110,7 @@ def _tp_call_s(cluster: Cluster, profile: Profile, ranks: list[int], nbytes: flo
     n = len(ranks)
     if n == 1:
         return 0.0
-    bw, lat, kind = group_link(cluster, ranks)
+    bw, lat, kind = group_link(cluster, ranks, profile)
     fab = profile.fabric(kind)
     return cc.ring_allreduce_s(nbytes, n, bw * fab.bw_eff, lat) + fab.call_latency_us * 1e-6
 
@@ -146,7 +146,7 @@ def tp_layer_comm_s(cluster: Cluster, profile: Profile, ranks: list[int], act_by
     n = len(ranks)
     if n == 1:
         return 0.0, 0.0
-    bw, lat, kind = group_link(cluster, ranks)
+    bw, lat, kind = group_link(cluster, ranks, profile)
     fab = profile.fabric(kind)
     bw_eff, call = bw * fab.bw_eff, fab.call_latency_us * 1e-6
     ar = cc.ring_allreduce_s(act_bytes, n, bw_eff, lat) + call
@@ -173,12 +173,14 @@ def tp_layer_comm_s(cluster: Cluster, profile: Profile, ranks: list[int], act_by
     return fwd, bwd + (fwd if full else 0.0)
 
 
-def group_link(cluster: Cluster, ranks: list[int]) -> tuple[float, float, str]:
-    """(bottleneck bytes/s, worst per-hop latency s, fabric kind) of a ring over `ranks`."""
+def group_link(cluster: Cluster, ranks: list[int], profile: Profile | None = None) -> tuple[float, float, str]:
+    """(bottleneck bytes/s, worst per-hop latency s, fabric kind) of a ring over `ranks`;
+    within a node, the profile's fitted hop latency of its fabric when it has one."""
     nodes = {cluster.node_of(r) for r in ranks}
     if len(nodes) == 1:
         node = cluster.nodes[next(iter(nodes))]
-        return node.intra_bw_Bps, node.intra_latency_s, node.intra_kind
+        lat = node.intra_latency_s if profile is None else profile.fabric(node.intra_kind).hop_latency_s(node.intra_latency_s)
+        return node.intra_bw_Bps, lat, node.intra_kind
     bw, lat = math.inf, 0.0
     for a, b in zip(ranks, ranks[1:] + ranks[:1]):
         path = cluster.route(a, b)
@@ -353,7 +355,7 @@ def _choose_allreduce(plan: Plan, cluster: Cluster, profile: Profile, stage: int
         return plan.allreduce if plan.allreduce != "auto" else "ring"
     buckets = [b for c in range(plan.vpp) for b in pipe.chunks[(stage, c)].grad_buckets]
     size = buckets[0] if buckets else 0.0
-    bw, lat, kind = group_link(cluster, group)
+    bw, lat, kind = group_link(cluster, group, profile)
     fab = profile.fabric(kind)
     nodes = sorted({cluster.node_of(r) for r in group})
     local = len(group) // len(nodes)
@@ -365,6 +367,6 @@ def _choose_allreduce(plan: Plan, cluster: Cluster, profile: Profile, stage: int
     if local > 1 and len(nodes) > 1 and even:
         ifab = profile.fabric(n_node.intra_kind)
         costs["hierarchical"] = cc.hierarchical_allreduce_s(
-            size, local, len(nodes), n_node.intra_bw_Bps * ifab.bw_eff, n_node.intra_latency_s,
+            size, local, len(nodes), n_node.intra_bw_Bps * ifab.bw_eff, ifab.hop_latency_s(n_node.intra_latency_s),
             bw * fab.bw_eff, lat)
     return min(sorted(costs), key=lambda k: costs[k])

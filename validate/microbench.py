@@ -11,6 +11,8 @@ process achieves while its peers compute is what a plan's rank gets.
     costmodel/flops.py counts them (each operand read once, each result written once).
 (c) Per-op overhead: chains of tiny ops, plain (no autograd) and as training runs them
     (forward under autograd, then backward), per op as the cost model counts ops.
+(c') Top-k compression: validate/topk.select (error feedback and top-k selection, the
+    runner's own function) over bucket sizes and kept fractions.
 (d) Collectives (all-reduce, all-gather, reduce-scatter, broadcast, send/recv) from 4 KiB
     to 64 MiB, median of repeats, in nccl-tests' columns (NVIDIA/nccl-tests, doc/PERFORMANCE.md:
     algbw = size / time, busbw = algbw x the collective's bus factor).
@@ -115,6 +117,15 @@ class OverheadSample:
 
 
 @dataclass
+class TopkSample:
+    """validate/topk.select on a bucket of ``elems`` fp32 gradients keeping ``fraction``."""
+
+    elems: int
+    fraction: float
+    seconds: float
+
+
+@dataclass
 class CollectiveSample:
     op: str
     nbytes: int  # the nccl-tests 'size': the buffer each rank holds (gathered size for all-gather)
@@ -144,6 +155,7 @@ class MicrobenchResult:
     attention: list[AttentionSample] = field(default_factory=list)
     overhead: list[OverheadSample] = field(default_factory=list)
     collectives: list[CollectiveSample] = field(default_factory=list)
+    topk: list[TopkSample] = field(default_factory=list)
     wall_s: float = 0.0
 
     def to_dict(self) -> dict:
@@ -157,6 +169,7 @@ class MicrobenchResult:
                    attention=[AttentionSample(**x) for x in d.get("attention", [])],
                    overhead=[OverheadSample(**x) for x in d.get("overhead", [])],
                    collectives=[CollectiveSample(**x) for x in d.get("collectives", [])],
+                   topk=[TopkSample(**x) for x in d.get("topk", [])],
                    wall_s=d.get("wall_s", 0.0))
 
 
@@ -218,6 +231,21 @@ def memory_op_bytes(op: str, elems: int, width: int, row: int) -> float:
     if op == "layernorm":
         return (2.0 * elems + 2.0 * row) * width
     raise ValueError(op)
+
+
+TOPK_FRACTIONS = (0.01, 0.1, 0.3)
+
+
+def topk_sizes(model: ModelSpec | None, tps: list[int], lo: int = 64 * KIB, hi: int = MIB) -> list[int]:
+    """Bucket sizes (elements) for the top-k sweep: powers of 4 from lo to hi plus the
+    model's gradient elements per rank at each TP degree (tiny models fit one bucket)."""
+    out, s = set(), lo
+    while s <= hi:
+        out.add(s)
+        s *= 4
+    if model is not None:
+        out.update(model.total_params // tp for tp in tps)
+    return sorted(out)
 
 
 # The overhead chain: a pre-LayerNorm GPT layer (the architecture costmodel/flops.py lists)
@@ -297,6 +325,7 @@ class ComputeConfig:
     gemm_shapes: tuple
     mem_sizes: tuple
     attn_shapes: tuple = ()
+    topk: tuple = ()  # (elements, fraction) pairs
     repeats: int = 5
     threads: int = 0  # intra-op threads; 0 keeps what the worker started with
     backend: str = "gloo"
@@ -326,7 +355,7 @@ def compute_worker(rank: int, world: int, cfg: ComputeConfig) -> dict:
         sync()
         return _median_time(f, cfg.repeats, inner, dsync)
 
-    out = {"gemm": [], "memory": [], "attention": [], "overhead": []}
+    out = {"gemm": [], "memory": [], "attention": [], "overhead": [], "topk": []}
     with torch.no_grad():
         for (m, n, k, b) in cfg.gemm_shapes:
             a = torch.randn(b, m, k, device=dev) if b > 1 else torch.randn(m, k, device=dev)
@@ -350,6 +379,11 @@ def compute_worker(rank: int, world: int, cfg: ComputeConfig) -> dict:
             q, k, v = (torch.randn(1, bh, sq, d, device=dev) for _ in range(3))
             f = lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)  # noqa: E731
             out["attention"].append([bh, sq, d, timed(f)])
+        from validate.topk import select
+        for (elems, frac) in cfg.topk:
+            g, r = torch.randn(elems, device=dev), torch.randn(elems, device=dev)
+            k = max(1, math.ceil(frac * elems))
+            out["topk"].append([elems, frac, timed(lambda: select(g, r, k))])
     # (c) the overhead chain (CHAIN_MODEL): plain forward, and forward + backward.
     m = CHAIN_MODEL
     params = [[p.to(dev).detach().requires_grad_() for p in _chain_params(torch, m.hidden_size)]
@@ -504,7 +538,7 @@ def worker_threads_env(world: int):
             os.environ[THREADS_ENV] = old
 
 
-def run_microbenchmarks(world: int, gemm_shapes, mem_sizes, coll_sizes, *, attn_shapes=(), runtime=None,
+def run_microbenchmarks(world: int, gemm_shapes, mem_sizes, coll_sizes, *, attn_shapes=(), topk=(), runtime=None,
                         repeats: int = 5, threads: int | None = None, backend: str | None = None,
                         timeout_s: float = 600.0, progress=None) -> MicrobenchResult:
     """Run (a)-(d) in ``world`` processes; compute medians over ranks. ``runtime``
@@ -521,7 +555,7 @@ def run_microbenchmarks(world: int, gemm_shapes, mem_sizes, coll_sizes, *, attn_
     say = progress or (lambda msg: None)
     say(f"compute microbenchmarks: {len(gemm_shapes)} GEMM shapes, {len(mem_sizes)} sizes x "
         f"{len(MEMORY_OPS)} memory ops, {world} concurrent processes, {shown} thread(s) each")
-    ccfg = ComputeConfig(tuple(gemm_shapes), tuple(mem_sizes), tuple(attn_shapes), repeats, threads, be_name)
+    ccfg = ComputeConfig(tuple(gemm_shapes), tuple(mem_sizes), tuple(attn_shapes), tuple(topk), repeats, threads, be_name)
     with worker_threads_env(world):
         per_rank = launch(compute_worker, world, (ccfg,), timeout_s=timeout_s, backend=be_name)
     res = MicrobenchResult(world=world, backend=be_name, threads=shown)
@@ -534,6 +568,9 @@ def run_microbenchmarks(world: int, gemm_shapes, mem_sizes, coll_sizes, *, attn_
     for i, row in enumerate(per_rank[0]["attention"]):
         bh, sq, d, _ = row
         res.attention.append(AttentionSample(bh, sq, d, statistics.median(r["attention"][i][3] for r in per_rank)))
+    for i, row in enumerate(per_rank[0]["topk"]):
+        elems, frac, _ = row
+        res.topk.append(TopkSample(elems, frac, statistics.median(r["topk"][i][2] for r in per_rank)))
     n_fwd, n_train = chain_op_counts(runtime or RuntimeSettings())
     for i, row in enumerate(per_rank[0]["overhead"]):
         what = row[0]
@@ -580,6 +617,10 @@ def format_compute(res: MicrobenchResult) -> str:
     lines += ["# fused attention (scaled_dot_product_attention, causal)", f"{'heads':>6} {'s':>5} {'d':>4} {'time (us)':>10} {'GFLOP/s':>9}"]
     for a in res.attention:
         lines.append(f"{a.batch:>6} {a.s:>5} {a.d:>4} {a.seconds * 1e6:>10.1f} {a.flops / a.seconds / 1e9:>9.2f}")
+    if res.topk:
+        lines += ["# top-k compression (validate/topk.select)", f"{'elements':>10} {'kept':>6} {'time (us)':>10} {'ns/elem':>8}"]
+        for t in res.topk:
+            lines.append(f"{t.elems:>10} {t.fraction:>6.2f} {t.seconds * 1e6:>10.1f} {t.seconds / t.elems * 1e9:>8.2f}")
     lines.append("# per-op overhead (GPT layer chain at width 8, per op as the cost model counts them)")
     for o in res.overhead:
         lines.append(f"{o.what:>10} {o.model_ops:>4} ops {o.per_op_s * 1e6:>8.2f} us/op")
