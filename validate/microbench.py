@@ -248,9 +248,11 @@ def topk_sizes(model: ModelSpec | None, tps: list[int], lo: int = 64 * KIB, hi: 
     return sorted(out)
 
 
-# The overhead chain: a pre-LayerNorm GPT layer (the architecture costmodel/flops.py lists)
-# at a width where its arithmetic is negligible, so its time is the per-op cost of issuing
-# it, forward and backward under autograd. It is divided by the number of ops the cost
+# The overhead chain: the runner's pre-LayerNorm GPT layers (validate/gpt.py, the
+# architecture costmodel/flops.py lists) at a width where their arithmetic is negligible,
+# so their time is the per-op cost of issuing them, forward and backward under autograd
+# with the runner's gradient hooks (validate/dp.py: one per parameter tensor and microbatch,
+# each adding into the bucket; on this host they cost about as much as the layer's own ops). It is divided by the number of ops the cost
 # model lists for that layer (chain_op_counts), so the per-op figure is per cost-model op.
 CHAIN_MODEL = ModelSpec("overhead-chain", num_layers=4, hidden_size=8, num_attention_heads=2, seq_length=4,
                         vocab_size=8, global_batch_size=1)
@@ -269,22 +271,30 @@ def chain_op_counts(runtime) -> tuple[int, int]:
     return m.num_layers * len(f), m.num_layers * (len(f) + len(b))
 
 
-def _chain_layer(torch, x, p, heads):
-    """One pre-LN GPT layer (as costmodel/flops.py describes it; fused attention)."""
-    F = torch.nn.functional
-    b, s, w = x.shape
-    d = w // heads
-    h = F.layer_norm(x, (w,), p[0], p[1])
-    q, k, v = (F.linear(h, p[2 + 2 * i], p[3 + 2 * i]).view(b, s, heads, d).transpose(1, 2) for i in range(3))
-    a = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, s, w)
-    x = x + (F.linear(a, p[8]) + p[9])
-    h = F.layer_norm(x, (w,), p[10], p[11])
-    return x + (F.linear(F.gelu(F.linear(h, p[12], p[13])), p[14]) + p[15])
+def _chain(torch, dev):
+    """CHAIN_MODEL's layers as the runner trains them: validate/gpt.GPTChunk (its own
+    layer code) with validate/dp.GradReducer's per-parameter gradient hooks (one group
+    member, so no communication). Returns (plain forward, forward + backward)."""
+    from validate.comm import Comm
+    from validate.dp import GradReducer
+    from validate.gpt import GPTChunk, full_weights
+    from validate.timeline import Recorder
+    m = CHAIN_MODEL
+    chunk = GPTChunk(m, list(range(m.num_layers)), False, False, full_weights(m, 0), None, False, "none", dev)
+    reducer = GradReducer([(0, chunk.params)], Comm("dp", [0], 0, Recorder()), bucket_bytes=25e6,
+                          overlap=True, zero=0, topk=None, late=set())
+    x0 = torch.randn(1, m.seq_length, m.hidden_size, device=dev)
 
+    def plain():
+        with torch.no_grad():
+            chunk.forward(x0)
 
-def _chain_params(torch, w):
-    shapes = [(w,), (w,)] + [(w, w), (w,)] * 3 + [(w, w), (w,), (w,), (w,), (4 * w, w), (4 * w,), (w, 4 * w), (w,)]
-    return [torch.nn.Parameter(torch.randn(*sh) * 0.1) for sh in shapes]
+    def train():
+        reducer.begin_step()
+        reducer.final.add(0)
+        chunk.forward(x0).sum().backward()
+        reducer.finish()
+    return plain, train
 
 
 # ------------------------------------------------------------------------- timing
@@ -329,6 +339,22 @@ def _inner_for(est_s: float, target_s: float = COMPUTE_WINDOW_S) -> int:
     return max(1, min(100_000, int(target_s / max(est_s, 1e-7))))
 
 
+# Operand bytes the GEMM benchmark cycles through: above a current x86 core's L2 cache
+# (1-2 MiB), so weights arrive from L3 or DRAM as in a training step.
+GEMM_POOL_BYTES = 8 * MIB
+
+
+def _cycling(sets: int, call):
+    """A no-argument function that calls call(j) for j = 0, 1, .., sets-1, 0, .. in turn."""
+    state = [0]
+
+    def f():
+        j = state[0]
+        state[0] = (j + 1) % sets
+        return call(j)
+    return f
+
+
 @dataclass(frozen=True)
 class ComputeConfig:
     gemm_shapes: tuple
@@ -367,9 +393,15 @@ def compute_worker(rank: int, world: int, cfg: ComputeConfig) -> dict:
     out = {"gemm": [], "memory": [], "attention": [], "overhead": [], "topk": []}
     with torch.no_grad():
         for (m, n, k, b) in cfg.gemm_shapes:
-            a = torch.randn(b, m, k, device=dev) if b > 1 else torch.randn(m, k, device=dev)
-            w = torch.randn(b, k, n, device=dev) if b > 1 else torch.randn(k, n, device=dev)
-            f = (lambda: torch.bmm(a, w)) if b > 1 else (lambda: torch.mm(a, w))
+            # As the runner calls them (validate/gpt.py: F.linear, weight [n, k]), cycling
+            # through operand sets larger than a core's L2 cache together: a training step's
+            # weights come from beyond it (tiny's are 3.5 MB), not from a hot L1. Measured
+            # here, 64x512x128: 82 us with one hot torch.mm operand pair, 95 us this way.
+            sets = max(1, min(64, math.ceil(GEMM_POOL_BYTES / (4.0 * b * (m * k + k * n)))))
+            a = [torch.randn(b, m, k, device=dev) if b > 1 else torch.randn(m, k, device=dev) for _ in range(sets)]
+            w = [torch.randn(b, k, n, device=dev) if b > 1 else torch.randn(n, k, device=dev) for _ in range(sets)]
+            f = _cycling(sets, (lambda j: torch.bmm(a[j], w[j])) if b > 1
+                         else (lambda j: torch.nn.functional.linear(a[j], w[j])))
             out["gemm"].append([m, n, k, b, timed(f)])
         for op in MEMORY_OPS:
             for elems in cfg.mem_sizes:
@@ -393,25 +425,9 @@ def compute_worker(rank: int, world: int, cfg: ComputeConfig) -> dict:
             g, r = torch.randn(elems, device=dev), torch.randn(elems, device=dev)
             k = max(1, math.ceil(frac * elems))
             out["topk"].append([elems, frac, timed(lambda: select(g, r, k))])
-    # (c) the overhead chain (CHAIN_MODEL): plain forward, and forward + backward.
-    m = CHAIN_MODEL
-    params = [[p.to(dev).detach().requires_grad_() for p in _chain_params(torch, m.hidden_size)]
-              for _ in range(m.num_layers)]
-    x0 = torch.randn(1, m.seq_length, m.hidden_size, device=dev)
-
-    def chain():
-        x = x0
-        for p in params:
-            x = _chain_layer(torch, x, p, m.num_attention_heads)
-        return x
-
-    def plain():
-        with torch.no_grad():
-            chain()
-
-    def train():
-        chain().sum().backward()
-
+    # (c) the overhead chain (CHAIN_MODEL): plain forward, and forward + backward, both
+    # with the runner's own code (so its per-parameter gradient hooks are in the figure).
+    plain, train = _chain(torch, dev)
     for what, f in (("plain", plain), ("train", train)):
         f()
         t0 = time.perf_counter()
