@@ -81,6 +81,7 @@ class RuntimeSettings:
     flash_attention: bool = False  # fused attention: no s x s scores in HBM
     grad_reduce_dtype: str = "auto"  # auto (fp32 for bf16, else the precision) | fp32 | bf16 | fp16
     zero1_grad_all_reduce: bool = False  # ZeRO-1 all-reduces gradients (not reduce-scatter)
+    eager_adam: bool = False  # Adam as separate element-wise ops (validate/dp.adam_update), not fused kernels
     source: str = "built-in default"
 
 

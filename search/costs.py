@@ -346,7 +346,7 @@ class CostTables:
                     g0, g1 = self.dp_op(plan, s, "all_gather")
                     gather = g0 + g1 * params * BYTES[prec]
                 stages.append(StageCost(fwd_s=fwd, bwd_s=bwd, tp_s=tp, p2p_s=p2p, grads=tuple(grads),
-                                        optimizer_s=optimizer_time_s(opt_params, gpu, eff, prec),
+                                        optimizer_s=optimizer_time_s(opt_params, gpu, eff, prec, self.runtime),
                                         gather_s=gather, zero3_gather_s=z3_gather, zero3_rs_s=z3_rs, vpp=v))
             out.append(PipelineCost(tuple(stages), m, v, plan.schedule, len(members)))
         return out

@@ -325,7 +325,7 @@ def build_program(model: ModelSpec, plan: Plan, cluster: Cluster, profile: Profi
             states = mem.model_state_bytes(params, plan.dp, plan.zero, plan.precision,
                                            grad_bytes=grad_reduce_bytes(plan.precision, profile.runtime))
             opt_params = params / plan.dp if plan.zero >= 1 else params
-            opt.append(optimizer_time_s(opt_params, gpu, profile.gpu(gpu.name), plan.precision))
+            opt.append(optimizer_time_s(opt_params, gpu, profile.gpu(gpu.name), plan.precision, profile.runtime))
             acts = peak_activation_bytes(actions[s], {c: chunks[(s, c)].act_bytes for c in range(v)})
             extra = mem.logits_bytes(model, plan.mbs, plan.tp) if chunks[(s, v - 1)].last or any(
                 chunks[(s, c)].last for c in range(v)) else 0.0

@@ -240,3 +240,16 @@ def test_fit_recovers_topk_selection_cost():
     samples = [TopkSample(n, 0.1, topk_compress_time_s(n, CPU, true)) for n in topk_sizes(load_model("tiny"), [1, 2])]
     got = fit_topk(samples, CPU, GpuEfficiency(hbm_eff=0.15, kernel_overhead_us=5.0))
     assert got == pytest.approx(12.0, rel=1e-2)
+
+
+def test_eager_adam_by_hand():
+    """The runner's Adam (validate/dp.adam_update, 11 element-wise ops, 108 B per fp32
+    parameter) on 1e6 parameters at 200 GB/s x hbm_eff 0.1, 5 us per kernel plus 7 us to
+    issue it (launch blocking: they add): 108e6 / 20e9 = 5.4 ms + 11 x 12 us = 5.532 ms.
+    Without runtime.eager_adam the fused figure stays: 36 B/param -> 1.8 ms + 6 x 5 us."""
+    from costmodel.efficiency import optimizer_time_s
+    from costmodel.profile import RuntimeSettings
+    eff = GpuEfficiency(hbm_eff=0.1, kernel_overhead_us=5.0)
+    eager = RuntimeSettings(eager_adam=True, launch_blocking=True, host_overhead_us=7.0)
+    assert optimizer_time_s(1e6, CPU, eff, "fp32", eager) == pytest.approx(5.532e-3)
+    assert optimizer_time_s(1e6, CPU, eff, "fp32", RuntimeSettings()) == pytest.approx(1.83e-3)

@@ -221,7 +221,7 @@ def where_and_when(res: MicrobenchResult, device_name: str) -> str:
 # in memory); no dropout, so the cost model's dropout + residual pair is the one residual
 # add (fused_bias_dropout_add); autograd accumulates gradients in a separate pass; pipeline
 # activations sent whole by every TP rank; no asynchronous TP all-reduce in backward;
-# gradients reduced in fp32.
+# gradients reduced in fp32; Adam as eager element-wise ops (validate/dp.adam_update).
 def runtime_facts(kind: str) -> dict:
     return {
         "launch_blocking": kind == "cpu",
@@ -233,6 +233,7 @@ def runtime_facts(kind: str) -> dict:
         "flash_attention": True,
         "grad_reduce_dtype": "fp32",
         "zero1_grad_all_reduce": False,
+        "eager_adam": True,
     }
 
 
