@@ -171,10 +171,22 @@ OPTIMIZER_BYTES_PER_PARAM = {p: optimizer_step_bytes(p) for p in TRAINING}
 OPTIMIZER_KERNELS = 6
 
 
-def optimizer_time_s(params: float, gpu: GpuSpec, eff: GpuEfficiency, precision: str = "bf16") -> float:
-    """The optimizer step is memory bound: a few fused kernels streaming the state."""
+# Adam as eager element-wise ops on fp32 tensors (validate/dp.adam_update, runtime
+# eager_adam), bytes per parameter counted by hand, each operand read once and each result
+# written once: m*=b1 (8), m+=(1-b1)g (12), v*=b2 (8), v+=(1-b2)g*g (16), m/(1-b1^t) (8),
+# v/(1-b2^t) (8), sqrt (8), +eps (8), lr*m_hat (8), divide (12), p-= (12): 108 B, 11 ops.
+EAGER_ADAM_BYTES = (8.0, 12.0, 8.0, 16.0, 8.0, 8.0, 8.0, 8.0, 8.0, 12.0, 12.0)
+
+
+def optimizer_time_s(params: float, gpu: GpuSpec, eff: GpuEfficiency, precision: str = "bf16",
+                     runtime: RuntimeSettings | None = None) -> float:
+    """The optimizer step is memory bound: a few fused kernels streaming the state (or,
+    with runtime.eager_adam, eleven element-wise ops each paying its issue cost)."""
     if params <= 0:
         return 0.0
+    if runtime is not None and runtime.eager_adam:
+        ops = [Op(f"adam_{i}", "memory", 0.0, params * b) for i, b in enumerate(EAGER_ADAM_BYTES)]
+        return ops_time_s(ops, gpu, eff, "fp32", runtime)
     per_param = OPTIMIZER_BYTES_PER_PARAM.get(precision, OPTIMIZER_BYTES_PER_PARAM["bf16"])
     return params * per_param / (gpu.mem_bw_Bps * eff.hbm_eff) + OPTIMIZER_KERNELS * eff.kernel_overhead_us * 1e-6
 
@@ -186,7 +198,10 @@ TOPK_COMPRESS_BYTES_PER_ELEM = 28.0
 
 
 def topk_compress_time_s(elements: float, gpu: GpuSpec, eff: GpuEfficiency) -> float:
-    return elements * TOPK_COMPRESS_BYTES_PER_ELEM / (gpu.mem_bw_Bps * eff.hbm_eff) + 3 * eff.kernel_overhead_us * 1e-6
+    """Error feedback plus top-k selection of one bucket: its memory traffic, the
+    selection's compute where the profile has one (topk_select_ns_per_elem), 3 kernels."""
+    return (elements * TOPK_COMPRESS_BYTES_PER_ELEM / (gpu.mem_bw_Bps * eff.hbm_eff)
+            + elements * eff.topk_select_ns_per_elem * 1e-9 + 3 * eff.kernel_overhead_us * 1e-6)
 
 
 def topk_decompress_time_s(elements: float, received_entries: float, bytes_per_entry: float,

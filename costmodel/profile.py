@@ -38,6 +38,11 @@ class GpuEfficiency:
     attention_eff: float = 0.5  # fraction of peak of a fused (flash) attention kernel
     hbm_eff: float = 0.8  # fraction of datasheet HBM bandwidth that memory-bound kernels reach
     kernel_overhead_us: float = 4.0  # GPU-side cost of every kernel (launch latency, ramp, tail), us
+    # Top-k selection's compute per gradient element, ns, on top of its memory traffic
+    # (costmodel/efficiency.topk_compress_time_s). 0 on GPUs, where the radix select is
+    # memory bound; a CPU's selection (a partial sort, comparisons and branches) is not,
+    # and plansim calibrate times it (validate/microbench.py).
+    topk_select_ns_per_elem: float = 0.0
     source: str = "built-in default"
 
 
@@ -48,7 +53,19 @@ class FabricEfficiency:
     bw_eff: float = 0.8  # achievable bus bandwidth / line rate
     call_latency_us: float = 10.0  # software cost of one collective call, microseconds
     compute_slowdown: float = 0.0  # share of compute speed lost while a collective overlaps it
+    # Latency of one device-to-device message step of a collective on this link class, us.
+    # Unset (None): the topology's latency_us. Set (plansim calibrate fits it): replaces the
+    # topology's figure, because on a software transport (gloo over TCP loopback) each ring
+    # step pays a send/receive handshake and a wake-up of the peer process that no link
+    # datasheet states. Ring collectives pay it per step (2(n-1) for an all-reduce,
+    # costmodel/collectives.py), so it is what makes a 4-rank collective dearer than a 2-rank one.
+    hop_latency_us: float | None = None
     source: str = "built-in default"
+
+    def hop_latency_s(self, topology_s: float) -> float:
+        """Seconds of one device-to-device step on this class: the profile's
+        ``hop_latency_us`` when set, else ``topology_s`` (the topology's latency)."""
+        return topology_s if self.hop_latency_us is None else self.hop_latency_us * 1e-6
 
 
 @dataclass(frozen=True)
@@ -65,6 +82,7 @@ class RuntimeSettings:
     flash_attention: bool = False  # fused attention: no s x s scores in HBM
     grad_reduce_dtype: str = "auto"  # auto (fp32 for bf16, else the precision) | fp32 | bf16 | fp16
     zero1_grad_all_reduce: bool = False  # ZeRO-1 all-reduces gradients (not reduce-scatter)
+    eager_adam: bool = False  # Adam as separate element-wise ops (validate/dp.adam_update), not fused kernels
     source: str = "built-in default"
 
 
@@ -133,6 +151,8 @@ def _check_record(cls, data, source: str, where: str) -> None:
         path = f"{where}.{str(key)[:60]}"
         if key not in allowed:
             raise InputError(source, path, f"unknown field; allowed: {', '.join(sorted(allowed))}")
+        if value is None and getattr(cls(), key) is None:
+            continue  # an optional field left unset (e.g. fabrics.*.hop_latency_us: null)
         if key == "source":
             if not isinstance(value, str):
                 raise InputError(source, path, f"{_short(value)}: must be a string")

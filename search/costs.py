@@ -24,6 +24,8 @@ from costmodel.estimate import ChunkGrads, PipelineCost, StageCost
 from costmodel.profile import Profile
 from costmodel.shapes import ModelSpec
 from sim import collective_flows as cf
+from sim.engine import hop_latency
+from sim.flownet import edge_latency_s
 from specs.plan import Plan
 from sim.program import (TOPK_ENTRY_BYTES, ChunkWork, ReplicaClass, call_latency_s, choose_allreduce,
                          chunk_work, n_buckets, replica_classes, stage_chunks, stage_memory)
@@ -63,7 +65,9 @@ class CostTables:
         g = cluster.graph
         self.bw = {(u, v): d["bw_Bps"] * profile.fabric(d.get("kind", "default")).bw_eff
                    for u, v, d in g.edges(data=True)}
-        self.lat = {(u, v): d["latency_s"] for u, v, d in g.edges(data=True)}
+        # Latencies as the engine's flow network has them (a fitted hop latency replaces the topology's).
+        hop = hop_latency(profile)
+        self.lat = {(u, v): edge_latency_s(g, u, v, d, hop) for u, v, d in g.edges(data=True)}
         self.runtime = profile.runtime
         self.heterogeneous = len({d.gpu.name for d in cluster.devices}) > 1 or len(cluster.groups()) > 1
         self._node_type = [cluster.nodes[d.node].node_type for d in cluster.devices]
@@ -294,7 +298,7 @@ class CostTables:
                     g0, g1 = self.dp_op(plan, s, "all_gather")
                     gather = g0 + g1 * params * working_bytes(prec)
                 stages.append(StageCost(fwd_s=fwd, bwd_s=bwd, tp_s=tp, p2p_s=p2p, grads=tuple(grads),
-                                        optimizer_s=optimizer_time_s(opt_params, gpu, eff, prec),
+                                        optimizer_s=optimizer_time_s(opt_params, gpu, eff, prec, self.runtime),
                                         gather_s=gather, zero3_gather_s=z3_gather, zero3_rs_s=z3_rs, vpp=v))
             out.append(PipelineCost(tuple(stages), m, v, plan.schedule, len(m_cls.members)))
         return out

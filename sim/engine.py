@@ -31,6 +31,14 @@ def bw_efficiency(profile):
     return lambda kind: profile.fabric(kind).bw_eff
 
 
+def hop_latency(profile):
+    """Per link class, the fitted device-to-device latency in seconds (profile
+    ``fabrics.<kind>.hop_latency_us``, written by ``plansim calibrate``) that replaces the
+    topology's figure, or None where the profile leaves the topology's latency."""
+    return lambda kind: (None if profile.fabric(kind).hop_latency_us is None
+                         else profile.fabric(kind).hop_latency_us * 1e-6)
+
+
 class Engine:
     """One step of ``program``: ``run()`` returns the step time; then ``totals``,
     ``segments`` (when ``record``), ``done_at`` and ``net`` describe it.
@@ -44,7 +52,8 @@ class Engine:
         self.record = record
         self.env = simpy.Environment()
         self.net = FlowNetwork(self.env, self.cluster.graph, record=record,
-                              bw_scale=bw_efficiency(program.profile))
+                              bw_scale=bw_efficiency(program.profile),
+                              hop_latency=hop_latency(program.profile))
         self.accountant = StepAccountant(self.env, [pipe.ranks for pipe in program.pipelines],
                                          self.plan.pp, record)
         self.reducer = GradientReducer(self.env, self.net, program, self.accountant, symmetric=symmetric_dp)

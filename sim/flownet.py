@@ -74,11 +74,13 @@ class FlowNetwork:
     a 100k-edge cluster graph is neither copied nor rescaled as a whole."""
 
     def __init__(self, env: simpy.Environment, graph: networkx.DiGraph, record: bool = False,
-                 bw_scale: Callable[[str], float] | None = None):
+                 bw_scale: Callable[[str], float] | None = None,
+                 hop_latency: Callable[[str], float | None] | None = None):
         self.env = env
         self.graph = graph
         self.record = record
         self._bw_scale = bw_scale
+        self._hop_latency = hop_latency
         self._scale_of: dict[str, float] = {}       # kind -> bw_scale(kind), memoised
         self.bytes_carried: dict[Edge, float] = {}
         self.samples: list[LinkSample] = []
@@ -184,7 +186,7 @@ class FlowNetwork:
                 scale = self._scale_of[kind] = float(self._bw_scale(kind))
             bw = bw * scale
         self._bw[e] = bw
-        self._lat[e] = float(data.get("latency_s", 0.0))
+        self._lat[e] = edge_latency_s(self.graph, e[0], e[1], data, self._hop_latency)
 
     def _request_flush(self) -> None:
         now = self.env.now
@@ -352,3 +354,17 @@ class FlowNetwork:
                     j = index[e2]
                     ver[j] += 1
                     heapq.heappush(heap, ((bw[e2] - used[e2]) / wsum[e2], j, ver[j]))
+
+
+def edge_latency_s(graph: networkx.DiGraph, u, v, data: Mapping,
+                   hop_latency: Callable[[str], float | None] | None) -> float:
+    """Latency of edge (u, v) in seconds: the graph's ``latency_s``, unless
+    ``hop_latency(kind)`` gives a fitted device-to-device figure for the edge's class; that
+    one is split in half over a star's two hops (device-hub-device), as specs/topology.py
+    splits the topology's own figure. The flow network and the search's cost tables both
+    read latencies through here."""
+    fitted = None if hop_latency is None else hop_latency(data.get("kind", "default"))
+    if fitted is None:
+        return float(data.get("latency_s", 0.0))
+    hub = "hub" in (graph.nodes[u].get("role"), graph.nodes[v].get("role"))
+    return fitted * (0.5 if hub else 1.0)

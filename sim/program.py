@@ -97,7 +97,7 @@ def _tp_call_s(cluster: Cluster, profile: Profile, ranks: list[int], nbytes: flo
     n = len(ranks)
     if n == 1:
         return 0.0
-    bw, lat, kind = group_link(cluster, ranks)
+    bw, lat, kind = group_link(cluster, ranks, profile)
     return cc.ring_allreduce_s(nbytes, n, bw * profile.fabric(kind).bw_eff, lat) + call_latency_s(cluster, profile, ranks)
 
 
@@ -132,7 +132,7 @@ def tp_layer_comm_s(cluster: Cluster, profile: Profile, ranks: list[int], act_by
     n = len(ranks)
     if n == 1:
         return 0.0, 0.0
-    bw, lat, kind = group_link(cluster, ranks)
+    bw, lat, kind = group_link(cluster, ranks, profile)
     fab = profile.fabric(kind)
     bw_eff, call = bw * fab.bw_eff, call_latency_s(cluster, profile, ranks)
     ar = cc.ring_allreduce_s(act_bytes, n, bw_eff, lat) + call
@@ -171,12 +171,13 @@ def call_latency_s(cluster: Cluster, profile: Profile, ranks: list[int]) -> floa
     return profile.fabric(group_kind(cluster, ranks)).call_latency_us * 1e-6
 
 
-def group_link(cluster: Cluster, ranks: list[int]) -> tuple[float, float, str]:
-    """(bottleneck bytes/s, worst per-hop latency s, fabric kind) of a ring over `ranks`."""
+def group_link(cluster: Cluster, ranks: list[int], profile: Profile) -> tuple[float, float, str]:
+    """(bottleneck bytes/s, worst per-hop latency s, fabric kind) of a ring over `ranks`;
+    within a node, the profile's fitted hop latency of its fabric when it has one."""
     kind = group_kind(cluster, ranks)
     if kind != "network":
         node = cluster.nodes[cluster.node_of(ranks[0])]
-        return node.intra_bw_Bps, node.intra_latency_s, kind
+        return node.intra_bw_Bps, profile.fabric(kind).hop_latency_s(node.intra_latency_s), kind
     bw, lat = math.inf, 0.0
     for a, b in zip(ranks, ranks[1:] + ranks[:1]):
         path = cluster.route(a, b)
@@ -360,7 +361,7 @@ def build_program(model: ModelSpec, plan: Plan, cluster: Cluster, profile: Profi
                 chunks[(s, c)] = cache[key]
             params = sum(chunks[(s, c)].params for c in range(v))
             opt_params = params / plan.dp if plan.zero >= 1 else params
-            opt.append(optimizer_time_s(opt_params, gpu, profile.gpu(gpu.name), plan.precision))
+            opt.append(optimizer_time_s(opt_params, gpu, profile.gpu(gpu.name), plan.precision, profile.runtime))
             memory.append(stage_memory(model, plan, profile.runtime, s, m))
         name = "+".join(sorted(set(gpus))) + f" x{m}mb"
         pipelines.append(PipelineProgram(name, members, ranks, m, actions, chunks, tuple(opt), tuple(memory)))
@@ -409,7 +410,7 @@ def choose_allreduce(plan: Plan, cluster: Cluster, profile: Profile, stage: int,
                          f"node; stage {stage} has {sorted(set(per_node.values()))} per node (use ring, tree or auto)")
     if plan.allreduce != "auto" or plan.dp == 1:
         return plan.allreduce if plan.allreduce != "auto" else "ring"
-    bw, lat, kind = group_link(cluster, group)
+    bw, lat, kind = group_link(cluster, group, profile)
     fab = profile.fabric(kind)
     nodes = sorted(per_node)
     local = len(group) // len(nodes)
@@ -421,6 +422,6 @@ def choose_allreduce(plan: Plan, cluster: Cluster, profile: Profile, stage: int,
     if local > 1 and len(nodes) > 1 and even:
         ifab = profile.fabric(n_node.intra_kind)
         costs["hierarchical"] = cc.hierarchical_allreduce_s(
-            bucket_bytes, local, len(nodes), n_node.intra_bw_Bps * ifab.bw_eff, n_node.intra_latency_s,
+            bucket_bytes, local, len(nodes), n_node.intra_bw_Bps * ifab.bw_eff, ifab.hop_latency_s(n_node.intra_latency_s),
             bw * fab.bw_eff, lat)
     return min(sorted(costs), key=lambda k: costs[k])

@@ -33,11 +33,12 @@ from datetime import datetime, timezone
 import numpy as np
 
 from costmodel import collectives as cc
-from costmodel.efficiency import op_time_s
+from costmodel.efficiency import op_time_s, topk_compress_time_s
 from costmodel.flops import Op
 from costmodel.gpus import GpuSpec
 from costmodel.profile import FabricEfficiency, GpuEfficiency
-from validate.microbench import AttentionSample, CollectiveSample, GemmSample, MemorySample, MicrobenchResult
+from validate.microbench import (AttentionSample, CollectiveSample, GemmSample, MemorySample, MicrobenchResult,
+                                 TopkSample)
 
 FIT_PRECISION = "fp32"  # the microbenchmarks run fp32 tensors
 FITTED_COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "send_recv")
@@ -105,6 +106,15 @@ def fit_attention(samples: list[AttentionSample], gpu: GpuSpec, base: GpuEfficie
     return float(_least_squares(resid, [0.1], [1e-5], [1.0])[0])
 
 
+def fit_topk(samples: list[TopkSample], gpu: GpuSpec, base: GpuEfficiency) -> float:
+    """topk_select_ns_per_elem: the selection's compute per element on top of the memory
+    traffic and kernel overhead the cost model already counts (hbm_eff, overhead fixed)."""
+    def resid(x):
+        eff = replace(base, topk_select_ns_per_elem=x[0])
+        return [math.log(topk_compress_time_s(t.elems, gpu, eff) / t.seconds) for t in samples]
+    return float(_least_squares(resid, [1.0], [0.0], [1e4])[0])
+
+
 def fit_gemm(samples: list[GemmSample], gpu: GpuSpec, base: GpuEfficiency) -> tuple[float, float, float]:
     """(gemm_eff_max, gemm_k_half, gemm_dim_half) with hbm_eff and kernel_overhead_us fixed
     (base). Without sm_count the cost model uses the saturating m, n, k factors."""
@@ -122,6 +132,7 @@ def collective_time_s(op: str, nbytes: float, n: int, bw_Bps: float, latency_s: 
     latency (as sim/program.py's TP collectives: ring formulas, plus the call)."""
     bw = bw_Bps * fab.bw_eff
     call = fab.call_latency_us * 1e-6
+    latency_s = fab.hop_latency_s(latency_s)  # the fitted per-step latency replaces the topology's
     if op == "all_reduce":
         return cc.ring_allreduce_s(nbytes, n, bw, latency_s) + call
     if op == "all_gather":
@@ -135,14 +146,18 @@ def collective_time_s(op: str, nbytes: float, n: int, bw_Bps: float, latency_s: 
 
 def fit_collectives(samples: list[CollectiveSample], bw_Bps: float, latency_s: float,
                     base: FabricEfficiency) -> FabricEfficiency:
-    """bw_eff and call_latency_us over every fitted collective and size."""
+    """bw_eff, call_latency_us and hop_latency_us over every fitted collective, size and
+    group size. The per-call cost is paid once per call, the hop latency once per ring
+    step (1 for send/recv, n-1 for all-gather and reduce-scatter, 2(n-1) for all-reduce):
+    the steps tell them apart, and the group sizes (every n dividing the world) give the
+    hop latency its lever."""
     use = [s for s in samples if s.op in FITTED_COLLECTIVES]
 
     def resid(x):
-        fab = replace(base, bw_eff=x[0], call_latency_us=x[1])
+        fab = replace(base, bw_eff=x[0], call_latency_us=x[1], hop_latency_us=x[2])
         return [math.log(collective_time_s(s.op, s.nbytes, s.n, bw_Bps, latency_s, fab) / s.seconds) for s in use]
-    x = _least_squares(resid, [0.5, 50.0], [1e-4, 0.0], [1.0, 1e5])
-    return replace(base, bw_eff=float(x[0]), call_latency_us=float(x[1]))
+    x = _least_squares(resid, [0.5, 50.0, 50.0], [1e-4, 0.0, 0.0], [1.0, 1e5, 1e5])
+    return replace(base, bw_eff=float(x[0]), call_latency_us=float(x[1]), hop_latency_us=float(x[2]))
 
 
 def fit_profile(res: MicrobenchResult, gpu: GpuSpec, base_gpu: GpuEfficiency,
@@ -157,6 +172,8 @@ def fit_profile(res: MicrobenchResult, gpu: GpuSpec, base_gpu: GpuEfficiency,
         eff = replace(eff, gemm_eff_max=e_max, gemm_k_half=k_half, gemm_dim_half=d_half)
     if res.attention:
         eff = replace(eff, attention_eff=fit_attention(res.attention, gpu, eff))
+    if res.topk:
+        eff = replace(eff, topk_select_ns_per_elem=fit_topk(res.topk, gpu, eff))
     out = FitResult(gpu=eff, fabric=None, host_overhead_us=host_us)
     out.residuals["gemm"] = [(f"{g.m}x{g.n}x{g.k}" + (f"x{g.batch}" if g.batch > 1 else ""), g.seconds,
                               op_time_s(_gemm_op(g), gpu, eff, FIT_PRECISION)) for g in res.gemm]
@@ -164,6 +181,8 @@ def fit_profile(res: MicrobenchResult, gpu: GpuSpec, base_gpu: GpuEfficiency,
                                for s in res.memory]
     out.residuals["attention"] = [(f"sdpa {a.batch}x{a.s}x{a.d}", a.seconds, op_time_s(_attn_op(a), gpu, eff, FIT_PRECISION))
                                   for a in res.attention]
+    out.residuals["topk"] = [(f"topk {t.elems} x{t.fraction:g}", t.seconds, topk_compress_time_s(t.elems, gpu, eff))
+                             for t in res.topk]
     out.measured_peak_flops = max((g.flops / g.seconds for g in res.gemm), default=0.0)
     out.measured_peak_Bps = max((s.bytes / s.seconds for s in res.memory), default=0.0)
     if link is not None and res.collectives:
@@ -202,7 +221,7 @@ def where_and_when(res: MicrobenchResult, device_name: str) -> str:
 # in memory); no dropout, so the cost model's dropout + residual pair is the one residual
 # add (fused_bias_dropout_add); autograd accumulates gradients in a separate pass; pipeline
 # activations sent whole by every TP rank; no asynchronous TP all-reduce in backward;
-# gradients reduced in fp32.
+# gradients reduced in fp32; Adam as eager element-wise ops (validate/dp.adam_update).
 def runtime_facts(kind: str) -> dict:
     return {
         "launch_blocking": kind == "cpu",
@@ -214,6 +233,7 @@ def runtime_facts(kind: str) -> dict:
         "flash_attention": True,
         "grad_reduce_dtype": "fp32",
         "zero1_grad_all_reduce": False,
+        "eager_adam": True,
     }
 
 
@@ -225,7 +245,8 @@ def profile_mapping(fit: FitResult, res: MicrobenchResult, gpu_name: str, link_k
                f"(best {fit.measured_peak_flops / 1e9:.1f} GFLOP/s per process; residual RMS "
                f"{fit.rms_pct('gemm'):.1f} %), {len(res.memory)} memory-bound op sizes (best "
                f"{fit.measured_peak_Bps / 1e9:.1f} GB/s; RMS {fit.rms_pct('memory'):.1f} %), tiny-op chains "
-               f"(plain {g.kernel_overhead_us:.2f} us/op). Efficiencies are fractions of the catalog peaks "
+               f"(plain {g.kernel_overhead_us:.2f} us/op), {len(res.topk)} top-k selections (validate/topk.select; "
+               f"RMS {fit.rms_pct('topk'):.1f} %). Efficiencies are fractions of the catalog peaks "
                f"(costmodel/gpus.py {gpu_name}).")
     out = {
         "name": name,
@@ -234,6 +255,7 @@ def profile_mapping(fit: FitResult, res: MicrobenchResult, gpu_name: str, link_k
             "gemm_eff_max": round(g.gemm_eff_max, 5), "gemm_k_half": round(g.gemm_k_half, 3),
             "gemm_dim_half": round(g.gemm_dim_half, 3), "sm_count": 0,
             "attention_eff": round(g.attention_eff, 5), "hbm_eff": round(g.hbm_eff, 5), "kernel_overhead_us": round(g.kernel_overhead_us, 3),
+            "topk_select_ns_per_elem": round(g.topk_select_ns_per_elem, 4),
             "source": gpu_src,
         }},
         "runtime": {"host_overhead_us": round(fit.host_overhead_us, 3), **runtime_facts(device_kind),
@@ -245,10 +267,11 @@ def profile_mapping(fit: FitResult, res: MicrobenchResult, gpu_name: str, link_k
         f = fit.fabric
         out["fabrics"] = {link_kind: {
             "bw_eff": round(f.bw_eff, 5), "call_latency_us": round(f.call_latency_us, 3),
+            "hop_latency_us": None if f.hop_latency_us is None else round(f.hop_latency_us, 3),
             "source": (f"FIT by plansim calibrate, {where}: {', '.join(FITTED_COLLECTIVES)} over "
                        f"{res.world} processes, {len(fit.residuals.get('collectives', []))} sizes x ops "
-                       f"(RMS {fit.rms_pct('collectives'):.1f} %), against the topology's link bandwidth "
-                       f"and per-hop latency."),
+                       f"(RMS {fit.rms_pct('collectives'):.1f} %), against the topology's link bandwidth; "
+                       f"call_latency_us per call, hop_latency_us per ring step (replaces the topology's latency)."),
         }}
     return out
 
@@ -266,9 +289,12 @@ def format_residuals(fit: FitResult) -> str:
 def format_params(fit: FitResult) -> str:
     g, f = fit.gpu, fit.fabric
     s = (f"gemm_eff_max={g.gemm_eff_max:.4f} gemm_k_half={g.gemm_k_half:.1f} gemm_dim_half={g.gemm_dim_half:.1f} "
-         f"attention_eff={g.attention_eff:.4f} hbm_eff={g.hbm_eff:.4f} kernel_overhead_us={g.kernel_overhead_us:.2f} host_overhead_us={fit.host_overhead_us:.2f}")
+         f"attention_eff={g.attention_eff:.4f} hbm_eff={g.hbm_eff:.4f} kernel_overhead_us={g.kernel_overhead_us:.2f} host_overhead_us={fit.host_overhead_us:.2f} "
+         f"topk_select_ns_per_elem={g.topk_select_ns_per_elem:.2f}")
     if f is not None:
         s += f" bw_eff={f.bw_eff:.4f} call_latency_us={f.call_latency_us:.1f}"
+        if f.hop_latency_us is not None:
+            s += f" hop_latency_us={f.hop_latency_us:.1f}"
     return s
 
 
@@ -290,8 +316,8 @@ def calibrate(cluster, model, world: int, *, tps: list[int] | None = None, repea
     from costmodel.profile import load_profile
     from validate.backend import pick_backend
     from costmodel.profile import RuntimeSettings
-    from validate.microbench import (memory_sizes, model_attention_shapes, model_gemm_shapes, run_microbenchmarks,
-                                     sizes_bytes, sweep_gemm_shapes)
+    from validate.microbench import (TOPK_FRACTIONS, memory_sizes, model_attention_shapes, model_gemm_shapes,
+                                     run_microbenchmarks, sizes_bytes, sweep_gemm_shapes, topk_sizes)
 
     be = pick_backend() if backend is None else None
     be_name = backend or be.name
@@ -301,7 +327,8 @@ def calibrate(cluster, model, world: int, *, tps: list[int] | None = None, repea
     mem = memory_sizes(model, tps)
     coll = sizes_bytes(4 * 1024, max_bytes)
     runtime = RuntimeSettings(**runtime_facts(kind))
-    res = run_microbenchmarks(world, shapes, mem, coll, attn_shapes=model_attention_shapes(model, tps),
+    topk = [(n, f) for n in topk_sizes(model, tps) for f in TOPK_FRACTIONS]
+    res = run_microbenchmarks(world, shapes, mem, coll, attn_shapes=model_attention_shapes(model, tps), topk=topk,
                               runtime=runtime, repeats=repeats, backend=be_name, progress=progress, timeout_s=timeout_s)
     gpu = cluster.devices[0].gpu
     node = cluster.nodes[0]

@@ -11,6 +11,8 @@ process achieves while its peers compute is what a plan's rank gets.
     costmodel/flops.py counts them (each operand read once, each result written once).
 (c) Per-op overhead: chains of tiny ops, plain (no autograd) and as training runs them
     (forward under autograd, then backward), per op as the cost model counts ops.
+(c') Top-k compression: validate/topk.select (error feedback and top-k selection, the
+    runner's own function) over bucket sizes and kept fractions.
 (d) Collectives (all-reduce, all-gather, reduce-scatter, broadcast, send/recv) from 4 KiB
     to 64 MiB, median of repeats, in nccl-tests' columns (NVIDIA/nccl-tests, doc/PERFORMANCE.md:
     algbw = size / time, busbw = algbw x the collective's bus factor).
@@ -115,6 +117,15 @@ class OverheadSample:
 
 
 @dataclass
+class TopkSample:
+    """validate/topk.select on a bucket of ``elems`` fp32 gradients keeping ``fraction``."""
+
+    elems: int
+    fraction: float
+    seconds: float
+
+
+@dataclass
 class CollectiveSample:
     op: str
     nbytes: int  # the nccl-tests 'size': the buffer each rank holds (gathered size for all-gather)
@@ -144,6 +155,7 @@ class MicrobenchResult:
     attention: list[AttentionSample] = field(default_factory=list)
     overhead: list[OverheadSample] = field(default_factory=list)
     collectives: list[CollectiveSample] = field(default_factory=list)
+    topk: list[TopkSample] = field(default_factory=list)
     wall_s: float = 0.0
 
     def to_dict(self) -> dict:
@@ -157,6 +169,7 @@ class MicrobenchResult:
                    attention=[AttentionSample(**x) for x in d.get("attention", [])],
                    overhead=[OverheadSample(**x) for x in d.get("overhead", [])],
                    collectives=[CollectiveSample(**x) for x in d.get("collectives", [])],
+                   topk=[TopkSample(**x) for x in d.get("topk", [])],
                    wall_s=d.get("wall_s", 0.0))
 
 
@@ -220,9 +233,26 @@ def memory_op_bytes(op: str, elems: int, width: int, row: int) -> float:
     raise ValueError(op)
 
 
-# The overhead chain: a pre-LayerNorm GPT layer (the architecture costmodel/flops.py lists)
-# at a width where its arithmetic is negligible, so its time is the per-op cost of issuing
-# it, forward and backward under autograd. It is divided by the number of ops the cost
+TOPK_FRACTIONS = (0.01, 0.1, 0.3)
+
+
+def topk_sizes(model: ModelSpec | None, tps: list[int], lo: int = 64 * KIB, hi: int = MIB) -> list[int]:
+    """Bucket sizes (elements) for the top-k sweep: powers of 4 from lo to hi plus the
+    model's gradient elements per rank at each TP degree (tiny models fit one bucket)."""
+    out, s = set(), lo
+    while s <= hi:
+        out.add(s)
+        s *= 4
+    if model is not None:
+        out.update(model.total_params // tp for tp in tps)
+    return sorted(out)
+
+
+# The overhead chain: the runner's pre-LayerNorm GPT layers (validate/gpt.py, the
+# architecture costmodel/flops.py lists) at a width where their arithmetic is negligible,
+# so their time is the per-op cost of issuing them, forward and backward under autograd
+# with the runner's gradient hooks (validate/dp.py: one per parameter tensor and microbatch,
+# each adding into the bucket; on this host they cost about as much as the layer's own ops). It is divided by the number of ops the cost
 # model lists for that layer (chain_op_counts), so the per-op figure is per cost-model op.
 CHAIN_MODEL = ModelSpec("overhead-chain", num_layers=4, hidden_size=8, num_attention_heads=2, seq_length=4,
                         vocab_size=8, global_batch_size=1)
@@ -241,22 +271,30 @@ def chain_op_counts(runtime) -> tuple[int, int]:
     return m.num_layers * len(f), m.num_layers * (len(f) + len(b))
 
 
-def _chain_layer(torch, x, p, heads):
-    """One pre-LN GPT layer (as costmodel/flops.py describes it; fused attention)."""
-    F = torch.nn.functional
-    b, s, w = x.shape
-    d = w // heads
-    h = F.layer_norm(x, (w,), p[0], p[1])
-    q, k, v = (F.linear(h, p[2 + 2 * i], p[3 + 2 * i]).view(b, s, heads, d).transpose(1, 2) for i in range(3))
-    a = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, s, w)
-    x = x + (F.linear(a, p[8]) + p[9])
-    h = F.layer_norm(x, (w,), p[10], p[11])
-    return x + (F.linear(F.gelu(F.linear(h, p[12], p[13])), p[14]) + p[15])
+def _chain(torch, dev):
+    """CHAIN_MODEL's layers as the runner trains them: validate/gpt.GPTChunk (its own
+    layer code) with validate/dp.GradReducer's per-parameter gradient hooks (one group
+    member, so no communication). Returns (plain forward, forward + backward)."""
+    from validate.comm import Comm
+    from validate.dp import GradReducer
+    from validate.gpt import GPTChunk, full_weights
+    from validate.timeline import Recorder
+    m = CHAIN_MODEL
+    chunk = GPTChunk(m, list(range(m.num_layers)), False, False, full_weights(m, 0), None, False, "none", dev)
+    reducer = GradReducer([(0, chunk.params)], Comm("dp", [0], 0, Recorder()), bucket_bytes=25e6,
+                          overlap=True, zero=0, topk=None, late=set())
+    x0 = torch.randn(1, m.seq_length, m.hidden_size, device=dev)
 
+    def plain():
+        with torch.no_grad():
+            chunk.forward(x0)
 
-def _chain_params(torch, w):
-    shapes = [(w,), (w,)] + [(w, w), (w,)] * 3 + [(w, w), (w,), (w,), (w,), (4 * w, w), (4 * w,), (w, 4 * w), (w,)]
-    return [torch.nn.Parameter(torch.randn(*sh) * 0.1) for sh in shapes]
+    def train():
+        reducer.begin_step()
+        reducer.final.add(0)
+        chunk.forward(x0).sum().backward()
+        reducer.finish()
+    return plain, train
 
 
 # ------------------------------------------------------------------------- timing
@@ -287,9 +325,34 @@ def _median_time(fn, repeats: int, inner: int, sync=None) -> float:
     return statistics.median(times)
 
 
-def _inner_for(est_s: float, target_s: float = 2e-3) -> int:
+# A timed compute repeat lasts this long: many scheduler time slices (Linux EEVDF's base
+# slice is 0.75 ms x (1 + log2 CPUs), kernel/sched/fair.c sysctl_sched_base_slice), so that
+# the share of a core a worker gets while more processes than cores run (4 workers on 2
+# cores, or other programs) is in the figure, as it is in a plan's step. Measured here with
+# 4 workers on 2 cores: a 64x512x128 GEMM took 81 us per call in the median 2 ms window (one
+# that no other process interrupted) and 317 us in 30 ms windows; alone, 81 us in both.
+COMPUTE_WINDOW_S = 0.03
+
+
+def _inner_for(est_s: float, target_s: float = COMPUTE_WINDOW_S) -> int:
     """Back-to-back calls per timed repeat so that one repeat lasts about target_s."""
-    return max(1, min(200, int(target_s / max(est_s, 1e-7))))
+    return max(1, min(100_000, int(target_s / max(est_s, 1e-7))))
+
+
+# Operand bytes the GEMM benchmark cycles through: above a current x86 core's L2 cache
+# (1-2 MiB), so weights arrive from L3 or DRAM as in a training step.
+GEMM_POOL_BYTES = 8 * MIB
+
+
+def _cycling(sets: int, call):
+    """A no-argument function that calls call(j) for j = 0, 1, .., sets-1, 0, .. in turn."""
+    state = [0]
+
+    def f():
+        j = state[0]
+        state[0] = (j + 1) % sets
+        return call(j)
+    return f
 
 
 @dataclass(frozen=True)
@@ -297,6 +360,7 @@ class ComputeConfig:
     gemm_shapes: tuple
     mem_sizes: tuple
     attn_shapes: tuple = ()
+    topk: tuple = ()  # (elements, fraction) pairs
     repeats: int = 5
     threads: int = 0  # intra-op threads; 0 keeps what the worker started with
     backend: str = "gloo"
@@ -326,12 +390,18 @@ def compute_worker(rank: int, world: int, cfg: ComputeConfig) -> dict:
         sync()
         return _median_time(f, cfg.repeats, inner, dsync)
 
-    out = {"gemm": [], "memory": [], "attention": [], "overhead": []}
+    out = {"gemm": [], "memory": [], "attention": [], "overhead": [], "topk": []}
     with torch.no_grad():
         for (m, n, k, b) in cfg.gemm_shapes:
-            a = torch.randn(b, m, k, device=dev) if b > 1 else torch.randn(m, k, device=dev)
-            w = torch.randn(b, k, n, device=dev) if b > 1 else torch.randn(k, n, device=dev)
-            f = (lambda: torch.bmm(a, w)) if b > 1 else (lambda: torch.mm(a, w))
+            # As the runner calls them (validate/gpt.py: F.linear, weight [n, k]), cycling
+            # through operand sets larger than a core's L2 cache together: a training step's
+            # weights come from beyond it (tiny's are 3.5 MB), not from a hot L1. Measured
+            # here, 64x512x128: 82 us with one hot torch.mm operand pair, 95 us this way.
+            sets = max(1, min(64, math.ceil(GEMM_POOL_BYTES / (4.0 * b * (m * k + k * n)))))
+            a = [torch.randn(b, m, k, device=dev) if b > 1 else torch.randn(m, k, device=dev) for _ in range(sets)]
+            w = [torch.randn(b, k, n, device=dev) if b > 1 else torch.randn(n, k, device=dev) for _ in range(sets)]
+            f = _cycling(sets, (lambda j: torch.bmm(a[j], w[j])) if b > 1
+                         else (lambda j: torch.nn.functional.linear(a[j], w[j])))
             out["gemm"].append([m, n, k, b, timed(f)])
         for op in MEMORY_OPS:
             for elems in cfg.mem_sizes:
@@ -350,30 +420,21 @@ def compute_worker(rank: int, world: int, cfg: ComputeConfig) -> dict:
             q, k, v = (torch.randn(1, bh, sq, d, device=dev) for _ in range(3))
             f = lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)  # noqa: E731
             out["attention"].append([bh, sq, d, timed(f)])
-    # (c) the overhead chain (CHAIN_MODEL): plain forward, and forward + backward.
-    m = CHAIN_MODEL
-    params = [[p.to(dev).detach().requires_grad_() for p in _chain_params(torch, m.hidden_size)]
-              for _ in range(m.num_layers)]
-    x0 = torch.randn(1, m.seq_length, m.hidden_size, device=dev)
-
-    def chain():
-        x = x0
-        for p in params:
-            x = _chain_layer(torch, x, p, m.num_attention_heads)
-        return x
-
-    def plain():
-        with torch.no_grad():
-            chain()
-
-    def train():
-        chain().sum().backward()
-
+        from validate.topk import select
+        for (elems, frac) in cfg.topk:
+            g, r = torch.randn(elems, device=dev), torch.randn(elems, device=dev)
+            k = max(1, math.ceil(frac * elems))
+            out["topk"].append([elems, frac, timed(lambda: select(g, r, k))])
+    # (c) the overhead chain (CHAIN_MODEL): plain forward, and forward + backward, both
+    # with the runner's own code (so its per-parameter gradient hooks are in the figure).
+    plain, train = _chain(torch, dev)
     for what, f in (("plain", plain), ("train", train)):
         f()
+        t0 = time.perf_counter()
         f()
+        inner = _inner_for(time.perf_counter() - t0)
         sync()
-        out["overhead"].append([what, 0, _median_time(f, cfg.repeats * 2, 5, dsync)])
+        out["overhead"].append([what, 0, _median_time(f, cfg.repeats * 2, inner, dsync)])
     return out
 
 
@@ -504,7 +565,7 @@ def worker_threads_env(world: int):
             os.environ[THREADS_ENV] = old
 
 
-def run_microbenchmarks(world: int, gemm_shapes, mem_sizes, coll_sizes, *, attn_shapes=(), runtime=None,
+def run_microbenchmarks(world: int, gemm_shapes, mem_sizes, coll_sizes, *, attn_shapes=(), topk=(), runtime=None,
                         repeats: int = 5, threads: int | None = None, backend: str | None = None,
                         timeout_s: float = 600.0, progress=None) -> MicrobenchResult:
     """Run (a)-(d) in ``world`` processes; compute medians over ranks. ``runtime``
@@ -521,7 +582,7 @@ def run_microbenchmarks(world: int, gemm_shapes, mem_sizes, coll_sizes, *, attn_
     say = progress or (lambda msg: None)
     say(f"compute microbenchmarks: {len(gemm_shapes)} GEMM shapes, {len(mem_sizes)} sizes x "
         f"{len(MEMORY_OPS)} memory ops, {world} concurrent processes, {shown} thread(s) each")
-    ccfg = ComputeConfig(tuple(gemm_shapes), tuple(mem_sizes), tuple(attn_shapes), repeats, threads, be_name)
+    ccfg = ComputeConfig(tuple(gemm_shapes), tuple(mem_sizes), tuple(attn_shapes), tuple(topk), repeats, threads, be_name)
     with worker_threads_env(world):
         per_rank = launch(compute_worker, world, (ccfg,), timeout_s=timeout_s, backend=be_name)
     res = MicrobenchResult(world=world, backend=be_name, threads=shown)
@@ -534,6 +595,9 @@ def run_microbenchmarks(world: int, gemm_shapes, mem_sizes, coll_sizes, *, attn_
     for i, row in enumerate(per_rank[0]["attention"]):
         bh, sq, d, _ = row
         res.attention.append(AttentionSample(bh, sq, d, statistics.median(r["attention"][i][3] for r in per_rank)))
+    for i, row in enumerate(per_rank[0]["topk"]):
+        elems, frac, _ = row
+        res.topk.append(TopkSample(elems, frac, statistics.median(r["topk"][i][2] for r in per_rank)))
     n_fwd, n_train = chain_op_counts(runtime or RuntimeSettings())
     for i, row in enumerate(per_rank[0]["overhead"]):
         what = row[0]
@@ -580,6 +644,10 @@ def format_compute(res: MicrobenchResult) -> str:
     lines += ["# fused attention (scaled_dot_product_attention, causal)", f"{'heads':>6} {'s':>5} {'d':>4} {'time (us)':>10} {'GFLOP/s':>9}"]
     for a in res.attention:
         lines.append(f"{a.batch:>6} {a.s:>5} {a.d:>4} {a.seconds * 1e6:>10.1f} {a.flops / a.seconds / 1e9:>9.2f}")
+    if res.topk:
+        lines += ["# top-k compression (validate/topk.select)", f"{'elements':>10} {'kept':>6} {'time (us)':>10} {'ns/elem':>8}"]
+        for t in res.topk:
+            lines.append(f"{t.elems:>10} {t.fraction:>6.2f} {t.seconds * 1e6:>10.1f} {t.seconds / t.elems * 1e9:>8.2f}")
     lines.append("# per-op overhead (GPT layer chain at width 8, per op as the cost model counts them)")
     for o in res.overhead:
         lines.append(f"{o.what:>10} {o.model_ops:>4} ops {o.per_op_s * 1e6:>8.2f} us/op")

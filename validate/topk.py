@@ -17,6 +17,18 @@ INDEX_BYTES = 4  # int32 index per kept entry
 # Values travel in the gradient's own dtype (fp32 here): the runner trains in fp32.
 
 
+def select(grad, residual, k: int):
+    """The compression of one bucket: add the residual (error feedback), keep the k entries
+    of largest magnitude. Returns (int32 indices, values, the new residual: the sum with
+    the kept entries zeroed). validate/microbench.py times this same function."""
+    import torch
+    acc = grad + residual if residual is not None else grad.clone()
+    idx = acc.abs().topk(k, sorted=False).indices
+    vals = acc[idx]
+    acc[idx] = 0.0
+    return idx.to(torch.int32), vals, acc
+
+
 class TopKCompressor:
     def __init__(self, fraction: float, comm: Comm):
         if not 0.0 < fraction < 1.0:
@@ -33,14 +45,8 @@ class TopKCompressor:
         Returns the state ``finish`` needs."""
         import torch
         import torch.distributed as dist
-        acc = grad + self.residual[key] if key in self.residual else grad.clone()
-        k = self.kept(acc.numel())
-        idx = acc.abs().topk(k, sorted=False).indices
-        vals = acc[idx]
-        rest = acc
-        rest[idx] = 0.0
-        self.residual[key] = rest
-        idx32 = idx.to(torch.int32)
+        idx32, vals, self.residual[key] = select(grad, self.residual.get(key), self.kept(grad.numel()))
+        k = idx32.numel()
         n = self.comm.size
         idx_parts = [torch.empty_like(idx32) for _ in range(n)]
         val_parts = [torch.empty_like(vals) for _ in range(n)]
