@@ -134,6 +134,7 @@ def _enumerate(model: ModelSpec, cluster: Cluster, tables: CostTables, space: Se
     out: list = []
     candidates = 0
 
+    node_sizes = {len(node.ranks) for node in cluster.nodes}
     for tp in tps:
         pps = space.pp or tuple(p for p in _divisors(n // tp) if p <= L)
         size_tp = len(pps) * len(placements) * len(space.mbs) * len(sched) * n_sp(tp) * len(space.recompute) * n_dpv
@@ -143,7 +144,9 @@ def _enumerate(model: ModelSpec, cluster: Cluster, tables: CostTables, space: Se
             candidates += size_tp
             bar.update(len(pps) * len(placements))
             continue
-        if tp > gpn:
+        # Every TP group must sit within one node: with tp=3 on 8-GPU nodes the third group
+        # would straddle two nodes (and simulate refuses such plans).
+        if tp > gpn or any(size % tp for size in node_sizes):
             pr.add(R_TP_NODES, size_tp, ex)
             candidates += size_tp
             bar.update(len(pps) * len(placements))

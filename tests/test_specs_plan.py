@@ -136,7 +136,8 @@ def test_sequence_parallel_needs_tp_to_divide_the_sequence():
     with pytest.raises(InputError) as exc:
         resolve_plan("tp=3,sp=true", model, 24)
     assert exc.value.source == "--plan" and exc.value.field == "sp"
-    cluster = load_topology("dgx-a100", nodes=3)
+    # Three devices on one node, so tp=3 groups do not straddle nodes (pruned otherwise).
+    cluster = load_topology("localhost-cpu", gpus_per_node=3)
     res = search(model, cluster, load_profile(None, cluster.profiles), progress=False,
                  space=SearchSpace(tp=(3,), pp=(1,), zero=(0,), compress=("none",), allreduce=("ring",)))
     assert res.pruned["sequence parallelism needs tp to divide seq_length"] > 0

@@ -194,7 +194,9 @@ def test_fitted_hop_latency_reaches_the_simulator(tmp_path):
     in the engine's flow network (each star hop GPU -> host -> GPU carries half, 500 us) and in
     the search's fast costs (a pipeline send over the two hops: 1 ms latency)."""
     from sim import collective_flows as cf
-    from sim.engine import effective_graph
+    import simpy
+    from sim.engine import bw_efficiency, hop_latency
+    from sim.flownet import FlowNetwork
     from sim.program import _tp_call_s
     from search.costs import CostTables
     path = tmp_path / "hop.yaml"
@@ -203,7 +205,8 @@ def test_fitted_hop_latency_reaches_the_simulator(tmp_path):
     cluster = load_topology("localhost-cpu", gpus_per_node=2)
     assert _tp_call_s(cluster, prof, [0, 1], 0.0) == pytest.approx(2.15e-3)
     assert _tp_call_s(cluster, load_profile(None), [0, 1], 0.0) == pytest.approx(2 * 10e-6 + 10e-6)  # default call 10 us
-    lats = [d["latency_s"] for _, _, d in effective_graph(cluster, prof).edges(data=True)]
+    net = FlowNetwork(simpy.Environment(), cluster.graph, bw_scale=bw_efficiency(prof), hop_latency=hop_latency(prof))
+    lats = [net.edge_params(e)[1] for e in cluster.graph.edges]
     assert len(lats) == 4 and lats == pytest.approx([500e-6] * 4)
     tables = CostTables(load_model("tiny"), cluster, prof)
     (lat, _), = tables.phase_costs(cf.p2p(0, 1, 1.0), [])
