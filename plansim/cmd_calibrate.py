@@ -94,7 +94,8 @@ def cmd_calibrate(args) -> int:
     model = load_model(args.model)
     require_torch()
     from validate.calibrate import calibrate, format_params, format_residuals
-    from validate.microbench import format_collectives, format_compute
+    from validate.collective_bench import format_collectives
+    from validate.microbench import format_compute
 
     def say(msg):
         print(msg, file=sys.stderr, flush=True)

@@ -14,9 +14,9 @@ from specs.model import load_model
 from specs.topology import load_topology
 from validate.calibrate import (FIT_PRECISION, _attn_op, _gemm_op, _mem_op, collective_time_s, fit_profile,
                                 per_op_overheads, profile_mapping)
-from validate.microbench import (AttentionSample, CollectiveSample, GemmSample, MemorySample, MicrobenchResult, OverheadSample,
-                                 format_collectives, memory_op_bytes, model_gemm_shapes, sizes_bytes,
-                                 sweep_gemm_shapes)
+from validate.collective_bench import CollectiveSample, format_collectives, sizes_bytes
+from validate.microbench import (AttentionSample, GemmSample, MemorySample, MicrobenchResult, OverheadSample,
+                                 memory_op_bytes, model_gemm_shapes, sweep_gemm_shapes)
 
 pytest.importorskip("scipy")
 

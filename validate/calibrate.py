@@ -37,8 +37,8 @@ from costmodel.efficiency import op_time_s, topk_compress_time_s
 from costmodel.flops import Op
 from costmodel.gpus import GpuSpec
 from costmodel.profile import FabricEfficiency, GpuEfficiency
-from validate.microbench import (AttentionSample, CollectiveSample, GemmSample, MemorySample, MicrobenchResult,
-                                 TopkSample)
+from validate.collective_bench import CollectiveSample
+from validate.microbench import AttentionSample, GemmSample, MemorySample, MicrobenchResult, TopkSample
 
 FIT_PRECISION = "fp32"  # the microbenchmarks run fp32 tensors
 FITTED_COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "send_recv")
@@ -316,8 +316,9 @@ def calibrate(cluster, model, world: int, *, tps: list[int] | None = None, repea
     from costmodel.profile import load_profile
     from validate.backend import pick_backend
     from costmodel.profile import RuntimeSettings
+    from validate.collective_bench import sizes_bytes
     from validate.microbench import (TOPK_FRACTIONS, memory_sizes, model_attention_shapes, model_gemm_shapes,
-                                     run_microbenchmarks, sizes_bytes, sweep_gemm_shapes, topk_sizes)
+                                     run_microbenchmarks, sweep_gemm_shapes, topk_sizes)
 
     be = pick_backend() if backend is None else None
     be_name = backend or be.name

@@ -1,0 +1,164 @@
+"""Collective microbenchmarks: all-reduce, all-gather, reduce-scatter, broadcast and
+send/recv from 4 KiB to 64 MiB over ``world`` processes, in groups of every size that
+divides the world running side by side (a plan's TP or DP groups share the same cores),
+printed in nccl-tests' columns (NVIDIA/nccl-tests, doc/PERFORMANCE.md: algbw = size /
+time, busbw = algbw x the collective's bus factor).
+
+As nccl-tests does, back-to-back calls are timed together (a plan issues them back to
+back with its compute, not each after a barrier: on a busy host, gloo's per-call cost back
+to back was 5-10x the cost of one call right after a barrier, and the former is what the
+runs showed); per repeat the slowest rank's mean (a collective ends when its last rank
+does), then the median over repeats. torch is imported inside the functions only.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+
+from costmodel.collectives import busbw_factor
+
+KIB, MIB = 1024, 1024 * 1024
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "send_recv")
+# nccl-tests' sendrecv: every rank sends S to its successor and receives S from its
+# predecessor; its bus factor is 1 (NVIDIA/nccl-tests, src/sendrecv.cu, SendRecvGetBw).
+# costmodel.collectives has no send/recv entry, so it is defined here, once.
+_SENDRECV_FACTOR = 1.0
+
+
+def bus_factor(op: str, n: int) -> float:
+    """busbw / algbw of ``op`` over n ranks (nccl-tests' definition)."""
+    return _SENDRECV_FACTOR if op == "send_recv" else busbw_factor(op, n)
+
+
+def sizes_bytes(min_bytes: int = 4 * KIB, max_bytes: int = 64 * MIB) -> list[int]:
+    """Message sizes from min to max, doubling (nccl-tests' -b 4K -e 64M -f 2)."""
+    out, s = [], min_bytes
+    while s <= max_bytes:
+        out.append(s)
+        s *= 2
+    return out
+
+
+
+@dataclass
+class CollectiveSample:
+    op: str
+    nbytes: int  # the nccl-tests 'size': the buffer each rank holds (gathered size for all-gather)
+    n: int  # ranks
+    seconds: float  # median over repeats of the slowest rank's time
+
+    @property
+    def count(self) -> int:
+        return self.nbytes // 4  # float32 elements
+
+    @property
+    def algbw_GBps(self) -> float:
+        return self.nbytes / self.seconds / 1e9
+
+    @property
+    def busbw_GBps(self) -> float:
+        return self.algbw_GBps * bus_factor(self.op, self.n)
+
+
+@dataclass(frozen=True)
+class CollectiveConfig:
+    sizes: tuple
+    ops: tuple = COLLECTIVES
+    group_sizes: tuple = ()  # n of each measurement: world/n groups of n ranks at once; () = (world,)
+    repeats: int = 5
+    warmup: int = 1
+    budget_s: float = 0.5  # stop repeating a size once this much time went into it
+    target_s: float = 0.01  # a timed repeat runs back-to-back calls for about this long
+    max_inner: int = 20
+    threads: int = 0
+    backend: str = "gloo"
+
+
+def collective_worker(rank: int, world: int, cfg: CollectiveConfig) -> list:
+    """One rank's collective timings: [op, n, nbytes, seconds] per group size n, op and
+    size. For n < world the ranks form world/n groups of n consecutive ranks that run the
+    collective at the same time (as the TP groups of a tp x dp plan do). seconds = median
+    over repeats of the slowest rank's time (one extra max-reduce over all ranks per repeat,
+    outside the timed region)."""
+    import torch
+    import torch.distributed as dist
+
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    from validate.microbench import worker_device
+    dev, dsync = worker_device(cfg.backend)
+    # torch 2.13 renamed *_into_tensor / *_tensor to *_single (same arguments).
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    rows = []
+    for n in cfg.group_sizes or (world,):
+        if n == world:
+            group, first = None, 0
+        else:  # every rank creates every group, in the same order (torch.distributed's rule)
+            groups = [dist.new_group(list(range(i, i + n))) for i in range(0, world, n)]
+            group, first = groups[rank // n], rank // n * n
+        nxt, prv = first + (rank - first + 1) % n, first + (rank - first - 1) % n
+        for op in cfg.ops:
+            for nbytes in cfg.sizes:
+                count = nbytes // 4 // n * n
+                if op == "all_gather":
+                    send, recv = torch.ones(count // n, device=dev), torch.empty(count, device=dev)
+                    call = lambda: gather(recv, send, group=group)  # noqa: E731
+                elif op == "reduce_scatter":
+                    send, recv = torch.ones(count, device=dev), torch.empty(count // n, device=dev)
+                    call = lambda: scatter(recv, send, group=group)  # noqa: E731
+                elif op == "all_reduce":
+                    buf = torch.ones(count, device=dev)
+                    call = lambda: dist.all_reduce(buf, group=group)  # noqa: E731
+                elif op == "broadcast":
+                    buf = torch.ones(count, device=dev)
+                    call = lambda: dist.broadcast(buf, first, group=group)  # noqa: E731
+                else:  # send_recv: a ring of simultaneous sends and receives
+                    sbuf, rbuf = torch.ones(count, device=dev), torch.empty(count, device=dev)
+
+                    def call():
+                        reqs = dist.batch_isend_irecv([dist.P2POp(dist.isend, sbuf, nxt, group),
+                                                       dist.P2POp(dist.irecv, rbuf, prv, group)])
+                        for r in reqs:
+                            r.wait()
+                mx = torch.zeros(1, dtype=torch.float64, device=dev)
+                t0 = time.perf_counter()
+                for _ in range(max(1, cfg.warmup)):
+                    call()
+                if dsync:
+                    dsync()
+                # Calls per timed repeat, agreed by all ranks (the slowest one's estimate).
+                mx[0] = (time.perf_counter() - t0) / max(1, cfg.warmup)
+                dist.all_reduce(mx, op=dist.ReduceOp.MAX)
+                inner = max(1, min(cfg.max_inner, int(cfg.target_s / max(float(mx[0]), 1e-7))))
+                times, spent = [], 0.0
+                while len(times) < cfg.repeats:
+                    dist.barrier()
+                    t0 = time.perf_counter()
+                    for _ in range(inner):  # back to back, as nccl-tests times its iterations
+                        call()
+                    if dsync:
+                        dsync()
+                    mx[0] = (time.perf_counter() - t0) / inner
+                    dist.all_reduce(mx, op=dist.ReduceOp.MAX)
+                    times.append(float(mx[0]))
+                    spent += times[-1] * inner
+                    if spent > cfg.budget_s and len(times) >= 3:
+                        break
+                rows.append([op, n, count * 4, statistics.median(times)])
+    return rows
+
+
+def format_collectives(samples: list[CollectiveSample]) -> str:
+    """nccl-tests' columns, one block per collective: size (B), count (elements), type,
+    time (us), algbw (GB/s), busbw (GB/s)."""
+    lines = []
+    for op, n in dict.fromkeys((s.op, s.n) for s in samples):
+        lines.append(f"# {op}, groups of {n} ranks")
+        lines.append(f"{'size':>12} {'count':>12} {'type':>6} {'time':>10} {'algbw':>8} {'busbw':>8}")
+        lines.append(f"{'(B)':>12} {'(elements)':>12} {'':>6} {'(us)':>10} {'(GB/s)':>8} {'(GB/s)':>8}")
+        for s in (x for x in samples if (x.op, x.n) == (op, n)):
+            lines.append(f"{s.nbytes:>12d} {s.count:>12d} {'float':>6} {s.seconds * 1e6:>10.1f} "
+                         f"{s.algbw_GBps:>8.3f} {s.busbw_GBps:>8.3f}")
+    return "\n".join(lines)
