@@ -1,6 +1,6 @@
 """Fast analytic estimate of one training step, for ranking plans in a search.
 
-Pure arithmetic on small records (no SimPy, no sim imports): the caller (sim/search_costs.py)
+Pure arithmetic on small records (no SimPy, no sim imports): the caller (search/costs.py)
 turns a plan into per-stage costs with the same costmodel functions the simulator uses, and
 this module combines them with closed forms of the pipeline schedules:
 

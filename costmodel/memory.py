@@ -141,14 +141,6 @@ def logits_bytes(model: ModelSpec, mbs: int, tp: int) -> float:
     return model.seq_length * mbs * model.vocab_size / tp * DTYPE_BYTES["fp32"]
 
 
-def interleaved_first_stage_factor(p: int, m: int) -> float:
-    """Extra activation memory of the first stage under the interleaved schedule:
-    1 + (p-1)/(p*m) (Korthikanti et al. 2022, pipeline-parallel activation memory), p stages, m microbatches."""
-    if p < 1 or m < 1:
-        raise InputError(None, "plan.pp", f"need p >= 1 and m >= 1, got p={p!r}, m={m!r}")
-    return 1 + (p - 1) / (p * m)
-
-
 def topk_residual_bytes(params: float) -> float:
     """Top-k with error feedback keeps the unsent remainder of every local gradient
     element between steps: one fp32 buffer the size of the local parameters, not

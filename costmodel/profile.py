@@ -118,7 +118,7 @@ def _short(value: object) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 _STR_CHOICES = {"grad_reduce_dtype": ("auto",) + GRAD_REDUCE_CHOICES}
 
-# Edge kinds of sim/topology's graph that belong to the inter-node network.
+# Edge kinds of specs/topology's graph that belong to the inter-node network.
 NETWORK_KINDS = ("network", "nic", "leaf_spine", "explicit")
 PROFILE_KEYS = ("name", "source", "gpus", "fabrics", "runtime")
 

@@ -1,6 +1,6 @@
 """The model shape that the cost model computes with.
 
-A plain frozen record (no parsing): sim/model.py loads presets and YAML files into it.
+A plain frozen record (no parsing): specs/model.py loads presets and YAML files into it.
 It lives here because both costmodel and sim need it and costmodel may not import sim.
 """
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
     plansim accuracy [--json] [--profile FILE] [--report DIR] [--rows CSV] [--jobs N]
 
-Each row of the published-runs table (tests/data/published_runs.csv by default) is
+Each row of the published-runs table (validate/data/published_runs.csv by default) is
 simulated with its own model, plan and topology and the bundled profile of its GPU type,
 fabric and framework; prints predicted vs published and the error per row, then the mean
 absolute percentage error (MAPE) and the Spearman rank correlation over the BLOOM sweep.

@@ -44,22 +44,27 @@ def register(subparsers) -> None:
 
 
 def _write_yaml(path: str, mapping: dict) -> None:
-    out = Path(path)
-    if out.exists() and out.is_dir():
-        raise InputError(path, "--out", "is a directory; give a file name")
-    text = ("# Written by `plansim calibrate`; load it with --profile " + out.name + "\n"
-            + yaml.safe_dump(mapping, sort_keys=False, width=100))
-    tmp = out.with_name(f".{out.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(out)
+    _write_text(path, "# Written by `plansim calibrate`; load it with --profile " + Path(path).name + "\n"
+                + yaml.safe_dump(mapping, sort_keys=False, width=100))
+
+
+def _write_text(path: str, text: str) -> None:
+    """Atomically (reports.files: a unique temporary beside the target, then a rename)."""
+    from reports.files import output_file, write_file
+    write_file(output_file(path, "--out"), text.encode("utf-8"))
 
 
 def _from_runs(args) -> int:
+    from reports.files import output_file
     from validate.fit_runs import calibrate_from_runs, format_summary
+    output_file(args.out, "--out")  # checked before the (long) fit
     fit = calibrate_from_runs(args.runs, folds=args.folds)
-    Path(args.out).write_text(fit.profile_yaml(), encoding="utf-8")
-    print(format_summary(fit))
-    print(f"profile written to {args.out}")
+    _write_text(args.out, fit.profile_yaml())
+    if args.json:
+        print(json.dumps(fit.summary(), indent=2))
+    else:
+        print(format_summary(fit))
+        print(f"profile written to {args.out}")
     return 0
 
 
@@ -87,6 +92,11 @@ def cmd_calibrate(args) -> int:
         raise InputError("calibrate", "topology", "give a TOPOLOGY to calibrate from microbenchmarks, or --runs CSV")
     if args.repeats < 1:
         raise InputError("--repeats", None, f"must be a positive integer (got {args.repeats})")
+    if args.max_bytes < 4096:
+        # The collective sweep starts at 4 KiB; below it no link could be fitted.
+        raise InputError("--max-bytes", None, f"{args.max_bytes}: must be at least 4096")
+    from reports.files import output_file
+    output_file(args.out, "--out")  # checked before the microbenchmarks
     from specs.model import load_model
     from validate.backend import require_torch
 

@@ -36,38 +36,21 @@ def register(subparsers) -> None:
     p.set_defaults(func=cmd_validate)
 
 
-def plan_world(plan_text: str) -> int:
-    """Processes a plan needs: tp*pp*dp, with dp = 1 when the plan does not say."""
-    from specs.plan import load_plan_mapping
-    raw, src = load_plan_mapping(plan_text)
-    out = 1
-    for key in ("tp", "pp", "dp"):
-        try:
-            v = int(raw.get(key, 1))
-        except (TypeError, ValueError):
-            raise InputError(src, key, f"must be a positive integer (got {raw.get(key)!r})") from None
-        if v < 1:
-            raise InputError(src, key, f"must be a positive integer (got {v})")
-        out *= v
-    return out
-
-
 # validate/gpt.py computes in fp32 (torch's default dtype) whatever the plan says; the
 # simulation must count the same bytes, so a plan without a precision is simulated in fp32.
 RUNNER_PRECISION = "fp32"
 
 
-def with_runner_precision(plan_text: str) -> str:
-    """The plan string with precision=fp32 added when it names none (see RUNNER_PRECISION);
-    a plan that names another precision is refused, as the runner would not honour it."""
+def with_runner_precision(plan_text: str) -> dict:
+    """The plan as a mapping, with precision fp32 when it names none (see RUNNER_PRECISION);
+    a plan that names another precision is refused, as the runner would not honour it.
+    Works on the mapping, so plan files and strings are treated alike."""
     from specs.plan import load_plan_mapping
     raw, src = load_plan_mapping(plan_text)
-    got = raw.get("precision")
-    if got is None:
-        return f"{plan_text},precision={RUNNER_PRECISION}" if "=" in plan_text else plan_text
+    got = raw.get("precision", RUNNER_PRECISION)
     if got != RUNNER_PRECISION:
-        raise InputError(src, "precision", f"the validator's runner computes in {RUNNER_PRECISION}; got {got!r}")
-    return plan_text
+        raise InputError(src, "precision", f"the validator's runner computes in {RUNNER_PRECISION}; got {str(got)[:60]!r}")
+    return {**raw, "precision": RUNNER_PRECISION}
 
 
 def profile_for(specs: list[str]) -> dict:
@@ -89,17 +72,17 @@ def validate_plans(topology: str, model_name: str, plans: list[str], profiles: d
     from plansim.cmd_calibrate import resolve_world
     from sim.metrics import simulate
     from specs.model import load_model
-    from specs.plan import resolve_plan
+    from specs.plan import plan_world_size, resolve_plan
     from validate.backend import require_torch
     from validate.compare import compare
 
     model = load_model(model_name)
     prepared = []
     for text in plans:  # check every input before the first (slow) run
-        text = with_runner_precision(text)
-        world = plan_world(text)
+        raw = with_runner_precision(text)
+        world = plan_world_size(raw)
         cluster, _ = resolve_world(topology, world, "--plan", f"{text}: processes (tp*pp*dp) ")
-        plan = resolve_plan(text, model, cluster.num_devices)
+        plan = resolve_plan(raw, model, cluster.num_devices)
         prof_path = profiles.get(world, profiles.get(None))
         profile = load_profile(prof_path, bundled=cluster.profiles)
         prepared.append((plan, cluster, profile, prof_path))

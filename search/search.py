@@ -3,7 +3,7 @@
 Explored: tp, pp (dp follows), mbs, schedule and vpp, sp, recompute, ZeRO stage, top-k
 compression and the all-reduce algorithm; on heterogeneous clusters also the placement
 (whole stages or whole replicas per device group) and the balanced non-uniform split of
-layers and microbatches (sim/hetero.py). Every dropped plan is counted under the reason it
+layers and microbatches (search/hetero.py). Every dropped plan is counted under the reason it
 was dropped. Survivors are ranked by costmodel/estimate.py; the best ``top`` (at least 10)
 are re-scored by the discrete-event simulation, which sets the final order.
 

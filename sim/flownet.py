@@ -162,9 +162,6 @@ class FlowNetwork:
         self._edge_info(e)
         return self._bw[e], self._lat[e]
 
-    def active_flows(self) -> int:
-        """Number of flows currently sending (for tests and diagnostics)."""
-        return len({f for flows in self._on_edge.values() for f in flows})
 
     # ----------------------------------------------------------------- internals
     def _edge_info(self, e: Edge) -> None:

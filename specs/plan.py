@@ -173,6 +173,19 @@ def parse_plan_string(text: str) -> dict:
     return out
 
 
+def plan_world_size(plan: str | Path | dict) -> int:
+    """Processes a plan asks for when it is run as written (the validator): tp*pp*dp, with
+    dp = 1 when the plan does not say."""
+    raw, src = load_plan_mapping(plan)
+    out = 1
+    for key in ("tp", "pp", "dp"):
+        v = raw.get(key, 1)
+        if isinstance(v, bool) or not isinstance(v, (int, str)) or not str(v).isdigit() or int(v) < 1:
+            raise InputError(src, key, f"{str(v)[:60]}: must be a positive integer")
+        out *= int(v)
+    return out
+
+
 def load_plan_mapping(plan: str | Path | dict) -> tuple[dict, str]:
     """A plan string, a YAML path or a mapping -> (raw mapping, source name for errors)."""
     if isinstance(plan, dict):

@@ -1,4 +1,4 @@
-"""Accuracy against published training runs (sim/accuracy.py, `plansim accuracy`, the
+"""Accuracy against published training runs (validate/accuracy.py, `plansim accuracy`, the
 accuracy report) and the framework behaviours those runs rely on (blocking pipeline sends,
 all-reduced ZeRO-1 gradients, NIC-spreading reduce-scatter).
 

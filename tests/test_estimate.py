@@ -1,4 +1,4 @@
-"""The analytic step estimate (costmodel/estimate.py) and its inputs (sim/search_costs.py)
+"""The analytic step estimate (costmodel/estimate.py) and its inputs (search/costs.py)
 against independent computations: the list scheduler of sim/schedules.py, a brute-force
 queue, the schedules' own activation walk, and the full SimPy simulation."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Heterogeneous splits (sim/hetero.py): water-filling against brute force, the balanced
+"""Heterogeneous splits (search/hetero.py): water-filling against brute force, the balanced
 plans against the simulator, and the search's heterogeneous win on hetero-a100-v100."""
 from __future__ import annotations
 

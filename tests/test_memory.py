@@ -6,7 +6,6 @@ import pytest
 from costmodel.errors import InputError
 from costmodel.memory import (
     activation_bytes_per_layer,
-    interleaved_first_stage_factor,
     logits_bytes,
     model_state_bytes,
     stage_params,
@@ -103,13 +102,9 @@ def test_stage_params_split():
     assert stage_params(m, 2, 2, False, False) == 616
 
 
-def test_logits_and_interleave_factor():
-    """fp32 logits s*b*V/t*4 = 2048*4*51200/8*4 bytes; interleaved factor 1 + (p-1)/(p*m)."""
+def test_logits_bytes():
+    """fp32 logits s*b*V/t*4 = 2048*4*51200/8*4 bytes."""
     assert logits_bytes(GPT_22B, 4, 8) == 209_715_200
-    assert interleaved_first_stage_factor(4, 8) == 1 + 3 / 32
-    assert interleaved_first_stage_factor(1, 5) == 1
-    with pytest.raises(InputError):
-        interleaved_first_stage_factor(0, 5)
 
 
 def test_bad_recompute_and_tp():

@@ -1,4 +1,4 @@
-"""The plan search (sim/search.py) and `plansim search`: pruning reasons checked against
+"""The plan search (search/search.py) and `plansim search`: pruning reasons checked against
 the plan validator and the simulator, the ranking against re-simulation, the compression
 decision on a bandwidth-starved and a well-connected cluster, determinism with workers."""
 from __future__ import annotations

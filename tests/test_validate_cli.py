@@ -7,8 +7,11 @@ import sys
 
 import pytest
 
+from costmodel.errors import InputError
+
 from plansim.cli import main
-from plansim.cmd_validate import plan_world, profile_for
+from plansim.cmd_validate import profile_for, with_runner_precision
+from specs.plan import plan_world_size as plan_world
 
 
 def _no_torch(monkeypatch):
@@ -151,3 +154,16 @@ def test_calibrate_runs_dispatches_to_fit_runs(monkeypatch, tmp_path, capsys):
     assert calls == {"csv": "runs.csv", "folds": 3}
     assert out.read_text() == "name: fitted\n"
     assert "SUMMARY LINE" in capsys.readouterr().out
+
+
+def test_runner_precision_reaches_plan_files(tmp_path):
+    """The runner computes in fp32, so the simulated twin of a plan must be fp32 whether the
+    plan comes as a string or as a YAML file (a file used to keep the bf16 default, so the
+    prediction counted half the bytes the run moved); another precision is refused."""
+    path = tmp_path / "p.yaml"
+    path.write_text("tp: 2\n")
+    assert with_runner_precision(str(path)) == {"tp": 2, "precision": "fp32"}
+    assert with_runner_precision("dp=2")["precision"] == "fp32"
+    with pytest.raises(InputError):
+        with_runner_precision("dp=2,precision=bf16")
+    assert plan_world(with_runner_precision(str(path))) == 2

@@ -243,7 +243,7 @@ def test_search_best_is_the_true_best_of_the_space():
     space = _space()
     res = S.search(MID, cluster, PROFILE, progress=False, space=space)
     plans = _all_plans(MID, 8, space)
-    assert len(plans) > 100
+    assert len(plans) == 192
     results = [simulate(MID, p, cluster, PROFILE) for p in plans]
     fitting = [r for r in results if r.fits_memory]
     assert 0 < len(fitting) < len(results)

@@ -505,6 +505,3 @@ def format_compute(res: MicrobenchResult) -> str:
     return "\n".join(lines)
 
 
-def geomean(xs) -> float:
-    xs = list(xs)
-    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")

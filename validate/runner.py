@@ -241,7 +241,7 @@ def run_plan(model: ModelSpec, plan: Plan, *, steps: int = 10, warmup: int = 2, 
 def main(argv: list[str] | None = None) -> int:
     import os
     from specs.model import load_model
-    from specs.plan import load_plan_mapping, resolve_plan
+    from specs.plan import plan_world_size, resolve_plan
     from validate.launch import WorkerError, under_torchrun
 
     ap = argparse.ArgumentParser(prog="python3 -m validate.runner", description=__doc__.split("\n")[0])
@@ -258,8 +258,7 @@ def main(argv: list[str] | None = None) -> int:
         if under_torchrun():
             world = int(os.environ["WORLD_SIZE"])
         else:
-            raw, _ = load_plan_mapping(a.plan)
-            world = int(raw.get("tp", 1)) * int(raw.get("pp", 1)) * int(raw.get("dp", 1))
+            world = plan_world_size(a.plan)
         plan = resolve_plan(a.plan, model, world)
         rec = run_plan(model, plan, steps=a.steps, warmup=a.warmup, seed=a.seed, timeout_s=a.timeout)
     except InputError as err:

@@ -79,15 +79,3 @@ class Recorder:
                 "bytes_sent": dict(self.bytes_sent), "segments": list(self.segments)}
 
 
-class NullRecorder(Recorder):
-    """For the single-process reference: same interface, records nothing."""
-
-    @contextmanager
-    def span(self, cat: str, detail: str, label: str):
-        yield
-
-    def segment(self, *a, **k) -> None:
-        pass
-
-    def sent(self, kind: str, nbytes: float) -> None:
-        pass

@@ -65,7 +65,3 @@ class TopKCompressor:
         for idx, vals in zip(idx_parts, val_parts):
             grad.index_add_(0, idx.long(), vals)
 
-    def dense_bytes(self, n_elements: int, element_bytes: int) -> float:
-        """What a dense ring all-reduce of the same bucket would send per rank."""
-        from costmodel.collectives import busbw_factor
-        return busbw_factor("all_reduce", self.comm.size) * n_elements * element_bytes
