@@ -33,6 +33,7 @@ from datetime import datetime, timezone
 import numpy as np
 
 from costmodel import collectives as cc
+from costmodel.dtypes import DTYPE_BYTES
 from costmodel.efficiency import op_time_s, topk_compress_time_s
 from costmodel.flops import Op
 from costmodel.gpus import GpuSpec
@@ -62,7 +63,7 @@ class FitResult:
 
 def _gemm_op(g: GemmSample) -> Op:
     kind = "attention" if g.batch > 1 else "gemm"
-    nbytes = 4.0 * g.batch * (g.m * g.k + g.k * g.n + g.m * g.n)
+    nbytes = float(DTYPE_BYTES[FIT_PRECISION]) * g.batch * (g.m * g.k + g.k * g.n + g.m * g.n)
     return Op("gemm", kind, g.flops, nbytes, g.m, g.n, g.k, g.batch)
 
 
