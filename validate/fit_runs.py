@@ -37,7 +37,7 @@ import yaml
 
 from costmodel.errors import InputError
 from costmodel.profile import Profile, default_profile
-from validate.accuracy import (RunRow, load_rows, mape, row_cluster, row_profile, row_profile_names,
+from validate.accuracy import (RunRow, load_rows, mape, row_cluster, row_profile,
                                simulate_row)
 
 # A probe sets one parameter to this multiple of its start value (clipped to its bounds):
