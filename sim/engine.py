@@ -14,6 +14,8 @@ Three parts share one SimPy environment and one flow network:
 """
 from __future__ import annotations
 
+import functools
+
 import simpy
 
 from sim.accountant import RankKey, StepAccountant
@@ -35,8 +37,11 @@ def hop_latency(profile):
     """Per link class, the fitted device-to-device latency in seconds (profile
     ``fabrics.<kind>.hop_latency_us``, written by ``plansim calibrate``) that replaces the
     topology's figure, or None where the profile leaves the topology's latency."""
-    return lambda kind: (None if profile.fabric(kind).hop_latency_us is None
-                         else profile.fabric(kind).hop_latency_us * 1e-6)
+    @functools.lru_cache(maxsize=None)  # asked once per touched edge: memoise per class
+    def of(kind: str) -> float | None:
+        us = profile.fabric(kind).hop_latency_us
+        return None if us is None else us * 1e-6
+    return of
 
 
 class Engine:
