@@ -56,7 +56,7 @@ class Engine:
         self.cluster = program.cluster
         self.record = record
         self.env = simpy.Environment()
-        self.net = FlowNetwork(self.env, self.cluster.graph, record=record,
+        self.net = FlowNetwork(self.env, self.cluster.links, record=record,
                               bw_scale=bw_efficiency(program.profile),
                               hop_latency=hop_latency(program.profile))
         self.accountant = StepAccountant(self.env, [pipe.ranks for pipe in program.pipelines],

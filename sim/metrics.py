@@ -88,7 +88,7 @@ def summarize(prog: Program, eng: Engine, step: float) -> StepResult:
 
 
 def busiest_links(eng: Engine, step: float, top: int = 10) -> list[dict]:
-    g = eng.cluster.graph
+    g = eng.cluster.links  # no graph build: the links are looked up by name
     rows = []
     for (u, v), nbytes in eng.net.bytes_carried.items():
         if nbytes <= 0:

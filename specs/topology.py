@@ -30,6 +30,7 @@ import re
 from dataclasses import dataclass
 from importlib.resources import files
 from pathlib import Path
+from typing import Callable
 
 import networkx as nx
 
@@ -38,6 +39,7 @@ from costmodel.gpus import GpuSpec, get_gpu
 from costmodel.limits import MAX_DEVICES, MAX_GPUS_PER_NODE, MAX_NODES
 from costmodel.yamlio import decode, parse_yaml, read_text
 from specs import topology_schema as schema
+from specs.topology_links import NodeLinks, TreeLinks
 from specs.validation import short, validate
 
 _BUNDLE = "topologies"
@@ -79,10 +81,16 @@ class Cluster:
     the link graph, and cached routes between ranks. Built by ``load_topology``."""
 
     def __init__(self, name: str, source: str, description: str, devices: list[Device],
-                 nodes: list[NodeInfo], graph: nx.DiGraph, intra: list[tuple[str | None, dict | None]],
-                 nic_of: list[str | None], leaf_of: dict[str, str] | None, spine: str | None):
+                 nodes: list[NodeInfo], graph: nx.DiGraph | None, intra: list[tuple[str | None, dict | None]],
+                 nic_of: list[str | None], leaf_of: dict[str, str] | None, spine: str | None,
+                 links: "TreeLinks | None" = None, materialise: Callable[[], nx.DiGraph] | None = None):
         self.name, self.source, self.description = name, source, description
-        self.devices, self.nodes, self.graph = devices, nodes, graph
+        self.devices, self.nodes = devices, nodes
+        # Without an explicit network every link follows from the file (specs/topology_links.py):
+        # the networkx graph (~100k edges at 16k GPUs) is then built only if asked for.
+        self._graph = graph
+        self._materialise = materialise
+        self.links = links if links is not None else graph
         self.profiles: tuple[str, ...] = ()  # bundled hardware profiles named by the file
         # Per node: (hub vertex, None) for star fabrics, or (None, {(a, b): local GPU chain}) for a
         # mesh; the chain table is shared by all nodes of a node type.
@@ -93,6 +101,14 @@ class Cluster:
         self._spine = spine
         self._routes: dict[tuple[int, int], tuple[Edge, ...]] = {}
         self._net_paths: dict[str, dict[str, list[str]]] = {}  # explicit: source NIC -> paths
+
+    @property
+    def graph(self) -> nx.DiGraph:
+        """The link graph as networkx (built on first use where the cluster has no explicit
+        network; ``links`` answers the same questions without building it)."""
+        if self._graph is None:
+            self._graph = self._materialise()
+        return self._graph
 
     def __repr__(self) -> str:
         return f"Cluster({self.name!r}, {len(self.nodes)} nodes, {self.num_devices} devices)"
@@ -159,11 +175,11 @@ class Cluster:
 
     def path_latency_s(self, path) -> float:
         """Sum of the edges' latencies (0 for the empty path)."""
-        return sum(self.graph.edges[e]["latency_s"] for e in path)
+        return sum(self.links.edges[e]["latency_s"] for e in path)
 
     def path_bw_Bps(self, path) -> float:
         """Bottleneck bandwidth of the path (inf for the empty path: nothing limits it)."""
-        return min((self.graph.edges[e]["bw_Bps"] for e in path), default=float("inf"))
+        return min((self.links.edges[e]["bw_Bps"] for e in path), default=float("inf"))
 
 
 # ----------------------------------------------------------------------------- loading
@@ -310,8 +326,14 @@ def _check_node_type(tname: str, nt: schema.NodeType, source: str, networked: bo
 
 
 class _Builder:
-    def __init__(self, topo: schema.TopologyFile, source: str):
+    def __init__(self, topo: schema.TopologyFile, source: str, lazy: bool = True):
         self.topo, self.source = topo, source
+        # lazy: a cluster without an explicit network records no vertex or edge; its links
+        # are computed from names (TreeLinks) and the graph is built on first use.
+        self.lazy = lazy and not isinstance(topo.network, schema.Explicit)
+        self.node_links: list[NodeLinks] = []
+        self.uplink_Bps: dict[str, float] = {}
+        self.switch_s = 0.0
         self.g = nx.DiGraph()
         self.devices: list[Device] = []
         self.nodes: list[NodeInfo] = []
@@ -325,6 +347,8 @@ class _Builder:
         self._buffered = True
 
     def vertex(self, v: str, **attrs) -> None:
+        if self.lazy:
+            return
         if self._buffered:
             self._vertices.append((v, attrs))
         else:
@@ -332,6 +356,8 @@ class _Builder:
 
     def link(self, a: str, b: str, bw_Bps: float, lat_ab_s: float, lat_ba_s: float, kind: str) -> None:
         """One physical link = two directed edges (same bandwidth each way)."""
+        if self.lazy:
+            return
         ab = (a, b, {"bw_Bps": bw_Bps, "latency_s": lat_ab_s, "kind": kind})
         ba = (b, a, {"bw_Bps": bw_Bps, "latency_s": lat_ba_s, "kind": kind})
         if self._buffered:
@@ -374,8 +400,13 @@ class _Builder:
         elif topo.network is not None:
             leaf_of, spine = self.add_tree(topo.network)
         self.flush()
-        cluster = Cluster(topo.name, source, topo.description, self.devices, self.nodes, self.g,
-                          self.intra, self.nic_of, leaf_of, spine)
+        links = materialise = None
+        if self.lazy:
+            links = TreeLinks(self.node_links, leaf_of, self.uplink_Bps, spine, self.switch_s)
+            materialise = lambda: _build(topo, source, lazy=False).graph  # noqa: E731
+        cluster = Cluster(topo.name, source, topo.description, self.devices, self.nodes,
+                          None if self.lazy else self.g, self.intra, self.nic_of, leaf_of, spine,
+                          links=links, materialise=materialise)
         cluster.profiles = tuple(topo.profiles)
         return cluster
 
@@ -400,6 +431,13 @@ class _Builder:
                 self.link(gpus[a], gpus[b], bw_Bps, lat_s, lat_s, "nvlink")
             self.intra.append((None, paths))
         nics = nt.nics
+        self.node_links.append(NodeLinks(
+            gpus=n, hub=intra.kind if mesh is None else None, intra_Bps=intra.bw_GBps * 1e9,
+            intra_latency_s=lat_s, mesh_Bps=None if mesh is None else mesh[1],
+            pcie_Bps=nt.pcie.bw_GBps * 1e9 if nt.pcie else 0.0,
+            pcie_latency_s=nt.pcie.latency_us * 1e-6 if nt.pcie else 0.0,
+            nics=nics.count if nics else 0, nic_Bps=nics.bw_gbps * 1e9 / 8 if nics else 0.0,
+            nic_latency_s=nics.latency_us * 1e-6 if nics else 0.0))
         if nics is not None:
             nic_vs = [f"n{i}.nic{k}" for k in range(nics.count)]
             for v in nic_vs:
@@ -420,7 +458,7 @@ class _Builder:
     def add_tree(self, net: schema.FatTree | schema.RailOptimized) -> tuple[dict[str, str], str | None]:
         """Leaves (and a spine when there are several): NIC -> leaf edges add the switch latency,
         leaf uplink bandwidth = sum of NIC bandwidth below / oversubscription."""
-        sw_s = net.switch_latency_us * 1e-6
+        sw_s = self.switch_s = net.switch_latency_us * 1e-6
         leaf_of: dict[str, str] = {}
         below_Bps: dict[str, float] = {}
         for node in self.nodes:
@@ -434,6 +472,7 @@ class _Builder:
                 leaf_of[nic] = leaf
                 below_Bps[leaf] += node.nic_bw_Bps
                 self.link(nic, leaf, node.nic_bw_Bps, node.nic_latency_s + sw_s, node.nic_latency_s, "nic")
+        self.uplink_Bps = {leaf: bw / net.oversubscription for leaf, bw in below_Bps.items()}
         if len(below_Bps) <= 1:
             return leaf_of, None
         self.vertex("spine", role="spine")
@@ -468,14 +507,14 @@ class _Builder:
                                                            f"e.g. {parts[0][:4]} cannot reach {parts[-1][:4]}")
 
 
-def _build(topo: schema.TopologyFile, source: str) -> Cluster:
+def _build(topo: schema.TopologyFile, source: str, lazy: bool = True) -> Cluster:
     # The graph is hundreds of thousands of small dicts that all live on: the cyclic
     # collector's passes, triggered as they are allocated, would walk them again and
     # again (half of building a 100k-GPU cluster). Nothing here makes cyclic garbage.
     enabled = gc.isenabled()
     gc.disable()
     try:
-        return _Builder(topo, source).build()
+        return _Builder(topo, source, lazy).build()
     finally:
         if enabled:
             gc.enable()

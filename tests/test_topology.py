@@ -274,3 +274,26 @@ def test_missing_file_and_bad_nodes(tmp_path):
         assert exc.value.field == "--nodes"
     with pytest.raises(InputError, match="--nodes: cannot scale a heterogeneous topology with 2 groups"):
         load_topology("hetero-a100-v100", nodes=2)
+
+
+@pytest.mark.parametrize("name,nodes", [(n, None) for n in sorted(EXPECTED)] + [("dgx-a100", 64), ("dgx-h100", 64),
+                                                                              ("dgx-a100", 1)])
+def test_links_by_name_match_the_graph(name, nodes):
+    """The link table computed from vertex names (specs/topology_links.py, what the engine
+    reads) gives every edge of the built networkx graph the same bandwidth, latency and
+    kind, every vertex the same role, and no edge the graph lacks (each vertex against
+    every other of a sample, both directions)."""
+    lazy = load_topology(name, nodes=nodes)
+    g = lazy.graph
+    links = lazy.links
+    assert links is not g
+    for u, v, data in g.edges(data=True):
+        assert links.edges[u, v] == data
+    for v, data in g.nodes(data=True):
+        assert links.nodes[v] == data
+    sample = list(g.nodes)[:40] + list(g.nodes)[-20:]
+    for u in sample:
+        for v in sample:
+            assert links.has_edge(u, v) == g.has_edge(u, v)
+    for bad in ("n0.gpu99", "n999999.gpu0", "n00.gpu0", "n0.gpu01", "leafX", "spine2", "n0.nic", "x"):
+        assert not links.has_edge(bad, "n0.gpu0") and not links.has_edge("n0.gpu0", bad)

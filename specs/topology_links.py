@@ -1,0 +1,133 @@
+"""The links of a cluster without an explicit network, computed from vertex names.
+
+A cluster whose network is a two-level tree (or absent) is regular: every link follows
+from the node it belongs to (its intra-node fabric, PCIe hop and NICs) and the leaf its
+NIC hangs from. ``TreeLinks`` answers what the flow network and the reports ask of the
+link graph (``has_edge``, ``edges[u, v]`` -> attributes, ``nodes[v]`` -> attributes) by
+parsing the vertex name, so that the networkx graph of a 16k-GPU cluster (~100k edges,
+most of a simulation's CPU time at that size) is built only where someone iterates over
+it (``Cluster.graph``). The attributes are exactly those specs/topology.py's builder
+gives the same edge (tests/test_topology.py compares every edge on every bundled file).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class NodeLinks:
+    """What one node's links carry: ``hub`` is the star fabric's hub vertex suffix (None for
+    an NVLink mesh, whose direct links are ``mesh_Bps[(a, b)]``, a < b); bandwidths in
+    bytes/s per direction, latencies in seconds (the star's GPU-to-GPU figure)."""
+
+    gpus: int
+    hub: str | None
+    intra_Bps: float
+    intra_latency_s: float
+    mesh_Bps: dict | None
+    pcie_Bps: float
+    pcie_latency_s: float
+    nics: int
+    nic_Bps: float
+    nic_latency_s: float
+
+
+class _Edges:
+    def __init__(self, links: "TreeLinks"):
+        self._links = links
+
+    def __getitem__(self, e) -> dict:
+        data = self._links.edge_data(e[0], e[1])
+        if data is None:
+            raise KeyError(e)
+        return data
+
+
+class _Nodes:
+    def __init__(self, links: "TreeLinks"):
+        self._links = links
+
+    def __getitem__(self, v) -> dict:
+        p = self._links.vertex(v)
+        if p is None:
+            raise KeyError(v)
+        role, node = p[0], p[1]
+        return {"role": role} if node is None else {"role": role, "node": node}
+
+
+class TreeLinks:
+    """Edge and vertex attributes of a regular cluster, by name (see module docstring)."""
+
+    def __init__(self, nodes: list[NodeLinks], leaf_of: dict[str, str] | None,
+                 uplink_Bps: dict[str, float], spine: str | None, switch_latency_s: float):
+        """``leaf_of``: NIC vertex -> its leaf; ``uplink_Bps``: every leaf -> its link to
+        the spine (bytes/s; unused without a spine)."""
+        self._nodes = nodes
+        self._leaf_of = leaf_of or {}
+        self._uplink = uplink_Bps
+        self._spine = spine
+        self._switch_s = switch_latency_s
+        self.edges = _Edges(self)
+        self.nodes = _Nodes(self)
+
+    def vertex(self, v: str):
+        """(role, node index or None, local index or leaf name) of vertex ``v``; None if
+        the cluster has no such vertex."""
+        if type(v) is not str:
+            return None
+        if v[:1] == "n":
+            head, dot, rest = v.partition(".")
+            if not dot or not head[1:].isdigit():
+                return None
+            i = int(head[1:])
+            if i >= len(self._nodes) or head != f"n{i}":
+                return None
+            nl = self._nodes[i]
+            for role, prefix, count in (("gpu", "gpu", nl.gpus), ("nic", "nic", nl.nics)):
+                if rest.startswith(prefix) and rest[len(prefix):].isdigit():
+                    k = int(rest[len(prefix):])
+                    return (role, i, k) if k < count and rest == f"{prefix}{k}" else None
+            return ("hub", i, None) if nl.hub is not None and rest == nl.hub else None
+        if v in self._uplink:
+            return ("leaf", None, v)
+        if self._spine is not None and v == self._spine:
+            return ("spine", None, v)
+        return None
+
+    def has_edge(self, u, v) -> bool:
+        return self.edge_data(u, v) is not None
+
+    def edge_data(self, u, v) -> dict | None:
+        """{'bw_Bps', 'latency_s', 'kind'} of directed edge (u, v), or None if absent."""
+        a, b = self.vertex(u), self.vertex(v)
+        if a is None or b is None:
+            return None
+        ra, rb = a[0], b[0]
+        if a[1] is not None and a[1] == b[1]:                      # inside one node
+            nl = self._nodes[a[1]]
+            pair = {ra, rb}
+            if pair == {"gpu", "hub"}:
+                return _data(nl.intra_Bps, nl.intra_latency_s / 2, nl.hub)
+            if ra == rb == "gpu" and nl.mesh_Bps is not None:
+                bw = nl.mesh_Bps.get((min(a[2], b[2]), max(a[2], b[2])))
+                return None if bw is None else _data(bw, nl.intra_latency_s, "nvlink")
+            if pair == {"gpu", "nic"}:
+                g, k = (a[2], b[2]) if ra == "gpu" else (b[2], a[2])
+                if g * nl.nics // nl.gpus != k:      # rail assignment, as the builder's
+                    return None
+                return _data(nl.pcie_Bps, nl.pcie_latency_s, "pcie")
+            return None
+        if ra == "nic" and rb == "leaf" and self._leaf_of.get(u) == v:
+            nl = self._nodes[a[1]]
+            return _data(nl.nic_Bps, nl.nic_latency_s + self._switch_s, "nic")
+        if ra == "leaf" and rb == "nic" and self._leaf_of.get(v) == u:
+            nl = self._nodes[b[1]]
+            return _data(nl.nic_Bps, nl.nic_latency_s, "nic")
+        if {ra, rb} == {"leaf", "spine"}:   # (only exists where there is a spine)
+            leaf = u if ra == "leaf" else v
+            return _data(self._uplink[leaf], self._switch_s, "leaf_spine")
+        return None
+
+
+def _data(bw_Bps: float, latency_s: float, kind: str) -> dict:
+    return {"bw_Bps": bw_Bps, "latency_s": latency_s, "kind": kind}
