@@ -306,6 +306,11 @@ def _cached_route(net: FlowNetwork, route: Route, rkey, s: int, d: int) -> tuple
 def _replica_counts(net: FlowNetwork, route: Route, rkey, path: tuple[Edge, ...], pairs) -> dict | None:
     """Multiplicity on each edge of ``path``: 1 + the replica flows (src, dst) in ``pairs``
     whose routes use it; None where every edge has 1."""
+    counter = getattr(getattr(route, "__self__", None), "route_counts", None)
+    if counter is not None and getattr(route, "__func__", None) is type(route.__self__).route:
+        # A Cluster counts without routing the pairs that cannot reach the path's links.
+        count = {e: c + 1 for e, c in counter(path, pairs).items()}
+        return None if all(c == 1 for c in count.values()) else count
     count = {e: 1 for e in path}
     for a, b in pairs:
         # Each replica route is used once per call site: not worth net.cache's copy

@@ -30,7 +30,7 @@ import re
 from dataclasses import dataclass
 from importlib.resources import files
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable, Sequence
 
 import networkx as nx
 
@@ -100,6 +100,10 @@ class Cluster:
         self._leaf_of = leaf_of  # tree networks: NIC vertex -> leaf vertex; None for explicit
         self._spine = spine
         self._routes: dict[tuple[int, int], tuple[Edge, ...]] = {}
+        # Per rank, for routing without look-ups through Device objects: (vertex, node, the
+        # node's hub or None for a mesh, NIC vertex, leaf vertex or None).
+        self._rank_at = [(d.vertex, d.node, intra[d.node][0], nic_of[d.rank],
+                          leaf_of.get(nic_of[d.rank]) if leaf_of is not None else None) for d in devices]
         self._net_paths: dict[str, dict[str, list[str]]] = {}  # explicit: source NIC -> paths
 
     @property
@@ -141,8 +145,50 @@ class Cluster:
         key = (src_rank, dst_rank)
         cached = self._routes.get(key)
         if cached is None:
-            cached = self._routes[key] = tuple(zip(*self._chain(src_rank, dst_rank)))
+            cached = self._routes[key] = self._tree_route(src_rank, dst_rank) \
+                or tuple(zip(*self._chain(src_rank, dst_rank)))
         return cached
+
+    def _tree_route(self, src_rank: int, dst_rank: int) -> tuple[Edge, ...] | None:
+        """The route of a star node or a two-level tree written out directly (the same
+        chain _chain builds; tests/test_topology.py checks both agree), or None where
+        _chain must build it (same rank, mesh node, explicit network, bad rank)."""
+        n = len(self._rank_at)
+        if src_rank == dst_rank or not (0 <= src_rank < n and 0 <= dst_rank < n) \
+                or type(src_rank) is not int or type(dst_rank) is not int:
+            return None
+        vs, ns, hub, nic_s, leaf_s = self._rank_at[src_rank]
+        vd, nd, _, nic_d, leaf_d = self._rank_at[dst_rank]
+        if ns == nd:
+            return None if hub is None else ((vs, hub), (hub, vd))
+        if leaf_s is None:
+            return None
+        if leaf_s == leaf_d:
+            return (vs, nic_s), (nic_s, leaf_s), (leaf_s, nic_d), (nic_d, vd)
+        sp = self._spine
+        return (vs, nic_s), (nic_s, leaf_s), (leaf_s, sp), (sp, leaf_d), (leaf_d, nic_d), (nic_d, vd)
+
+    def route_counts(self, path: Sequence[Edge], pairs: Iterable[tuple[int, int]]) -> dict[Edge, int]:
+        """For each edge of ``path``: how many routes of ``pairs`` (src, dst ranks) use it.
+        In a two-level tree a route can share an edge with ``path`` only if one of its
+        ends is on a node, or its NIC on a leaf, that ``path`` passes through (the spine
+        alone is not an edge), so the other pairs are skipped without being routed."""
+        count = dict.fromkeys(path, 0)
+        if self._leaf_of is None:
+            near = None
+        else:
+            verts = {x for e in path for x in e}
+            near = ({self.links.nodes[x].get("node") for x in verts} - {None}, verts)
+        at = self._rank_at
+        for a, b in pairs:
+            if near is not None:
+                ra, rb = at[a], at[b]
+                if not (ra[1] in near[0] or rb[1] in near[0] or ra[4] in near[1] or rb[4] in near[1]):
+                    continue
+            for e in self.route(a, b):
+                if e in count:
+                    count[e] += 1
+        return count
 
     def _chain(self, src_rank: int, dst_rank: int) -> tuple[list[str], list[str]]:
         """The route as a vertex chain, returned as (chain[:-1], chain[1:]) for zipping."""

@@ -69,10 +69,21 @@ class TreeLinks:
         self._switch_s = switch_latency_s
         self.edges = _Edges(self)
         self.nodes = _Nodes(self)
+        self._parsed: dict = {}     # vertex name -> vertex(): names repeat on every route
 
     def vertex(self, v: str):
         """(role, node index or None, local index or leaf name) of vertex ``v``; None if
         the cluster has no such vertex."""
+        try:
+            return self._parsed[v]
+        except KeyError:
+            pass
+        except TypeError:           # unhashable: no such vertex
+            return None
+        p = self._parsed[v] = self._vertex(v)
+        return p
+
+    def _vertex(self, v: str):
         if type(v) is not str:
             return None
         if v[:1] == "n":

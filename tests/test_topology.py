@@ -297,3 +297,23 @@ def test_links_by_name_match_the_graph(name, nodes):
             assert links.has_edge(u, v) == g.has_edge(u, v)
     for bad in ("n0.gpu99", "n999999.gpu0", "n00.gpu0", "n0.gpu01", "leafX", "spine2", "n0.nic", "x"):
         assert not links.has_edge(bad, "n0.gpu0") and not links.has_edge("n0.gpu0", bad)
+
+
+@pytest.mark.parametrize("name,nodes", [("dgx-a100", 64), ("dgx-h100", 64), ("hetero-a100-v100", None),
+                                        ("pcie-l40s", None), ("localhost-cpu", None)])
+def test_direct_routes_and_counts_match_the_chain(name, nodes):
+    """The routes written out directly for trees and stars equal the vertex chains the
+    general router builds, and route_counts (which skips pairs far from the path) equals
+    counting every pair's route edge by edge."""
+    cluster = load_topology(name, nodes=nodes)
+    n = cluster.num_devices
+    ranks = sorted({0, 1, 5, 7, 8, 9, 31, 32, 35, n // 2, n - 9, n - 1} & set(range(n)))
+    for s in ranks:
+        for d in ranks:
+            chain = tuple(zip(*cluster._chain(s, d)))
+            assert cluster.route(s, d) == chain
+    pairs = [(a, b) for a in range(0, n, 3) for b in range(1, n, 7) if a != b][:3000]
+    for s, d in [(0, n - 1), (0, 1), (n - 3, (9 * n) // 16 + 1)]:
+        path = cluster.route(s, d)
+        brute = {e: sum(e in cluster.route(a, b) for a, b in pairs) for e in path}
+        assert cluster.route_counts(path, pairs) == brute
