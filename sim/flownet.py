@@ -42,6 +42,8 @@ _DONE_REL = 1e-9
 # Edges whose remaining capacity or rates differ by less than this relative amount are
 # treated as saturating at the same level, so symmetric flows freeze together.
 _LEVEL_REL = 1e-12
+# Flows crediting more links than this have their bytes added per link lazily (_retire).
+_FOLD_LATER = 32
 
 
 class _Flow:
@@ -82,7 +84,8 @@ class FlowNetwork:
         self._bw_scale = bw_scale
         self._hop_latency = hop_latency
         self._scale_of: dict[str, float] = {}       # kind -> bw_scale(kind), memoised
-        self.bytes_carried: dict[Edge, float] = {}
+        self._bytes_carried: dict[Edge, float] = {}
+        self._carried_later: dict[int, list] = {}   # id(map) -> [map, bytes sent with it]
         self.samples: list[LinkSample] = []
         # Scratch space for callers that derive data from this network and want to reuse
         # it across calls (collective_flows keeps routes and multiplicity maps here).
@@ -157,6 +160,17 @@ class FlowNetwork:
             self._activate(flow)
         return event
 
+    @property
+    def bytes_carried(self) -> dict[Edge, float]:
+        """Bytes each directed edge has carried so far (copies counted), by edge."""
+        if self._carried_later:
+            bc = self._bytes_carried
+            for carried, size in self._carried_later.values():
+                for e, w in carried.items():
+                    bc[e] = bc.get(e, 0.0) + w * size
+            self._carried_later = {}
+        return self._bytes_carried
+
     def edge_params(self, e: Edge) -> tuple[float, float]:
         """(usable bandwidth in bytes/s, latency in s) of directed edge ``e``."""
         self._edge_info(e)
@@ -167,9 +181,10 @@ class FlowNetwork:
     def _edge_info(self, e: Edge) -> None:
         if e in self._bw:
             return
-        if not self.graph.has_edge(*e):
-            raise ValueError(f"edge {e!r} is not in the network graph")
-        data = self.graph.edges[e]
+        try:
+            data = self.graph.edges[e]      # one look-up: has_edge first would be two
+        except (KeyError, TypeError, ValueError):
+            raise ValueError(f"edge {e!r} is not in the network graph") from None
         try:
             bw = float(data["bw_Bps"])
         except KeyError:
@@ -263,8 +278,20 @@ class FlowNetwork:
             del on[f]
             if not on:
                 del self._on_edge[e]
-        for e, w in f.carried.items():
-            self.bytes_carried[e] = self.bytes_carried.get(e, 0.0) + w * f.size
+        carried = f.carried
+        if len(carried) > _FOLD_LATER:
+            # A symmetric collective's representative credits every link of its class
+            # (thousands at 16k GPUs), with the same map on every call: sum its sizes now,
+            # add them per link when bytes_carried is read.
+            got = self._carried_later.get(id(carried))
+            if got is None:
+                self._carried_later[id(carried)] = [carried, f.size]
+            else:
+                got[1] += f.size
+        else:
+            bc = self._bytes_carried
+            for e, w in carried.items():
+                bc[e] = bc.get(e, 0.0) + w * f.size
         self.flows_finished += 1
         f.event.succeed()
 

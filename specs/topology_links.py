@@ -35,11 +35,17 @@ class NodeLinks:
 class _Edges:
     def __init__(self, links: "TreeLinks"):
         self._links = links
+        self._seen: dict = {}
 
     def __getitem__(self, e) -> dict:
+        try:
+            return self._seen[e]    # the flow network, then the report, ask for each link
+        except (KeyError, TypeError):
+            pass
         data = self._links.edge_data(e[0], e[1])
         if data is None:
             raise KeyError(e)
+        self._seen[(e[0], e[1])] = data
         return data
 
 
