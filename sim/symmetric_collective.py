@@ -68,11 +68,16 @@ def representatives(paths: Sequence[tuple[Edge, ...]], weights: Sequence[dict[Ed
     for i, path in enumerate(paths):
         for e in path:
             on_edge.setdefault(e, []).append(i)
-    color = [code(("flow", nbytes[i], tuple((*edge_params(e), weights[i][e]) for e in paths[i])))
+    # A link's (bandwidth, latency) as one small code, looked up once per link.
+    params = {e: code(("link", *edge_params(e))) for e in on_edge}
+    color = [code(("flow", nbytes[i], tuple((params[e], weights[i][e]) for e in paths[i])))
              for i in range(n)]
     classes = len(set(color))
     for _ in range(_MAX_ROUNDS):
-        ecol = {e: code(("edge", *edge_params(e),
+        # A link's colour: its parameters and the multiset of (flow colour, multiplicity)
+        # on it (a link with one flow, the common case, needs no Counter).
+        ecol = {e: code(("edge", params[e],
+                         (((color[fl[0]], weights[fl[0]][e]), 1),) if len(fl) == 1 else
                          tuple(sorted(Counter((color[i], weights[i][e]) for i in fl).items()))))
                 for e, fl in on_edge.items()}
         color = [code(("flow", color[i], tuple(ecol[e] for e in paths[i]))) for i in range(n)]

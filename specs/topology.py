@@ -126,6 +126,8 @@ class Cluster:
         return len(self.nodes[0].ranks)
 
     def node_of(self, rank: int) -> int:
+        if type(rank) is int and 0 <= rank < len(self._rank_at):
+            return self._rank_at[rank][1]
         return self._device(rank).node
 
     def groups(self) -> dict[str, list[int]]:
@@ -174,9 +176,9 @@ class Cluster:
         ends is on a node, or its NIC on a leaf, that ``path`` passes through (the spine
         alone is not an edge), so the other pairs are skipped without being routed."""
         count = dict.fromkeys(path, 0)
-        if self._leaf_of is None:
-            near = None
-        else:
+        pairs = pairs if type(pairs) in (tuple, list) else list(pairs)
+        near = None
+        if self._leaf_of is not None and len(pairs) > 16:   # (routing a few costs less than the filter)
             verts = {x for e in path for x in e}
             near = ({self.links.nodes[x].get("node") for x in verts} - {None}, verts)
         at = self._rank_at
