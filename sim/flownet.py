@@ -210,15 +210,58 @@ class FlowNetwork:
         self.env.timeout(0).callbacks.append(self._flush)
 
     def _activate(self, flow: _Flow) -> None:
-        flow.t_last = self.env.now
+        now = flow.t_last = self.env.now
+        on_edge = self._on_edge
+        if self._flush_at != now and not any(e in on_edge for e in flow.weights):
+            # Alone on every link and nothing else changing at this instant (most pipeline
+            # sends): the re-solve _flush would run has this one flow; do it here, without
+            # the zero-delay flush event. Same arithmetic as _flush and _solve.
+            bw = self._bw
+            for e, w in flow.weights.items():
+                on_edge[e] = {flow: w}
+            flow.rate = max(min(bw[e] / (0.0 + w) for e, w in flow.weights.items()), 0.0)
+            self.resolves += 1
+            self._schedule_wake(flow)
+            if self.record:
+                self._sample_alone(flow, now)
+            return
         self._pending_add.append(flow)
         self._request_flush()
 
     def _wake(self, _ev, flow: _Flow, version: int) -> None:
         if flow.done or flow.version != version:
             return      # stale: the flow's rate changed after this wake-up was set
+        now = self.env.now
+        on_edge = self._on_edge
+        if self._flush_at != now and all(len(on_edge[e]) == 1 for e in flow.weights):
+            # Alone on every link: _flush's work for this flow alone, done here.
+            self.resolves += 1
+            if flow.rate > 0:
+                flow.remaining -= flow.rate * (now - flow.t_last)
+            flow.t_last = now
+            if (flow.remaining <= _DONE_REL * flow.size
+                    or (flow.rate > 0 and flow.remaining / flow.rate <= _LEVEL_REL * now)):
+                self._retire(flow)
+            else:
+                self._schedule_wake(flow)
+            if self.record:
+                self._sample_alone(flow, now)
+            return
         self._pending_done.append(flow)
         self._request_flush()
+
+    def _schedule_wake(self, f: _Flow) -> None:
+        f.version += 1
+        self.env.timeout(f.remaining / f.rate).callbacks.append(
+            lambda ev, f=f, v=f.version: self._wake(ev, f, v))
+
+    def _sample_alone(self, f: _Flow, now: float) -> None:
+        """Record the link totals of a flow that is alone on its links (as _flush does)."""
+        for e, w in f.weights.items():
+            total = 0.0 if f.done else w * f.rate
+            if total != self._last_sample.get(e, 0.0):
+                self._last_sample[e] = total
+                self.samples.append(LinkSample(now, e, total))
 
     def _flush(self, _ev) -> None:
         now = self.env.now
@@ -259,9 +302,7 @@ class FlowNetwork:
             # New flows, flows whose rate changed, and woken flows that rounding left a
             # little short of done all need a (new) wake-up; the others keep theirs.
             if f.rate != old[f] or f in fresh or f in woken:
-                f.version += 1
-                self.env.timeout(f.remaining / f.rate).callbacks.append(
-                    lambda ev, f=f, v=f.version: self._wake(ev, f, v))
+                self._schedule_wake(f)
         if self.record:
             for e in edges:
                 total = sum((w * f.rate for f, w in self._on_edge.get(e, {}).items()), 0.0)
