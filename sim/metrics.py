@@ -21,17 +21,21 @@ def simulate(model: ModelSpec, plan: Plan, cluster: Cluster, profile: Profile,
     """Simulate one training step of `model` under `plan` on `cluster` (``symmetric_dp``:
     see Engine)."""
     t_wall = time.perf_counter()
-    prog = build_program(model, plan, cluster, profile)
-    eng = Engine(prog, record=record, symmetric_dp=symmetric_dp)
-    # The cluster graph (~100k edges at 16k GPUs), the program and their caches live
-    # through the run: freezing them keeps the cyclic collector's full passes, triggered
-    # by the run's many short-lived events, from walking them again and again.
-    gc.freeze()
+    # The cluster (16k-100k devices and their routes), the program and the run's caches
+    # all live through the call: the cyclic collector's passes, triggered by the run's
+    # many short-lived objects, would walk them again and again (a fifth of a 16k-GPU
+    # simulation). The collector is paused for the call and restored after; what
+    # reference counting cannot free of it is collected then.
+    enabled = gc.isenabled()
+    gc.disable()
     try:
+        prog = build_program(model, plan, cluster, profile)
+        eng = Engine(prog, record=record, symmetric_dp=symmetric_dp)
         step = eng.run()
+        res = summarize(prog, eng, step)
     finally:
-        gc.unfreeze()
-    res = summarize(prog, eng, step)
+        if enabled:
+            gc.enable()
     res.sim_wall_s = time.perf_counter() - t_wall
     return res
 
@@ -67,7 +71,11 @@ def summarize(prog: Program, eng: Engine, step: float) -> StepResult:
     tokens = model.global_batch_size * model.seq_length
     model_flops = fl.model_flops_per_iteration(model)
     hw_flops = fl.hardware_flops_per_iteration(model, plan.recompute)
-    peak_sum = sum(d.gpu.peak_flops(plan.precision) for d in cluster.devices)
+    peak_of: dict[int, float] = {}      # per GPU spec object: 16k devices share a few
+    for d in cluster.devices:
+        if id(d.gpu) not in peak_of:
+            peak_of[id(d.gpu)] = d.gpu.peak_flops(plan.precision)
+    peak_sum = sum(peak_of[id(d.gpu)] for d in cluster.devices)
     shortfall = max(0.0, max(d.peak_memory_gib - d.capacity_gib for d in devices))
     fits = all(d.fits_memory for d in devices)
     links = busiest_links(eng, step)
