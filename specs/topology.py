@@ -30,7 +30,7 @@ import re
 from dataclasses import dataclass
 from importlib.resources import files
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Iterable, NamedTuple, Sequence
 
 import networkx as nx
 
@@ -46,8 +46,10 @@ _BUNDLE = "topologies"
 _NODE_VERTEX = re.compile(r"^n\d+\.")
 
 
-@dataclass(frozen=True)
-class Device:
+class Device(NamedTuple):
+    """One device (immutable; a named tuple because a 100k-GPU cluster builds 100k of
+    them, and a frozen dataclass costs several times as much to create)."""
+
     rank: int
     node: int
     local_rank: int
@@ -380,6 +382,7 @@ class _Builder:
         # are computed from names (TreeLinks) and the graph is built on first use.
         self.lazy = lazy and not isinstance(topo.network, schema.Explicit)
         self.node_links: list[NodeLinks] = []
+        self._node_links_of: dict[str, NodeLinks] = {}
         self.uplink_Bps: dict[str, float] = {}
         self.switch_s = 0.0
         self.g = nx.DiGraph()
@@ -462,38 +465,43 @@ class _Builder:
         i, n, intra = len(self.nodes), nt.gpus_per_node, nt.intra
         first = len(self.devices)
         gpus = [f"n{i}.gpu{g}" for g in range(n)]
-        for g, v in enumerate(gpus):
+        self.devices.extend(Device(first + g, i, g, grp.name, spec, v) for g, v in enumerate(gpus))
+        lazy = self.lazy        # (then vertex() and link() record nothing: skip the loops)
+        for v in () if lazy else gpus:
             self.vertex(v, role="gpu", node=i)
-            self.devices.append(Device(first + g, i, g, grp.name, spec, v))
         lat_s = intra.latency_us * 1e-6
         if mesh is None:  # star: GPU <-> hub, half the GPU-to-GPU latency on each hop
             hub = f"n{i}.{intra.kind}"
             self.vertex(hub, role="hub", node=i)
-            for v in gpus:
+            for v in () if lazy else gpus:
                 self.link(v, hub, intra.bw_GBps * 1e9, lat_s / 2, lat_s / 2, intra.kind)
             self.intra.append((hub, None))
             intra_bw = intra.bw_GBps * 1e9
         else:
             paths, pair_Bps, intra_bw = mesh
-            for (a, b), bw_Bps in pair_Bps.items():
+            for (a, b), bw_Bps in () if lazy else pair_Bps.items():
                 self.link(gpus[a], gpus[b], bw_Bps, lat_s, lat_s, "nvlink")
             self.intra.append((None, paths))
         nics = nt.nics
-        self.node_links.append(NodeLinks(
+        nl = self._node_links_of.get(grp.node_type)
+        if nl is None:      # one record per node type, shared by its nodes
+            nl = self._node_links_of[grp.node_type] = NodeLinks(
             gpus=n, hub=intra.kind if mesh is None else None, intra_Bps=intra.bw_GBps * 1e9,
             intra_latency_s=lat_s, mesh_Bps=None if mesh is None else mesh[1],
             pcie_Bps=nt.pcie.bw_GBps * 1e9 if nt.pcie else 0.0,
             pcie_latency_s=nt.pcie.latency_us * 1e-6 if nt.pcie else 0.0,
             nics=nics.count if nics else 0, nic_Bps=nics.bw_gbps * 1e9 / 8 if nics else 0.0,
-            nic_latency_s=nics.latency_us * 1e-6 if nics else 0.0))
+            nic_latency_s=nics.latency_us * 1e-6 if nics else 0.0)
+        self.node_links.append(nl)
         if nics is not None:
             nic_vs = [f"n{i}.nic{k}" for k in range(nics.count)]
-            for v in nic_vs:
+            for v in () if lazy else nic_vs:
                 self.vertex(v, role="nic", node=i)
             pcie_lat_s = nt.pcie.latency_us * 1e-6
             for g, v in enumerate(gpus):
                 nic = nic_vs[g * nics.count // n]  # rail assignment, see module docstring
-                self.link(v, nic, nt.pcie.bw_GBps * 1e9, pcie_lat_s, pcie_lat_s, "pcie")
+                if not lazy:
+                    self.link(v, nic, nt.pcie.bw_GBps * 1e9, pcie_lat_s, pcie_lat_s, "pcie")
                 self.nic_of.append(nic)
         else:
             self.nic_of.extend([None] * n)
@@ -519,7 +527,8 @@ class _Builder:
                     below_Bps[leaf] = 0.0
                 leaf_of[nic] = leaf
                 below_Bps[leaf] += node.nic_bw_Bps
-                self.link(nic, leaf, node.nic_bw_Bps, node.nic_latency_s + sw_s, node.nic_latency_s, "nic")
+                if not self.lazy:
+                    self.link(nic, leaf, node.nic_bw_Bps, node.nic_latency_s + sw_s, node.nic_latency_s, "nic")
         self.uplink_Bps = {leaf: bw / net.oversubscription for leaf, bw in below_Bps.items()}
         if len(below_Bps) <= 1:
             return leaf_of, None
