@@ -189,7 +189,8 @@ class Cluster:
                 ra, rb = at[a], at[b]
                 if not (ra[1] in near[0] or rb[1] in near[0] or ra[4] in near[1] or rb[4] in near[1]):
                     continue
-            for e in self.route(a, b):
+            # Written out, not cached: each replica route is asked for once per path.
+            for e in self._tree_route(a, b) or self.route(a, b):
                 if e in count:
                     count[e] += 1
         return count

@@ -52,13 +52,19 @@ class _Edges:
 class _Nodes:
     def __init__(self, links: "TreeLinks"):
         self._links = links
+        self._seen: dict = {}
 
     def __getitem__(self, v) -> dict:
+        try:
+            return self._seen[v]
+        except (KeyError, TypeError):
+            pass
         p = self._links.vertex(v)
         if p is None:
             raise KeyError(v)
         role, node = p[0], p[1]
-        return {"role": role} if node is None else {"role": role, "node": node}
+        out = self._seen[v] = {"role": role} if node is None else {"role": role, "node": node}
+        return out
 
 
 class TreeLinks:
