@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from functools import partial
 from typing import Callable, Mapping, NamedTuple, Sequence
 
 import networkx
@@ -101,6 +102,7 @@ class FlowNetwork:
         self._pending_done: list[_Flow] = []
         self._flush_at: float | None = None
         self._next_id = 0
+        self._prepared: dict[tuple, tuple] = {}    # see transfer()
 
     # ----------------------------------------------------------------- public API
     def transfer(self, path: Sequence[Edge], nbytes: float,
@@ -119,31 +121,24 @@ class FlowNetwork:
         path (the links of unsimulated twins). ``delay_s`` is waited before the latency
         (a call's software cost) in the same timeout. Empty path or nbytes == 0: only the
         latency. Returns an event that succeeds at completion: ``event`` if given (so a
-        caller's own event needs no forwarding callback), else a new one."""
+        caller's own event needs no forwarding callback), else a new one. ``path``,
+        ``multiplicity`` and ``shares`` must not be changed once passed (they are kept)."""
         if nbytes < 0 or not math.isfinite(nbytes):
             raise ValueError(f"transfer {label!r}: nbytes={nbytes!r} must be finite and >= 0")
         if latency_steps < 0:
             raise ValueError(f"transfer {label!r}: latency_steps={latency_steps!r} must be >= 0")
-        weights: dict[Edge, float] = {}
-        latency = 0.0
-        for e in path:
-            e = (e[0], e[1])
-            self._edge_info(e)
-            latency += self._lat[e]
-            k = 1 if multiplicity is None else multiplicity.get(e, 1)
-            if k < 0:
-                raise ValueError(f"transfer {label!r}: multiplicity {k!r} on edge {e} must be >= 0")
-            if k:
-                weights[e] = weights.get(e, 0) + k
+        # A pipeline send or a collective's representative passes the same (cached) path
+        # and maps at every call: their checked weights and summed latency are kept,
+        # under the objects' identities (the entry holds them, so an id is not reused).
+        key = (id(path), id(multiplicity), id(shares))
+        hit = self._prepared.get(key)
+        if hit is not None and hit[0] is path and hit[1] is multiplicity and hit[2] is shares:
+            weights, latency = hit[3], hit[4]
+        else:
+            weights, latency = self._prepare(path, multiplicity, shares, label)
+            if type(path) is tuple:
+                self._prepared[key] = (path, multiplicity, shares, weights, latency)
         latency = latency * latency_steps + delay_s
-        if shares is not None:
-            weights = {}
-            for e, k in shares.items():
-                self._edge_info(e)
-                if k < 0:
-                    raise ValueError(f"transfer {label!r}: multiplicity {k!r} on edge {e} must be >= 0")
-                if k:
-                    weights[e] = k
         if nbytes == 0 or not weights:
             if event is None:
                 return self.env.timeout(latency)
@@ -155,10 +150,33 @@ class FlowNetwork:
         self._next_id += 1
         self.flows_started += 1
         if latency > 0:
-            self.env.timeout(latency).callbacks.append(lambda _ev, f=flow: self._activate(f))
+            self.env.timeout(latency).callbacks.append(partial(self._activate, flow))
         else:
             self._activate(flow)
         return event
+
+    def _prepare(self, path, multiplicity, shares, label: str) -> tuple[dict, float]:
+        """(weights per edge, summed path latency) of a transfer, checked."""
+        weights: dict[Edge, float] = {}
+        latency = 0.0
+        for e in path:
+            e = (e[0], e[1])
+            self._edge_info(e)
+            latency += self._lat[e]
+            k = 1 if multiplicity is None else multiplicity.get(e, 1)
+            if k < 0:
+                raise ValueError(f"transfer {label!r}: multiplicity {k!r} on edge {e} must be >= 0")
+            if k:
+                weights[e] = weights.get(e, 0) + k
+        if shares is not None:
+            weights = {}
+            for e, k in shares.items():
+                self._edge_info(e)
+                if k < 0:
+                    raise ValueError(f"transfer {label!r}: multiplicity {k!r} on edge {e} must be >= 0")
+                if k:
+                    weights[e] = k
+        return weights, latency
 
     @property
     def bytes_carried(self) -> dict[Edge, float]:
@@ -209,7 +227,7 @@ class FlowNetwork:
         # flows starting or finishing at the same time are solved together once.
         self.env.timeout(0).callbacks.append(self._flush)
 
-    def _activate(self, flow: _Flow) -> None:
+    def _activate(self, flow: _Flow, _ev=None) -> None:
         now = flow.t_last = self.env.now
         on_edge = self._on_edge
         if self._flush_at != now and not any(e in on_edge for e in flow.weights):
@@ -252,8 +270,7 @@ class FlowNetwork:
 
     def _schedule_wake(self, f: _Flow) -> None:
         f.version += 1
-        self.env.timeout(f.remaining / f.rate).callbacks.append(
-            lambda ev, f=f, v=f.version: self._wake(ev, f, v))
+        self.env.timeout(f.remaining / f.rate).callbacks.append(partial(self._wake, flow=f, version=f.version))
 
     def _sample_alone(self, f: _Flow, now: float) -> None:
         """Record the link totals of a flow that is alone on its links (as _flush does)."""
