@@ -73,14 +73,19 @@ def representatives(paths: Sequence[tuple[Edge, ...]], weights: Sequence[dict[Ed
     color = [code(("flow", nbytes[i], tuple((params[e], weights[i][e]) for e in paths[i])))
              for i in range(n)]
     classes = len(set(color))
+    # A link that one flow crosses tells the refinement nothing that flow's own colour
+    # does not (its parameters and multiplicity are already in it, at the same place in
+    # the path of every flow of that colour): only shared links are coloured, the others
+    # stand as -1. The partition, and with it the representatives, are the same as when
+    # every link is coloured; at 16k GPUs most links of a ring carry one flow.
+    shared = {e: fl for e, fl in on_edge.items() if len(fl) > 1}
     for _ in range(_MAX_ROUNDS):
-        # A link's colour: its parameters and the multiset of (flow colour, multiplicity)
-        # on it (a link with one flow, the common case, needs no Counter).
+        # A shared link's colour: its parameters and the multiset of (flow colour,
+        # multiplicity) on it.
         ecol = {e: code(("edge", params[e],
-                         (((color[fl[0]], weights[fl[0]][e]), 1),) if len(fl) == 1 else
                          tuple(sorted(Counter((color[i], weights[i][e]) for i in fl).items()))))
-                for e, fl in on_edge.items()}
-        color = [code(("flow", color[i], tuple(ecol[e] for e in paths[i]))) for i in range(n)]
+                for e, fl in shared.items()}
+        color = [code(("flow", color[i], tuple(ecol.get(e, -1) for e in paths[i]))) for i in range(n)]
         k = len(set(color))
         if k == classes:
             break
