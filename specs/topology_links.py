@@ -39,9 +39,11 @@ class _Edges:
 
     def __getitem__(self, e) -> dict:
         try:
-            return self._seen[e]    # the flow network, then the report, ask for each link
-        except (KeyError, TypeError):
-            pass
+            data = self._seen.get(e)    # the flow network, then the report, ask for each link
+        except TypeError:
+            data = None
+        if data is not None:
+            return data
         data = self._links.edge_data(e[0], e[1])
         if data is None:
             raise KeyError(e)
@@ -87,12 +89,11 @@ class TreeLinks:
         """(role, node index or None, local index or leaf name) of vertex ``v``; None if
         the cluster has no such vertex."""
         try:
-            return self._parsed[v]
-        except KeyError:
-            pass
+            p = self._parsed.get(v, _MISSING)
         except TypeError:           # unhashable: no such vertex
             return None
-        p = self._parsed[v] = self._vertex(v)
+        if p is _MISSING:
+            p = self._parsed[v] = self._vertex(v)
         return p
 
     def _vertex(self, v: str):
@@ -100,16 +101,18 @@ class TreeLinks:
             return None
         if v[:1] == "n":
             head, dot, rest = v.partition(".")
-            if not dot or not head[1:].isdigit():
+            if not dot or not _is_index(head[1:]):
                 return None
             i = int(head[1:])
-            if i >= len(self._nodes) or head != f"n{i}":
+            if i >= len(self._nodes):
                 return None
             nl = self._nodes[i]
-            for role, prefix, count in (("gpu", "gpu", nl.gpus), ("nic", "nic", nl.nics)):
-                if rest.startswith(prefix) and rest[len(prefix):].isdigit():
-                    k = int(rest[len(prefix):])
-                    return (role, i, k) if k < count and rest == f"{prefix}{k}" else None
+            tag = rest[:3]
+            if tag == "gpu" or tag == "nic":     # (no intra-node hub kind starts so)
+                if not _is_index(rest[3:]):
+                    return None
+                k = int(rest[3:])
+                return (tag, i, k) if k < (nl.gpus if tag == "gpu" else nl.nics) else None
             return ("hub", i, None) if nl.hub is not None and rest == nl.hub else None
         if v in self._uplink:
             return ("leaf", None, v)
@@ -150,6 +153,14 @@ class TreeLinks:
             leaf = u if ra == "leaf" else v
             return _data(self._uplink[leaf], self._switch_s, "leaf_spine")
         return None
+
+
+_MISSING = object()
+
+
+def _is_index(s: str) -> bool:
+    """``s`` is how the builder writes a non-negative integer (ASCII digits, no leading 0)."""
+    return s.isascii() and s.isdigit() and (s[0] != "0" or s == "0")
 
 
 def _data(bw_Bps: float, latency_s: float, kind: str) -> dict:
