@@ -57,17 +57,30 @@ class PhaseCost(NamedTuple):
     s_per_unit: float
 
 
+class _PerLink(dict):
+    """link -> value, computed by ``fn(link)`` on first look-up (KeyError for no link)."""
+
+    def __init__(self, fn):
+        super().__init__()
+        self._fn = fn
+
+    def __missing__(self, e):
+        value = self[e] = self._fn(e)
+        return value
+
+
 class CostTables:
     """Memoised costs for one (model, cluster, profile)."""
 
     def __init__(self, model: ModelSpec, cluster: Cluster, profile: Profile):
         self.model, self.cluster, self.profile = model, cluster, profile
-        g = cluster.graph
-        self.bw = {(u, v): d["bw_Bps"] * profile.fabric(d.get("kind", "default")).bw_eff
-                   for u, v, d in g.edges(data=True)}
+        # Per link, computed when first asked for: a 16k-GPU cluster has ~100k links (its
+        # networkx graph is not even built) and a search prices the few its groups use.
+        g = cluster.links
+        self.bw = _PerLink(lambda e: g.edges[e]["bw_Bps"] * profile.fabric(g.edges[e].get("kind", "default")).bw_eff)
         # Latencies as the engine's flow network has them (a fitted hop latency replaces the topology's).
         hop = hop_latency(profile)
-        self.lat = {(u, v): edge_latency_s(g, u, v, d, hop) for u, v, d in g.edges(data=True)}
+        self.lat = _PerLink(lambda e: edge_latency_s(g, e[0], e[1], g.edges[e], hop))
         self.runtime = profile.runtime
         self.heterogeneous = len({d.gpu.name for d in cluster.devices}) > 1 or len(cluster.groups()) > 1
         self._node_type = [cluster.nodes[d.node].node_type for d in cluster.devices]
