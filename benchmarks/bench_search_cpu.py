@@ -15,6 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.reference import EVENTS, bare_simpy_cpu_s  # noqa: E402
 from costmodel.profile import load_profile  # noqa: E402
 from search.search import search  # noqa: E402
 from specs.model import load_model  # noqa: E402
@@ -33,8 +34,9 @@ def main() -> None:
     args = ap.parse_args()
     for key in args.cases.split(","):
         topo, nodes, model_name, target = CASES[key]
-        times, best = [], None
+        times, refs, best = [], [], None
         for _ in range(args.n):
+            refs.append(bare_simpy_cpu_s())    # the machine's speed now, in the same run
             t0 = time.process_time()
             cluster = load_topology(topo, nodes=nodes)
             model = load_model(model_name)
@@ -42,9 +44,12 @@ def main() -> None:
             res = search(model, cluster, profile, progress=False, record_best=False)
             times.append(time.process_time() - t0)
             best = res.ranked[0]
+        med = statistics.median(times)
         print(f"search {model_name} on {cluster.num_devices:,} GPUs ({topo}): median "
-              f"{statistics.median(times):.1f} CPU s over {args.n} (min {min(times):.1f}, max {max(times):.1f}; "
-              f"target <= {target:.0f}); {res.candidates:,} candidates, {res.estimated:,} estimated")
+              f"{med:.2f} CPU s over {args.n} (min {min(times):.2f}, max {max(times):.2f}) "
+              f"[target <= {target:.0f} s: {'met' if med <= target else 'NOT met'}]; "
+              f"= {med / statistics.median(refs):.0f}x the reference (bare SimPy, {EVENTS:,} events: "
+              f"{statistics.median(refs):.3f} CPU s); {res.candidates:,} candidates, {res.estimated:,} estimated")
         print(f"  best {best.plan}: step {best.step_time_s:.4f} s, {best.tokens_per_s:,.0f} tokens/s, "
               f"fits={best.fits_memory}")
 

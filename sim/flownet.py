@@ -18,10 +18,12 @@ from __future__ import annotations
 import heapq
 import math
 from functools import partial
-from typing import Callable, Mapping, NamedTuple, Sequence
+from typing import TYPE_CHECKING, Callable, Mapping, NamedTuple, Sequence
 
-import networkx
 import simpy
+
+if TYPE_CHECKING:   # only for annotations: the engine passes a cluster's link table
+    import networkx
 
 Edge = tuple[str, str]
 

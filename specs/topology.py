@@ -30,9 +30,7 @@ import re
 from dataclasses import dataclass
 from importlib.resources import files
 from pathlib import Path
-from typing import Callable, Iterable, NamedTuple, Sequence
-
-import networkx as nx
+from typing import TYPE_CHECKING, Callable, Iterable, NamedTuple, Sequence
 
 from costmodel.errors import InputError
 from costmodel.gpus import GpuSpec, get_gpu
@@ -41,6 +39,9 @@ from costmodel.yamlio import decode, parse_yaml, read_text
 from specs import topology_schema as schema
 from specs.topology_links import NodeLinks, TreeLinks
 from specs.validation import short, validate
+
+if TYPE_CHECKING:   # networkx (a third of a second to import) only where a graph is built
+    import networkx as nx
 
 _BUNDLE = "topologies"
 _NODE_VERTEX = re.compile(r"^n\d+\.")
@@ -220,6 +221,7 @@ class Cluster:
             return [nic_s, leaf_s, self._spine, leaf_d, nic_d]
         paths = self._net_paths.get(nic_s)
         if paths is None:  # one Dijkstra per source NIC, over the network part only
+            import networkx as nx
             net = self.graph.subgraph(v for v, role in self.graph.nodes(data="role") if role in ("nic", "switch"))
             paths = self._net_paths[nic_s] = nx.single_source_dijkstra_path(net, nic_s, weight="latency_s")
         return paths[nic_d]
@@ -341,6 +343,7 @@ def _mesh_paths(tname: str, nt: schema.NodeType, source: str) -> tuple[dict, dic
     """NVLink mesh of one node type: ({(a, b): local GPU chain}, {(a, b): bytes/s of the direct
     link(s), a < b}, per-GPU bandwidth of GPU 0 in bytes/s). Chains take the fewest links (the
     lowest latency, as every link has the same latency)."""
+    import networkx as nx
     n, field = nt.gpus_per_node, f"node_types.{tname}.intra.links"
     links = nt.intra.links
     if links is None:
@@ -386,7 +389,11 @@ class _Builder:
         self._node_links_of: dict[str, NodeLinks] = {}
         self.uplink_Bps: dict[str, float] = {}
         self.switch_s = 0.0
-        self.g = nx.DiGraph()
+        if self.lazy:
+            self.g = None
+        else:
+            import networkx as nx
+            self.g = nx.DiGraph()
         self.devices: list[Device] = []
         self.nodes: list[NodeInfo] = []
         self.intra: list[tuple[str | None, dict | None]] = []
@@ -419,6 +426,8 @@ class _Builder:
 
     def flush(self) -> None:
         """Add the collected vertices, then edges, to the graph; later ones go directly."""
+        if self.g is None:          # lazy: nothing was collected
+            return
         self.g.add_nodes_from(self._vertices)
         self.g.add_edges_from(self._edges)
         self._vertices, self._edges, self._buffered = [], [], False
@@ -539,6 +548,7 @@ class _Builder:
         return leaf_of, "spine"
 
     def add_explicit(self, net: schema.Explicit) -> None:
+        import networkx as nx
         roles = dict(self.g.nodes(data="role"))
         for i, ln in enumerate(net.links):
             for end in ("a", "b"):
