@@ -179,3 +179,83 @@ def test_delay_event_and_bw_scale():
     env.run()
     assert times == {"mine": pytest.approx(5.25), "empty": pytest.approx(1.25)}
     assert net.bytes_carried[("a", "b")] == pytest.approx(20.0)
+
+
+class _BatchedOnly(FlowNetwork):
+    """Every start and finish goes through the zero-delay batched re-solve (the path the
+    lone-flow shortcut of FlowNetwork skips)."""
+
+    def _activate(self, flow, _ev=None):
+        flow.t_last = self.env.now
+        self._pending_add.append(flow)
+        self._request_flush()
+
+    def _wake(self, _ev, flow, version):
+        if flow.done or flow.version != version:
+            return
+        self._pending_done.append(flow)
+        self._request_flush()
+
+
+def test_lone_flow_shortcut_matches_the_batched_solve():
+    """Random transfers over a small two-rack network, some alone on their links, some
+    sharing, some starting at the same instant: finish times, bytes per link and the
+    recorded link rates equal those of a network where every change is re-solved in the
+    batched zero-delay flush."""
+    rng = random.Random(7)
+    links = [Link(f"h{i}", f"s{i // 4}", 1e9 * (1 + i % 3), 1e-6) for i in range(8)]
+    links += [Link(f"s{i // 4}", f"h{i}", 1e9 * (1 + i % 2), 1e-6) for i in range(8)]
+    links += [Link("s0", "s1", 2.5e9, 2e-6), Link("s1", "s0", 2.5e9, 2e-6)]
+    g = graph(*links)
+
+    def path(a, b):
+        sa, sb = f"s{a // 4}", f"s{b // 4}"
+        chain = [f"h{a}", sa] + ([sb] if sa != sb else []) + [f"h{b}"]
+        return list(zip(chain, chain[1:]))
+    sends = []
+    for k in range(60):
+        a, b = rng.sample(range(8), 2)
+        start = rng.choice([0.0, 1e-3, 2e-3]) if k % 5 == 0 else rng.uniform(0, 5e-3)
+        sends.append(Send(k, start, path(a, b), rng.choice([1e5, 1e6, 3e6])))
+    flushes = {}
+
+    def run(cls):
+        env = simpy.Environment()
+        net = cls(env, g, record=True)
+        done = {}
+        flush = net._flush
+
+        def counted(ev):
+            flushes[cls] = flushes.get(cls, 0) + 1
+            flush(ev)
+        net._flush = counted
+
+        def go(t):
+            yield env.timeout(t.start_s)
+            yield net.transfer(t.path, t.nbytes, label=t.name)
+            done[t.name] = env.now
+        for t in sends:
+            env.process(go(t))
+        env.run()
+        return done, net
+    done, net = run(FlowNetwork)
+    ref_done, ref = run(_BatchedOnly)
+    assert done.keys() == ref_done.keys()
+    for k in done:
+        assert done[k] == pytest.approx(ref_done[k], rel=1e-12)
+    assert net.bytes_carried == pytest.approx(ref.bytes_carried, rel=1e-12)
+
+    def rate_steps(samples):
+        """Per link: time -> the rate from then on (the last sample of an instant wins)."""
+        out = {}
+        for t, e, r in samples:
+            out.setdefault(e, {})[t] = r
+        return out
+    got, want = rate_steps(net.samples), rate_steps(ref.samples)
+    assert got.keys() == want.keys()
+    for e in got:
+        assert sorted(got[e]) == pytest.approx(sorted(want[e]), rel=1e-12)
+        assert [got[e][t] for t in sorted(got[e])] == pytest.approx([want[e][t] for t in sorted(want[e])], rel=1e-9)
+    # Both paths were taken: some changes were solved in a flush, fewer than without
+    # the shortcut.
+    assert 0 < flushes[FlowNetwork] < flushes[_BatchedOnly]
