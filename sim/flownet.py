@@ -393,17 +393,21 @@ class FlowNetwork:
             f.rate = max(min(bw[e] / (0.0 + w) for e, w in f.weights.items()), 0.0)
             return
         on_edge = self._on_edge
-        used = {e: 0.0 for e in edges}                 # capacity taken by frozen flows
-        wsum = {e: 0.0 for e in edges}                 # sum of unfrozen multiplicities
+        heappop, heappush = heapq.heappop, heapq.heappush
+        # Per edge, by its position in ``edges`` (also the heap's tie-break: stable and
+        # cheap): capacity taken by frozen flows, sum of unfrozen multiplicities.
+        index = {e: i for i, e in enumerate(edges)}
+        n_e = len(edges)
+        used = [0.0] * n_e
+        wsum = [0.0] * n_e
         for f in flows:
             for e, w in f.weights.items():
-                wsum[e] += w
-        index = {e: i for i, e in enumerate(edges)}   # heap tie-break: stable and cheap
-        ver = [0] * len(edges)
+                wsum[index[e]] += w
+        ver = [0] * n_e
         # Entries (fair share in bytes/s, edge index, version): plain tuples on purpose,
         # the solver's innermost loop pushes one per touched edge and a named record
         # costs several times a tuple to build.
-        heap = [(bw[e] / wsum[e], index[e], 0) for e in edges if wsum[e] > 0]
+        heap = [(bw[e] / wsum[i], i, 0) for i, e in enumerate(edges) if wsum[i] > 0]
         heapq.heapify(heap)
         unfrozen = set(flows)
         hi = 1 + _LEVEL_REL
@@ -412,32 +416,32 @@ class FlowNetwork:
             level = None
             while heap:
                 share, i, v = heap[0]
-                if v != ver[i] or wsum[edges[i]] <= 1e-12:
-                    heapq.heappop(heap)          # stale, or every flow on it is frozen
+                if v != ver[i] or wsum[i] <= 1e-12:
+                    heappop(heap)                # stale, or every flow on it is frozen
                     continue
                 if level is not None and share > level * hi:
                     break
-                heapq.heappop(heap)
+                heappop(heap)
                 if level is None:
                     level = max(share, 0.0)
                 tight.append(edges[i])
             if level is None:
                 raise RuntimeError("flow network: unfrozen flows left with no edge to bound them")
-            touched: dict[Edge, None] = {}
+            touched: dict[int, None] = {}
             for e in tight:
                 for f in on_edge[e]:
                     if f in unfrozen:
                         unfrozen.discard(f)
                         f.rate = level
                         for e2, w in f.weights.items():
-                            used[e2] += w * level
-                            wsum[e2] -= w
-                            touched[e2] = None
-            for e2 in touched:
-                if wsum[e2] > 1e-12:
-                    j = index[e2]
+                            j = index[e2]
+                            used[j] += w * level
+                            wsum[j] -= w
+                            touched[j] = None
+            for j in touched:
+                if wsum[j] > 1e-12:
                     ver[j] += 1
-                    heapq.heappush(heap, ((bw[e2] - used[e2]) / wsum[e2], j, ver[j]))
+                    heappush(heap, ((bw[edges[j]] - used[j]) / wsum[j], j, ver[j]))
 
 
 def edge_latency_s(graph: networkx.DiGraph, u, v, data: Mapping,
