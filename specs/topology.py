@@ -25,6 +25,7 @@ explicit networks by lowest-latency path.
 """
 from __future__ import annotations
 
+import functools
 import gc
 import re
 from dataclasses import dataclass
@@ -464,7 +465,7 @@ class _Builder:
         links = materialise = None
         if self.lazy:
             links = TreeLinks(self.node_links, leaf_of, self.uplink_Bps, spine, self.switch_s)
-            materialise = lambda: _build(topo, source, lazy=False).graph  # noqa: E731
+            materialise = functools.partial(_graph_of, topo, source)     # (picklable)
         cluster = Cluster(topo.name, source, topo.description, self.devices, self.nodes,
                           None if self.lazy else self.g, self.intra, self.nic_of, leaf_of, spine,
                           links=links, materialise=materialise)
@@ -573,6 +574,11 @@ class _Builder:
             parts = sorted((sorted(c) for c in nx.weakly_connected_components(net)), key=len)
             raise InputError(self.source, "network.links", f"the links leave the network disconnected; "
                                                            f"e.g. {parts[0][:4]} cannot reach {parts[-1][:4]}")
+
+
+def _graph_of(topo: schema.TopologyFile, source: str) -> nx.DiGraph:
+    """The networkx graph of a lazily built cluster, built now."""
+    return _build(topo, source, lazy=False).graph
 
 
 def _build(topo: schema.TopologyFile, source: str, lazy: bool = True) -> Cluster:
