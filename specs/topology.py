@@ -1,5 +1,7 @@
 """Cluster topology: load a YAML file (schema in ``specs/topology_schema.py``) into a ``Cluster``,
-a networkx graph of every link with routes between devices.
+a networkx graph of every link with routes between devices. Without an explicit network the
+graph is built only when ``Cluster.graph`` is read: ``Cluster.links`` (specs/topology_links.py)
+gives every link's attributes from its vertex names, which is what the engine reads.
 
 Graph. Vertices: GPU devices ``n<node>.gpu<g>``, one intra-node hub per node for star fabrics
 (``n<node>.nvswitch`` / ``.pcie`` / ``.loopback``), NICs ``n<node>.nic<i>``, leaf switches
