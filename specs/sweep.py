@@ -158,7 +158,7 @@ def load_grid(path: str | Path) -> SweepGrid:
     data = load_yaml(path, source, "sweep grid")
     grid = validate(SweepFile, data, source)
     folder = Path(path).resolve().parent
-    models = [(m, _model(m, folder, source, f"models[{i}]")) for i, m in enumerate(grid.models)]
+    models = [(m, _model(m, folder, source, f"models.{i}")) for i, m in enumerate(grid.models)]
     profiles = []
     for i, prof in enumerate(grid.profiles or [None]):
         if prof is None:
@@ -166,7 +166,7 @@ def load_grid(path: str | Path) -> SweepGrid:
             continue
         resolved = _resolve(prof, bundled_profiles(), folder)
         if resolved == str(folder / prof) and not Path(resolved).is_file():
-            raise InputError(source, f"profiles[{i}]", f"{short(prof)}: no such profile file (paths are relative "
+            raise InputError(source, f"profiles.{i}", f"{short(prof)}: no such profile file (paths are relative "
                                                        f"to the grid's folder); bundled: {', '.join(bundled_profiles())}")
         load_profile(resolved)  # a bad profile file: the error names that file
         profiles.append((resolved, prof))
@@ -174,7 +174,7 @@ def load_grid(path: str | Path) -> SweepGrid:
     for i, entry in enumerate(grid.topologies):
         topo = _resolve(entry.name, list_topologies(), folder)
         for nodes in entry.nodes or grid.nodes or [None]:
-            topologies.append((entry, topo, nodes, _devices(entry, topo, nodes, source, f"topologies[{i}]")))
+            topologies.append((entry, topo, nodes, _devices(entry, topo, nodes, source, f"topologies.{i}")))
     n_cells = len(models) * len(topologies) * len(grid.seq_lengths or [None]) * len(profiles)
     if n_cells > MAX_SWEEP_CELLS:
         raise InputError(source, None, f"{n_cells:,} cells (models x topologies x nodes x seq_lengths x profiles); "
