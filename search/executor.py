@@ -148,18 +148,29 @@ def code_root() -> Path:
     return Path(__file__).resolve().parents[1]
 
 
+def _shadowed() -> bool:
+    """Whether a local Ray worker would import other copies of plansim's packages than this
+    process did: Ray puts the driver's working folder first on its workers' import path
+    (and they inherit PYTHONPATH and the installed packages), so only a working folder that
+    holds another checkout can shadow this one."""
+    cwd = Path.cwd().resolve()
+    return cwd != code_root() and any((cwd / name).is_dir() for name in TASK_PACKAGES)
+
+
 def ray_init_kwargs(spec: ExecutorSpec) -> dict:
     """Arguments of ``ray.init`` for ``spec``. A local instance gets ``jobs`` CPUs, no
-    dashboard, and this checkout first on its workers' import path (Ray starts workers in
-    the driver's folder, which need not be this checkout); a cluster gets plansim's
-    packages shipped as ``py_modules``."""
+    dashboard, and, when the working folder would shadow this checkout, this checkout first
+    on its workers' import path (a runtime environment costs seconds of worker start-up,
+    so only then); a cluster gets plansim's packages shipped as ``py_modules``."""
     import logging
 
     kwargs: dict = {"logging_level": logging.WARNING, "log_to_driver": False}
     if spec.address is None:
-        path = os.pathsep.join(filter(None, [str(code_root()), os.environ.get("PYTHONPATH", "")]))
-        return {**kwargs, "num_cpus": spec.jobs, "include_dashboard": False,
-                "runtime_env": {"env_vars": {"PYTHONPATH": path}}}
+        kwargs.update(num_cpus=spec.jobs, include_dashboard=False)
+        if _shadowed():
+            path = os.pathsep.join(filter(None, [str(code_root()), os.environ.get("PYTHONPATH", "")]))
+            kwargs["runtime_env"] = {"env_vars": {"PYTHONPATH": path}}
+        return kwargs
     modules = [importlib.import_module(name) for name in TASK_PACKAGES]
     return {**kwargs, "address": spec.address, "runtime_env": {"py_modules": modules}}
 
