@@ -166,7 +166,9 @@ def ray_init_kwargs(spec: ExecutorSpec) -> dict:
 
     kwargs: dict = {"logging_level": logging.WARNING, "log_to_driver": False}
     if spec.address is None:
-        kwargs.update(num_cpus=spec.jobs, include_dashboard=False)
+        # "local": always a new instance, even where `ray start` left a (possibly dead)
+        # cluster's address in /tmp/ray (ray.init() alone would try to join that one).
+        kwargs.update(address="local", num_cpus=spec.jobs, include_dashboard=False)
         if _shadowed():
             path = os.pathsep.join(filter(None, [str(code_root()), os.environ.get("PYTHONPATH", "")]))
             kwargs["runtime_env"] = {"env_vars": {"PYTHONPATH": path}}
