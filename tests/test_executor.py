@@ -112,15 +112,24 @@ def ray_local():
     ray.shutdown()
 
 
-def test_ray_sweep_equals_local(ray_local, grid, inline):
-    """The sweep on a local Ray instance returns the same cells in grid order with the same
-    ranked plans and numbers as the local executor, and writes byte-identical CSV."""
-    from reports.sweep import sweep_csv
+def test_ray_sweep_equals_local(ray_local, grid, inline, tmp_path, capsys):
+    """`plansim sweep --executor ray` on a local Ray instance returns the same cells in grid
+    order with the same ranked plans and numbers as the in-process sweep, and its report
+    (HTML, Markdown, CSV, plot) is byte for byte the one the in-process result renders."""
+    import json
 
-    on_ray = run_sweep(grid, ExecutorSpec("ray", jobs=2), progress=False)
-    assert on_ray.executor == "ray"
-    assert rows(on_ray) == rows(inline)
-    assert sweep_csv(on_ray) == sweep_csv(inline)
+    from reports.sweep import render
+
+    code = main(["sweep", grid.source, "--executor", "ray", "--jobs", "2", "--json", "--report", str(tmp_path)])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["executor"] == "ray"
+    strip = lambda cells: [{k: v for k, v in c.items() if k != "wall_s"} | {"ranked": [r | {"sim_wall_s": 0.0}
+                           for r in c["ranked"]]} for c in cells]
+    assert strip(doc["cells"]) == strip([c.to_dict() for c in inline.cells])
+    expected = render(inline)
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == expected
 
 
 def test_ray_worker_death_is_retried(ray_local, grid, inline, tmp_path):
