@@ -8,14 +8,11 @@ from dataclasses import replace
 
 import pytest
 
-from costmodel.profile import load_profile
 from plansim.cli import main
 from search.executor import ExecutorSpec
-from search.search import search
 from search.sweep import run_sweep
 from specs.model import PRESETS
 from specs.sweep import load_grid
-from specs.topology import load_topology
 
 # Two cells of the tiny model (4 layers; a search takes about a second): one and two DGX
 # A100 nodes, the second with a sequence length other than the preset's 64.
@@ -57,19 +54,24 @@ def test_cells_in_grid_order(grid_file):
     assert grid.cells[0].model == replace(PRESETS["tiny"], seq_length=128)
 
 
-def test_cell_is_the_search_of_its_inputs(swept):
-    """Each cell's best plan, step time and memory are those of `search` run directly on
-    the same model (sequence length 128), cluster and profile; tokens/s per GPU is tokens/s
-    over the cell's GPU count, and tokens/s is batch x sequence / step (16 x 128 tokens)."""
-    model = replace(PRESETS["tiny"], seq_length=128)
+def test_cell_is_the_search_of_its_inputs(swept, tmp_path, capsys):
+    """Each cell's ranked plans, step times and memory are those `plansim search --json`
+    prints for the same model (a model file with sequence length 128), topology and node
+    count, so a sweep loads its inputs (profile included) as the search command does;
+    tokens/s is batch x sequence / step (16 x 128 tokens) and tokens/s per GPU divides it
+    by the cell's GPU count."""
+    fields = {k: getattr(PRESETS["tiny"], k) for k in ("name", "num_layers", "hidden_size", "num_attention_heads",
+                                                        "vocab_size", "global_batch_size")}
+    model = tmp_path / "tiny128.yaml"
+    model.write_text("".join(f"{k}: {v}\n" for k, v in fields.items()) + "seq_length: 128\n")
     for cell, nodes in zip(swept.cells, (1, 2)):
-        cluster = load_topology("dgx-a100", nodes=nodes)
-        direct = search(model, cluster, load_profile(None, bundled=cluster.profiles), top=2, progress=False,
-                        record_best=False)
-        assert [r.plan for r in cell.ranked] == [r.plan for r in direct.ranked[:2]]
-        assert cell.best.step_time_s == direct.ranked[0].step_time_s
+        code, out, err = run(capsys, "search", "dgx-a100", "--nodes", nodes, "--model", model, "--top", 2, "--json")
+        assert code == 0, err
+        direct = json.loads(out)["ranked"]
+        assert [r.plan for r in cell.ranked] == [r["plan"] for r in direct]
+        assert [r.step_time_s for r in cell.ranked] == [r["step_time_s"] for r in direct]
         row = cell.row()
-        assert row["peak_memory_gib"] == direct.ranked[0].peak_memory_gib
+        assert row["peak_memory_gib"] == direct[0]["peak_memory_gib"]
         assert row["tokens_per_s"] == pytest.approx(16 * 128 / row["step_time_s"], rel=1e-12)
         assert row["tokens_per_s_per_gpu"] == pytest.approx(row["tokens_per_s"] / (8 * nodes), rel=1e-12)
 
