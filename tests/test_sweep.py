@@ -149,3 +149,13 @@ def test_relative_paths_and_no_fit(tmp_path, capsys):
     cells = json.loads(out)["cells"]
     assert cells[0]["best_plan"] and cells[0]["no_fit"] == ""
     assert cells[1]["best_plan"] == "" and "no plan fits" in cells[1]["no_fit"]
+
+
+def test_example_grid_loads():
+    """The shipped example (sweeps/example.yaml) is a valid grid of 2 models x 2 topologies
+    x 3 node counts = 12 cells, 8 to 32 GPUs (8 per DGX node)."""
+    from pathlib import Path
+
+    grid = load_grid(Path(__file__).resolve().parents[1] / "sweeps" / "example.yaml")
+    assert len(grid.cells) == 12
+    assert sorted({c.num_devices for c in grid.cells}) == [8, 16, 32]
