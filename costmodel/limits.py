@@ -56,3 +56,10 @@ def number_problem(value: object, lo: float, hi: float, *, integer: bool = False
     if ok:
         ok = (lo < value if lo_open else lo <= value) and (value < hi if hi_open else value <= hi)
     return None if ok else "must be " + allowed_range(lo, hi, integer, lo_open, hi_open)
+
+# Sweeps (specs/sweep.py). Each cell of a sweep is one plan search: seconds on small
+# clusters, up to tens of seconds at 16k GPUs. 64 values per axis and 4,096 cells (days of
+# search on one machine, hours on a Ray cluster) are beyond any study one report can show;
+# a larger grid is a mistake (a range written out by a script gone wrong).
+MAX_SWEEP_AXIS = 64
+MAX_SWEEP_CELLS = 4_096

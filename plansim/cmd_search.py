@@ -2,6 +2,7 @@
 
     plansim search [TOPOLOGY] [--nodes N] [--model M] [--profile F]
                    [--top K] [--json] [--report DIR] [--workers N]
+                   [--executor local|ray] [--address ADDR]
 
 Prints a ranked table (plan, step time, tokens/s, MFU, memory per GPU, bottleneck), what
 was pruned and why, and the findings (heterogeneous split, compression decision). Each
@@ -21,7 +22,10 @@ def register(subparsers) -> None:
     p.add_argument("--top", type=int, default=10, help="plans to simulate and show (at least 10 are simulated)")
     p.add_argument("--json", action="store_true", help="print one JSON object ({ranked, pruned, ...})")
     p.add_argument("--report", metavar="DIR", help="write index.html, report.md, plans.csv, trace.json")
-    p.add_argument("--workers", type=int, default=1, help="processes for the simulations (default 1)")
+    p.add_argument("--workers", "--jobs", dest="workers", type=int, default=1,
+                   help="processes for the simulations (default 1; with --executor ray: a local instance's CPUs)")
+    from plansim.cmd_sweep import add_executor_args
+    add_executor_args(p)
     p.set_defaults(func=cmd_search)
 
 
@@ -117,12 +121,15 @@ def run_search(args, model, cluster, profile, top: int, **options):
 
 
 def cmd_search(args) -> int:
+    from plansim.cmd_sweep import executor_spec
+
     check_counts(args)
+    spec = executor_spec(args.executor, args.workers, args.address)
     if args.report is not None:
         from reports.files import output_dir
         output_dir(args.report, "--report")
     cluster, model, profile = _load_inputs(args)
-    result = run_search(args, model, cluster, profile, top=args.top, workers=args.workers,
+    result = run_search(args, model, cluster, profile, top=args.top, workers=args.workers, executor=spec,
                         progress=None,  # progress bars on a terminal only
                         record_best=bool(args.report))  # timelines only for a report
     written = []

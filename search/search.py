@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
 
 from tqdm import tqdm
@@ -24,6 +23,8 @@ from costmodel.errors import InputError
 from costmodel.estimate import StepEstimate, estimate_step
 from costmodel.profile import Profile
 from costmodel.shapes import ModelSpec
+from search.executor import ExecutorSpec, run_tasks
+from search.executor import bar_off as _bar_off
 from search.hetero import nonuniform_variant
 from sim.metrics import simulate
 from specs.plan import Plan, resolve_plan
@@ -307,46 +308,20 @@ def best_estimated_plan(model: ModelSpec, cluster: Cluster, profile: Profile,
 
 # ---------------------------------------------------------------------------- simulation
 
-_WORKER: dict = {}
-
-
-def _init_worker(model, cluster, profile):
-    _WORKER.update(model=model, cluster=cluster, profile=profile)
-
-
-def _sim_one(plan_str: str) -> StepResult:
-    w = _WORKER
-    plan = resolve_plan(plan_str, w["model"], w["cluster"].num_devices)
-    return simulate(w["model"], plan, w["cluster"], w["profile"])
-
-
-def _bar_off(progress: bool | None) -> bool | None:
-    """tqdm's ``disable``: None (the default) shows progress bars only on a terminal, so that
-    logs and captured stderr hold nothing but the result or the one-line error."""
-    return None if progress is None else not progress
+def _sim_one(ctx: tuple, plan_str: str) -> StepResult:
+    """One simulation task: ``ctx`` is (model, cluster, profile), shipped once per worker."""
+    model, cluster, profile = ctx
+    plan = resolve_plan(plan_str, model, cluster.num_devices)
+    return simulate(model, plan, cluster, profile)
 
 
 def simulate_plans(model: ModelSpec, cluster: Cluster, profile: Profile, plans: list[str],
-                   workers: int = 1, progress: bool | None = True, desc: str = "simulate") -> list[StepResult]:
-    """Simulate plan strings, results in the same order (a process pool when workers > 1)."""
-    bar = tqdm(total=len(plans), desc=desc, unit="plan", disable=_bar_off(progress), leave=False)
-    try:
-        if workers > 1 and len(plans) > 1:
-            with ProcessPoolExecutor(max_workers=workers, initializer=_init_worker,
-                                     initargs=(model, cluster, profile)) as ex:
-                out = []
-                for res in ex.map(_sim_one, plans):
-                    out.append(res)
-                    bar.update(1)
-                return out
-        _init_worker(model, cluster, profile)
-        out = []
-        for p in plans:
-            out.append(_sim_one(p))
-            bar.update(1)
-        return out
-    finally:
-        bar.close()
+                   workers: int = 1, progress: bool | None = True, desc: str = "simulate",
+                   executor: ExecutorSpec | None = None) -> list[StepResult]:
+    """Simulate plan strings, results in the same order: in this process, a local process
+    pool when workers > 1, or on Ray (``executor``; search/executor.py)."""
+    spec = executor or ExecutorSpec("local", jobs=workers)
+    return run_tasks(_sim_one, (model, cluster, profile), plans, spec, progress, desc)
 
 
 def _rank_key(res: StepResult, compress_margin: float) -> tuple:
@@ -356,11 +331,13 @@ def _rank_key(res: StepResult, compress_margin: float) -> tuple:
 
 def search(model: ModelSpec, cluster: Cluster, profile: Profile, top: int = 10, workers: int = 1,
            progress: bool | None = None, space: SearchSpace | None = None,
-           compress_margin: float = 0.05, record_best: bool = True) -> SearchResult:
+           compress_margin: float = 0.05, record_best: bool = True,
+           executor: ExecutorSpec | None = None) -> SearchResult:
     """Search parallel plans for ``model`` on ``cluster``; the best max(top, 10) by the
     analytic estimate are simulated and returned best first. ``record_best``: re-simulate
     the best two with their timelines recorded (for a report's Gantt charts; costs two
-    more simulations, so callers that write no report pass False)."""
+    more simulations, so callers that write no report pass False). The simulations run on
+    ``executor`` (default: ``workers`` local processes)."""
     t0 = time.perf_counter()
     space = space or SearchSpace()
     tables = CostTables(model, cluster, profile)
@@ -383,7 +360,8 @@ def search(model: ModelSpec, cluster: Cluster, profile: Profile, top: int = 10, 
         uniform = [s for s in survivors if not (s[2].explicit_layers or s[2].explicit_shares)]
         chosen += [s for s in uniform[:3] if s not in chosen]
     estimates: dict[str, StepEstimate] = {s[1]: s[3] for s in chosen}
-    results = simulate_plans(model, cluster, profile, [s[1] for s in chosen], workers, progress)
+    results = simulate_plans(model, cluster, profile, [s[1] for s in chosen], workers, progress,
+                             executor=executor)
     results.sort(key=lambda r: _rank_key(r, compress_margin))
     if not results[0].fits_memory:  # the estimate's memory is the simulation's, so not expected
         best = min(results, key=lambda r: r.memory_shortfall_gib)
@@ -395,7 +373,8 @@ def search(model: ModelSpec, cluster: Cluster, profile: Profile, top: int = 10, 
         extra_plans, note_fn = compression_note(tables, best, space, compress_margin)
         have = {r.plan for r in results}
         todo = [p for p in extra_plans if p not in have]
-        extra = simulate_plans(model, cluster, profile, todo, workers, progress, "compression") if todo else []
+        extra = simulate_plans(model, cluster, profile, todo, workers, progress, "compression",
+                               executor) if todo else []
         by_plan = {r.plan: r for r in results + extra}
         if tables.heterogeneous:
             notes.append(hetero_note(tables, results))

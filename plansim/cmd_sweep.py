@@ -1,0 +1,87 @@
+"""`plansim sweep`: search every cell of a grid of models x topologies x node counts and
+compare the best plans in one report.
+
+    plansim sweep GRID.yaml [--report DIR] [--json] [--executor local|ray] [--jobs N] [--address ADDR]
+
+The grid (specs/sweep.py) is validated and every file it names is loaded before any search
+starts; the output folder is checked first too, so bad input writes nothing.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+from costmodel.errors import InputError
+
+from plansim.cmd_search import MAX_WORKERS as MAX_JOBS  # more processes buy nothing on one machine
+
+
+def add_executor_args(p) -> None:
+    """--executor, --address (shared with `plansim search`)."""
+    p.add_argument("--executor", default="local", choices=("local", "ray"),
+                   help="where tasks run: local processes (default) or Ray (pip install 'plansim[ray]')")
+    p.add_argument("--address", default=None,
+                   help="with --executor ray: a running Ray cluster ('auto' or ray://HOST:PORT); "
+                        "default: start a local Ray instance")
+
+
+def executor_spec(kind: str, jobs: int, address: str | None):
+    """The ExecutorSpec of the flags, checked before any work (Ray installed, counts in range)."""
+    from search.executor import ExecutorSpec, import_ray
+
+    if isinstance(jobs, bool) or not 1 <= jobs <= MAX_JOBS:
+        raise InputError("--jobs", None, f"{jobs}: must be an integer in [1, {MAX_JOBS}]")
+    spec = ExecutorSpec(kind, jobs, address)
+    if kind == "ray":
+        import_ray()
+    return spec
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("sweep", help="search a grid of models x topologies x node counts; one report")
+    p.add_argument("grid", help="sweep grid YAML (see docs/sweeps.md; example: sweeps/example.yaml)")
+    p.add_argument("--report", metavar="DIR", help="write index.html, report.md, sweep.csv, scaling.png")
+    p.add_argument("--json", action="store_true", help="print one JSON object ({cells: [...], ...})")
+    p.add_argument("--jobs", type=int, default=None,
+                   help="cells searched at once (local processes, or CPUs of a local Ray instance); "
+                        "default: the CPU count")
+    add_executor_args(p)
+    p.set_defaults(func=cmd_sweep)
+
+
+def sweep_text(result) -> str:
+    from tabulate import tabulate
+
+    from reports.sweep import TABLE, table_cells, findings
+
+    rows = result.rows()
+    cells = table_cells(rows)
+    lines = [f"plansim sweep: {result.name} ({len(rows)} cells, {result.executor} executor, "
+             f"{result.wall_s:.1f} s)", ""]
+    lines.append(tabulate([[c[k] for k, _ in TABLE] for c in cells], headers=[h for _, h in TABLE],
+                          tablefmt="simple", disable_numparse=True))
+    lines += ["", "findings"] + [f"  - {f}" for f in findings(rows)]
+    return "\n".join(lines)
+
+
+def cmd_sweep(args) -> int:
+    from search.sweep import run_sweep
+    from specs.sweep import load_grid
+
+    if args.report is not None:
+        from reports.files import output_dir
+        output_dir(args.report, "--report")
+    grid = load_grid(args.grid)
+    jobs = args.jobs if args.jobs is not None else min(os.cpu_count() or 1, len(grid.cells), MAX_JOBS)
+    spec = executor_spec(args.executor, jobs, args.address)
+    result = run_sweep(grid, spec, progress=None)  # a progress bar on a terminal only
+    if args.report:
+        from reports.sweep import write_sweep_report
+        write_sweep_report(args.report, result)
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2))
+    else:
+        print(sweep_text(result))
+        if args.report:
+            print(f"\nreport written to {args.report}/index.html")
+    return 0
