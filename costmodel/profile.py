@@ -35,7 +35,15 @@ class GpuEfficiency:
     gemm_k_half: float = 64.0  # inner dimension at which a GEMM's k-loop efficiency halves: k/(k + k_half)
     sm_count: float = 0.0  # streaming multiprocessors; > 0 enables tile/wave quantisation of m and n
     gemm_dim_half: float = 64.0  # without sm_count: an m or n of this size halves efficiency, d/(d + half)
-    attention_eff: float = 0.5  # fraction of peak of a fused (flash) attention kernel
+    attention_eff: float = 0.5  # fraction of peak of a fused (flash) attention kernel at long sequences
+    # Fused attention's efficiency falls at short sequences and small heads (fewer, smaller
+    # tiles per (batch, head)): attention_eff * s/(s + attention_seq_half) * d/(d + attention_head_dim_half)
+    # (costmodel/efficiency.fused_attention_efficiency; docs/runtimes.md).
+    attention_seq_half: float = 256.0
+    attention_head_dim_half: float = 16.0
+    # Fraction of the fp8 dense peak a large FP8 GEMM reaches (Transformer Engine's fp8
+    # GEMMs); 0 = unset: gemm_eff_max times FP8_EFF_RATIO (costmodel/efficiency.py).
+    gemm_eff_max_fp8: float = 0.0
     hbm_eff: float = 0.8  # fraction of datasheet HBM bandwidth that memory-bound kernels reach
     kernel_overhead_us: float = 4.0  # GPU-side cost of every kernel (launch latency, ramp, tail), us
     # Top-k selection's compute per gradient element, ns, on top of its memory traffic
@@ -83,6 +91,13 @@ class RuntimeSettings:
     grad_reduce_dtype: str = "auto"  # auto (fp32 for bf16, else the precision) | fp32 | bf16 | fp16
     zero1_grad_all_reduce: bool = False  # ZeRO-1 all-reduces gradients (not reduce-scatter)
     eager_adam: bool = False  # Adam as separate element-wise ops (validate/dp.adam_update), not fused kernels
+    # Issue 9 (docs/runtimes.md; each bundled runtime cites its framework's flag):
+    tp_comm_overlap: bool = False  # TP all-gather/reduce-scatter chunked and overlapped with GEMMs (needs sp)
+    overlap_param_gather: bool = False  # ZeRO-1/2 parameter all-gather overlapped with the next forward
+    fp8_param_gather: bool = False  # ZeRO/FSDP all-gathers fp8 weights (1 B) under precision=fp8
+    fp8_weight_copies: int = 2  # fp8 copies of each weight Transformer Engine keeps (weight and its transpose)
+    fsdp_reshard_after_forward: bool = True  # ZeRO-3/FSDP frees gathered weights after forward
+    fsdp_prefetch_layers: int = 1  # ZeRO-3/FSDP gathers this many units ahead of the compute
     source: str = "built-in default"
 
 
