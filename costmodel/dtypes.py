@@ -80,6 +80,16 @@ def grad_reduce_bytes(precision: str, runtime: RuntimeSettings | None = None) ->
 WORKING_BYTES = {p: working_bytes(p) for p in TRAINING}
 
 
+def param_gather_bytes(precision: str, runtime: RuntimeSettings | None = None) -> int:
+    """Bytes per weight element that ZeRO's / FSDP's parameter all-gathers move: the
+    working width, or 1 (fp8) when FP8 training gathers its FP8 weight copies
+    (runtime.fp8_param_gather: Megatron-Core --fp8-param-gather, TorchTitan
+    float8.enable_fsdp_float8_all_gather)."""
+    if precision == "fp8" and runtime is not None and runtime.fp8_param_gather:
+        return DTYPE_BYTES["fp8"]
+    return working_bytes(precision)
+
+
 def optimizer_state_bytes(precision: str) -> int:
     """Bytes per parameter the optimizer holds beyond the weights and gradients: the
     master copy (if any) and Adam's two moments. bf16: 4 + 8 = 12; fp32: 8."""

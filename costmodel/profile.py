@@ -114,7 +114,9 @@ _STR_FIELDS = _typed("str")
 # peak, (0, 1]; times in microseconds up to one second (costmodel/limits.py); the share of
 # compute lost to an overlapping collective is below 1 (at 1 compute would never finish).
 # Any other (future) number: finite and in [0, 1e6].
-_RANGES = {"compute_slowdown": (0.0, 1.0, False, True)}
+_RANGES = {"compute_slowdown": (0.0, 1.0, False, True),
+           "gemm_eff_max_fp8": (0.0, 1.0, False, False),  # 0: unset (derived from gemm_eff_max)
+           "fp8_weight_copies": (0, 4, False, False), "fsdp_prefetch_layers": (0, 64, False, False)}
 _DEFAULT_RANGE = (0.0, 1e6, False, False)
 
 
