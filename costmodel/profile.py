@@ -96,7 +96,7 @@ class RuntimeSettings:
     overlap_param_gather: bool = False  # ZeRO-1/2 parameter all-gather overlapped with the next forward
     fp8_param_gather: bool = False  # ZeRO/FSDP all-gathers fp8 weights (1 B) under precision=fp8
     fp8_weight_copies: int = 2  # fp8 copies of each weight Transformer Engine keeps (weight and its transpose)
-    fsdp_reshard_after_forward: bool = True  # ZeRO-3/FSDP frees gathered weights after forward
+    fsdp_reshard_after_forward: str = "always"  # ZeRO-3/FSDP frees gathered weights after forward: always | never | default (not with pp)
     fsdp_prefetch_layers: int = 1  # ZeRO-3/FSDP gathers this many units ahead of the compute
     source: str = "built-in default"
 
@@ -133,7 +133,8 @@ def _range(key: str) -> tuple[float, float, bool, bool]:
 def _short(value: object) -> str:
     text = repr(value) if not isinstance(value, (dict, list)) else type(value).__name__
     return text if len(text) <= 60 else text[:57] + "..."
-_STR_CHOICES = {"grad_reduce_dtype": ("auto",) + GRAD_REDUCE_CHOICES}
+_STR_CHOICES = {"grad_reduce_dtype": ("auto",) + GRAD_REDUCE_CHOICES,
+                "fsdp_reshard_after_forward": ("always", "never", "default")}
 
 # Edge kinds of specs/topology's graph that belong to the inter-node network.
 NETWORK_KINDS = ("network", "nic", "leaf_spine", "explicit")
@@ -247,12 +248,66 @@ def default_profile() -> Profile:
     return _merge(_EMPTY, data, src)
 
 
-def load_profile(path: str | None, bundled: Iterable[str] = ()) -> Profile:
-    """The default profile, then each bundled profile in ``bundled``, then the user's
-    ``path`` (a YAML file, or the name of a bundled profile), each merged key by key."""
+# Bundled framework runtimes (docs/runtimes.md): name -> the runtime overlays
+# (costmodel/profiles/runtime-*.yaml) merged, in order, over the hardware profiles. A
+# runtime file holds only a ``runtime`` section: hardware stays in the hardware profiles.
+RUNTIMES: dict[str, tuple[str, ...]] = {
+    "megatron-core": ("runtime-megatron-core",),
+    "megatron-lm-2022": ("runtime-megatron-lm-2022",),
+    "megatron-deepspeed": ("runtime-megatron-deepspeed",),
+    "megatron-deepspeed-bf16opt": ("runtime-megatron-deepspeed", "runtime-deepspeed-bf16-optimizer"),
+    "torchtitan": ("runtime-torchtitan",),
+}
+DEFAULT_RUNTIME = "megatron-core"  # what `plansim simulate/search` use without --runtime
+# GPUs without FlashAttention kernels: FlashAttention-2 supports Ampere, Ada and Hopper
+# (Dao 2023, Sec. 4; the flash-attention README's requirements), ROCm's port MI200/MI300,
+# torch's CPU SDPA has a flash kernel; Volta has none. There, frameworks fall back to
+# unfused core attention.
+NO_FUSED_ATTENTION = frozenset({"V100-SXM2-32GB"})
+
+
+def runtime_profiles(name: str | None) -> tuple[str, ...]:
+    """The bundled overlays of runtime ``name`` (None: none); InputError for other names."""
+    if name is None:
+        return ()
+    if name not in RUNTIMES:
+        raise InputError(str(name)[:60], "--runtime", f"unknown runtime; allowed: {', '.join(RUNTIMES)}")
+    return RUNTIMES[name]
+
+
+def for_gpus(profile: Profile, gpu_names: Iterable[str]) -> Profile:
+    """``profile`` with fused attention switched off when any GPU lacks the kernels
+    (NO_FUSED_ATTENTION): the runtime falls back to unfused attention, in time and memory."""
+    bad = sorted(set(gpu_names) & NO_FUSED_ATTENTION)
+    if not bad or not profile.runtime.flash_attention:
+        return profile
+    rt = replace(profile.runtime, flash_attention=False,
+                 source=f"{profile.runtime.source} | flash_attention off: no fused attention kernels on {', '.join(bad)}")
+    return replace(profile, runtime=rt)
+
+
+def reshard_after_forward(runtime: RuntimeSettings, pp: int) -> bool:
+    """Whether ZeRO-3/FSDP frees the gathered weights after forward: runtime
+    fsdp_reshard_after_forward 'always', 'never', or 'default' = only without pipeline
+    parallelism (TorchTitan, torchtitan/distributed/fsdp.py get_fsdp_reshard_after_forward_policy)."""
+    policy = runtime.fsdp_reshard_after_forward
+    return policy == "always" or (policy == "default" and pp == 1)
+
+
+def load_profile(path: str | None, bundled: Iterable[str] = (), runtime: str | None = None) -> Profile:
+    """The default profile, then each bundled profile in ``bundled``, then the overlays of
+    the bundled ``runtime`` (RUNTIMES), then the user's ``path`` (a YAML file, or the name
+    of a bundled profile), each merged key by key."""
     prof = default_profile()
     for name in bundled:
         data, src = _bundled(name)
+        prof = _merge(prof, data, src)
+    for name in runtime_profiles(runtime):
+        data, src = _bundled(name)
+        hardware = sorted(k for k in ("gpus", "fabrics") if data.get(k))
+        if hardware:
+            raise InputError(src, hardware[0], "a runtime profile holds only a 'runtime' section (hardware "
+                             "belongs in the hardware profiles)")
         prof = _merge(prof, data, src)
     if not path:
         return prof
