@@ -17,7 +17,7 @@ from costmodel import collectives as cc
 from costmodel import flops as fl
 from costmodel import memory as mem
 from costmodel.device_memory import ChunkSpec, MemoryConfig, device_memory
-from costmodel.dtypes import grad_reduce_bytes, working_bytes
+from costmodel.dtypes import fp8_weight_bytes, grad_reduce_bytes, working_bytes
 from costmodel.efficiency import op_time_s, ops_time_s, optimizer_time_s
 from costmodel.flops import matmul_flops
 from costmodel.errors import InputError
@@ -334,7 +334,8 @@ def memory_config(plan: Plan, runtime: RuntimeSettings) -> MemoryConfig:
     return MemoryConfig(tp=plan.tp, sp=plan.sp, mbs=plan.mbs, recompute=plan.recompute,
                         precision=plan.precision, dp=plan.dp, zero=plan.zero,
                         grad_bytes=grad_reduce_bytes(plan.precision, runtime),
-                        topk=plan.topk_fraction is not None, flash_attention=runtime.flash_attention)
+                        topk=plan.topk_fraction is not None, flash_attention=runtime.flash_attention,
+                        fp8_weight_bytes=fp8_weight_bytes(plan.precision, runtime))
 
 
 def stage_chunks(plan: Plan, stage: int) -> tuple[ChunkSpec, ...]:
