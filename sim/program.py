@@ -125,6 +125,17 @@ def pipelined_overlap_s(comm_s: float, gemm_s: float, chunks: int, slowdown: flo
     return max(0.0, comm_s - hide) + slowdown * min(comm_s, hide)
 
 
+def overlapped_gather_exposed_s(bucket_s: float, buckets: int, forward_s: float) -> float:
+    """Exposed time of Megatron-Core's overlapped parameter gather (--overlap-param-gather):
+    bucket 0's all-gather before the first forward, bucket j+1's beside the forward of
+    bucket j's layers (forward_s / buckets each): bucket_s + (buckets-1) max(0, bucket_s -
+    forward_s/buckets). The engine simulates it (sim/pipeline_executor._forward_gathering);
+    the search's estimate uses this closed form."""
+    if buckets <= 0:
+        return 0.0
+    return bucket_s + (buckets - 1) * max(0.0, bucket_s - forward_s / buckets)
+
+
 def tp_layer_comm_s(cluster: Cluster, profile: Profile, ranks: list[int], act_bytes: float, sp: bool,
                     recompute: str, b_ops: list, gpu, eff, prec: str, f_ops: list | None = None) -> tuple[float, float]:
     """Exposed tensor-parallel communication of one layer and one microbatch, (forward,

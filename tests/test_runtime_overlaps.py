@@ -13,7 +13,7 @@ from costmodel.gpus import get_gpu
 from costmodel.profile import FabricEfficiency, GpuEfficiency, Profile, RuntimeSettings
 from costmodel.shapes import ModelSpec
 from engine_fixtures import fixed_program, run_engine
-from sim.program import pipelined_overlap_s, tp_layer_comm_s
+from sim.program import overlapped_gather_exposed_s, pipelined_overlap_s, tp_layer_comm_s
 from specs.topology import load_topology
 
 DATA = Path(__file__).parent / "data"
@@ -44,6 +44,7 @@ def test_param_gather_overlap_hides_what_the_first_forward_covers(g):
     early, res_early = run_engine(_gather_program(params, K, f, overlap=True))
     assert plain - early == pytest.approx((K - 1) * min(g, c), rel=1e-6)
     exposed = g + (K - 1) * max(0.0, g - c)
+    assert overlapped_gather_exposed_s(g, K, f) == pytest.approx(exposed)  # the search's closed form
     assert res_early.exposed_comm_s["dp"] == pytest.approx(exposed, rel=1e-3, abs=1e-6)
     assert res_plain.exposed_comm_s["dp"] == pytest.approx(K * g, rel=1e-3, abs=1e-6)
 
