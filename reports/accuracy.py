@@ -40,11 +40,12 @@ def table_rows(res: AccuracyResult) -> list[list[str]]:
     return out
 
 
-def _by_runtime(res: AccuracyResult) -> dict[str, list[float]]:
-    """Errors per runtime, in order of first appearance (only when rows use several)."""
-    out: dict[str, list[float]] = {}
+def _groups(res: AccuracyResult) -> dict[str, list]:
+    """Rows per GPU type, in order of first appearance (only when rows use several): the
+    A100 rows (K22, BLOOM) and the H100 rows (Megatron-Core) are read apart."""
+    out: dict[str, list] = {}
     for r in res.rows:
-        out.setdefault(r.row.runtime, []).append(r.error)
+        out.setdefault(r.row.gpu, []).append(r)
     return out if len(out) > 1 else {}
 
 
@@ -56,8 +57,10 @@ def summary_lines(res: AccuracyResult) -> list[str]:
         f"MAPE: {100 * res.mape:.2f} % (target <= 10 %)",
         f"Spearman rank correlation over the {len(res.sweep_ids)} sweep rows: {rho} (target >= 0.8)",
         f"Largest error: {worst.row.run_id} {100 * worst.error:+.1f} %",
-    ] + [f"MAPE of the {len(errs)} {name} rows: {100 * sum(abs(e) for e in errs) / len(errs):.2f} %"
-         for name, errs in _by_runtime(res).items()] + ([f"User profile merged over every row's profiles: {res.profile}"] if res.profile else [])
+    ] + [f"{name} rows ({len(rs)}, runtimes {', '.join(dict.fromkeys(r.row.runtime for r in rs))}): "
+         f"MAPE {100 * sum(abs(r.error) for r in rs) / len(rs):.2f} %, largest "
+         f"{max(rs, key=lambda r: abs(r.error)).row.run_id} {100 * max(rs, key=lambda r: abs(r.error)).error:+.1f} %"
+         for name, rs in _groups(res).items()] + ([f"User profile merged over every row's profiles: {res.profile}"] if res.profile else [])
 
 
 def _draw(ax, rows, lo, hi, log: bool, label_ids: bool) -> None:
