@@ -82,7 +82,7 @@ def fused_attention_efficiency(s: float, d: float, eff: GpuEfficiency) -> float:
     ``attention_eff`` at long sequences and large heads, falling as
     s/(s + attention_seq_half) * d/(d + attention_head_dim_half). FlashAttention-2's A100
     speed figures (Dao 2023, Fig. 4-7: forward+backward TFLOP/s by sequence 512-16k and
-    head dim 64/128) and FlashAttention-3's H100 figures (Shah et al. 2024, Fig. 5-6) rise
+    head dim 64/128) and FlashAttention-3's H100 benchmarks (Shah et al. 2024, Sec. 4.1) rise
     with both, saturating from about 2k tokens and head dim 128; the two half-points say
     where (docs/runtimes.md). Unknown shape (s or d <= 0): the long-sequence value."""
     f = eff.attention_eff
