@@ -86,3 +86,29 @@ def test_tp_comm_overlap_cost_by_hand():
     # Backward: the two output-gradient gathers now pipelined; the bulk overlaps unchanged.
     expect_b = b0 - 2 * one + sum(max(0.0, one - g[f"{n}_dgrad"] * 7 / 8) for n in ("attn_out", "mlp_down"))
     assert b1 == pytest.approx(expect_b, rel=1e-9)
+
+
+def test_engine_tp_time_follows_the_overlap():
+    """One simulated step (dgx-a100, 1 node, tp=8, sp, 4 microbatches of a 4-layer GPT):
+    switching --tp-comm-overlap on lowers the step's exposed TP time by exactly
+    microbatches x layers x (forward + backward saving of one layer) from tp_layer_comm_s."""
+    from costmodel.profile import load_profile
+    from sim.metrics import simulate
+    from specs.plan import resolve_plan
+    cluster = load_topology("dgx-a100", nodes=1)
+    model = ModelSpec("m", 4, 4096, 32, 2048, 51200, 4)
+    plan = resolve_plan("tp=8,mbs=1,sp=true", model, 8)
+    off = load_profile(None, bundled=cluster.profiles, runtime="megatron-lm-2022")
+    on = replace(off, runtime=replace(off.runtime, tp_comm_overlap=True))
+    a100 = cluster.devices[0].gpu
+    eff = off.gpu(a100.name)
+    f_ops, b_ops = layer_forward_ops(model, 1, 8, True), layer_backward_ops(model, 1, 8, True)
+    act = 2048 * 4096 * 2
+    ranks = list(range(8))
+    f0, b0 = tp_layer_comm_s(cluster, off, ranks, act, True, "none", b_ops, a100, eff, "bf16", f_ops=f_ops)
+    f1, b1 = tp_layer_comm_s(cluster, on, ranks, act, True, "none", b_ops, a100, eff, "bf16", f_ops=f_ops)
+    saved = 4 * 4 * ((f0 + b0) - (f1 + b1))
+    assert saved > 0
+    t_off = simulate(model, plan, cluster, off).breakdown["tp"]
+    t_on = simulate(model, plan, cluster, on).breakdown["tp"]
+    assert t_off - t_on == pytest.approx(saved, rel=1e-6)
