@@ -284,3 +284,20 @@ def test_h100_rows_fit_in_memory():
         cap = cluster.devices[0].gpu.mem_bytes
         peak = max(sum(stage_memory(model, plan, prof.runtime, s, plan.mb_shares[0]).values()) for s in range(plan.pp))
         assert peak < cap, f"{r.run_id}: {peak / 2**30:.1f} GiB"
+
+
+def test_runtime_override(tmp_path):
+    """`--runtime` replaces every row's runtime: k22-22b-present under megatron-core
+    (fused attention) predicts a shorter step than under its own megatron-lm-2022; an
+    unknown name is an InputError naming --runtime."""
+    lines = [ln for ln in DEFAULT_ROWS.read_text().splitlines() if not ln.startswith("#")]
+    one = tmp_path / "one.csv"
+    one.write_text("\n".join([lines[0]] + [ln for ln in lines if ln.startswith("k22-22b-present")]) + "\n")
+    own = run_accuracy(one).rows[0]
+    core = run_accuracy(one, runtime="megatron-core").rows[0]
+    assert own.row.runtime == "megatron-lm-2022" and core.row.runtime == "megatron-core"
+    assert core.predicted < own.predicted
+    assert core.profiles == ("a100-ib-hdr", "runtime-megatron-core")
+    with pytest.raises(InputError) as err:
+        run_accuracy(one, runtime="nope")
+    assert err.value.field == "--runtime"
