@@ -84,6 +84,8 @@ def cmd_simulate(args) -> int:
         print(json.dumps(res.to_dict(), indent=2))
     else:
         print(summary_text(res))
+        if args.runtime:
+            print(f"runtime: {args.runtime} (docs/runtimes.md; --runtime to change)")
         if args.trace:
             print(f"trace written to {args.trace} (open it in https://ui.perfetto.dev)")
         if args.report:
