@@ -9,10 +9,11 @@ saying where its numbers came from (datasheet, published figure, or a fit with d
 device).
 
 Bundled profiles live in ``costmodel/profiles/``: ``default.yaml`` (always the base), one
-file per GPU type and cluster fabric (``a100-ib-hdr``, ``a100-opa``) and runtime overlays
-(``runtime-megatron-deepspeed-2022``). ``load_profile`` merges, key by key and in order:
-the default, the bundled names asked for, then the user's ``--profile`` file (a path or a
-bundled name).
+file per GPU type and cluster fabric (``a100-ib-hdr``, ``a100-opa``, ``h100-ib-ndr``) and the
+runtime overlays of the named framework runtimes (``RUNTIMES``: ``runtime-megatron-core``,
+``runtime-torchtitan``, ...; docs/runtimes.md), which hold only a ``runtime`` section.
+``load_profile`` merges, key by key and in order: the default, the bundled names asked for,
+the runtime's overlays, then the user's ``--profile`` file (a path or a bundled name).
 """
 from __future__ import annotations
 
