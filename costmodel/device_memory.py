@@ -31,6 +31,9 @@ class MemoryConfig(NamedTuple):
     grad_bytes: int  # bytes per element of the gradient buffer (the reduction dtype)
     topk: bool  # top-k compression with an error-feedback residual
     flash_attention: bool  # fused attention keeps no s x s scores
+    # Bytes per parameter of FP8 weight copies kept beside the working weights (Transformer
+    # Engine under precision=fp8: runtime.fp8_weight_copies x 1 B; 0 otherwise).
+    fp8_weight_bytes: float = 0.0
 
 
 class ChunkSpec(NamedTuple):
@@ -43,7 +46,8 @@ class ChunkSpec(NamedTuple):
 
 def device_memory(model: ModelSpec, cfg: MemoryConfig, chunks: tuple[ChunkSpec, ...],
                   inflight: tuple[tuple[int, ...], ...]) -> dict[str, float]:
-    """Bytes by kind (weights, grads, optimizer, activations, logits, topk_residual) on
+    """Bytes by kind (weights, grads, optimizer, activations, logits, topk_residual,
+    fp8_weights) on
     one device of a TP group at its peak.
 
     ``inflight``: per candidate peak moment, the microbatches in flight on each chunk
@@ -61,6 +65,7 @@ def device_memory(model: ModelSpec, cfg: MemoryConfig, chunks: tuple[ChunkSpec, 
         "activations": held_layers * _layer_activations(model, cfg),
         "logits": mem.logits_bytes(model, cfg.mbs, cfg.tp) if any(c.last for c in chunks) else 0.0,
         "topk_residual": mem.topk_residual_bytes(params) if cfg.topk else 0.0,
+        "fp8_weights": params * cfg.fp8_weight_bytes,
     }
 
 

@@ -80,6 +80,25 @@ def grad_reduce_bytes(precision: str, runtime: RuntimeSettings | None = None) ->
 WORKING_BYTES = {p: working_bytes(p) for p in TRAINING}
 
 
+def fp8_weight_bytes(precision: str, runtime: RuntimeSettings | None = None) -> float:
+    """Bytes per parameter of the FP8 weight copies an FP8 run keeps besides its BF16
+    weights: runtime.fp8_weight_copies x 1 B (Transformer Engine caches the FP8 weight and,
+    for Hopper's GEMM layouts, its transpose); 0 for other precisions."""
+    if precision != "fp8" or runtime is None:
+        return 0.0
+    return float(runtime.fp8_weight_copies * DTYPE_BYTES["fp8"])
+
+
+def param_gather_bytes(precision: str, runtime: RuntimeSettings | None = None) -> int:
+    """Bytes per weight element that ZeRO's / FSDP's parameter all-gathers move: the
+    working width, or 1 (fp8) when FP8 training gathers its FP8 weight copies
+    (runtime.fp8_param_gather: Megatron-Core --fp8-param-gather, TorchTitan
+    float8.enable_fsdp_float8_all_gather)."""
+    if precision == "fp8" and runtime is not None and runtime.fp8_param_gather:
+        return DTYPE_BYTES["fp8"]
+    return working_bytes(precision)
+
+
 def optimizer_state_bytes(precision: str) -> int:
     """Bytes per parameter the optimizer holds beyond the weights and gradients: the
     master copy (if any) and Adam's two moments. bf16: 4 + 8 = 12; fp32: 8."""

@@ -23,6 +23,7 @@ so the two add up.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Iterable, Sequence
 
 from costmodel.dtypes import TRAINING, optimizer_step_bytes
@@ -60,15 +61,88 @@ def gemm_efficiency(m: float, n: float, k: float, eff: GpuEfficiency, batch: flo
     return f
 
 
+# FlashAttention processes the s x s scores in square tiles; with a causal mask it skips
+# the tiles above the diagonal and computes the diagonal ones whole (Dao 2023,
+# FlashAttention-2, Sec. 3.1.1 "Causal masking": about half the blocks are skipped). The
+# forward kernels of FA2 on A100 and FA3 on H100 use 128-row query tiles for head dims
+# 64-128 (FA2 Sec. 3.3; Shah et al. 2024, FlashAttention-3, Sec. 4.1 block sizes).
+FLASH_BLOCK = 128
+
+
+def causal_fraction(s: float) -> float:
+    """Share of the full s x s score FLOPs a causal fused-attention kernel computes: the
+    lower triangle of (s/B)^2 tiles of side B, diagonal tiles whole: (1 + B/s) / 2."""
+    if s <= FLASH_BLOCK:
+        return 1.0
+    return 0.5 * (1.0 + FLASH_BLOCK / s)
+
+
+def fused_attention_efficiency(s: float, d: float, eff: GpuEfficiency) -> float:
+    """Fraction of peak of a fused attention kernel at sequence ``s`` and head dim ``d``:
+    ``attention_eff`` at long sequences and large heads, falling as
+    s/(s + attention_seq_half) * d/(d + attention_head_dim_half). FlashAttention-2's A100
+    speed figures (Dao 2023, Fig. 4-7: forward+backward TFLOP/s by sequence 512-16k and
+    head dim 64/128) and FlashAttention-3's H100 benchmarks (Shah et al. 2024, Sec. 4.1) rise
+    with both, saturating from about 2k tokens and head dim 128; the two half-points say
+    where (docs/runtimes.md). Unknown shape (s or d <= 0): the long-sequence value."""
+    f = eff.attention_eff
+    if s > 0 and eff.attention_seq_half > 0:
+        f *= s / (s + eff.attention_seq_half)
+    if d > 0 and eff.attention_head_dim_half > 0:
+        f *= d / (d + eff.attention_head_dim_half)
+    return f
+
+
+# FP8 GEMM efficiency when a profile does not give one: FlashAttention-3 on H100 reaches
+# 740 TFLOP/s in FP16 (75 % of the 989 TFLOP/s peak) and close to 1.2 PFLOP/s in FP8 (61 %
+# of 1,979) (Shah et al. 2024, abstract): Hopper's FP8 tensor-core kernels reach about
+# 0.61/0.75 = 0.81 of the BF16 share of peak (shorter k-loops per byte of operand, the
+# scaling epilogue). Used as gemm_eff_max_fp8 = FP8_EFF_RATIO * gemm_eff_max.
+FP8_EFF_RATIO = (1200.0 / 1978.9) / (740.0 / 989.4)
+# Transformer Engine runs attention (and everything but the GEMMs of its linear layers) in
+# BF16 under FP8 training (TE user guide, "Using FP8 with Transformer Engine").
+_ATTENTION_PRECISION = {"fp8": "bf16"}
+
+
+def fp8_native(gpu: GpuSpec, precision: str) -> bool:
+    """True when ``precision`` is fp8 and the GPU has FP8 tensor cores (a datasheet fp8 peak)."""
+    return precision == "fp8" and "fp8" in gpu.peak_tflops
+
+
+def _gemm_eff_for(eff: GpuEfficiency, gpu: GpuSpec, precision: str) -> GpuEfficiency:
+    if not fp8_native(gpu, precision):
+        return eff
+    fp8 = eff.gemm_eff_max_fp8 or FP8_EFF_RATIO * eff.gemm_eff_max
+    return _with_gemm_max(eff, fp8)
+
+
+_EFF_CACHE: dict[tuple[GpuEfficiency, float], GpuEfficiency] = {}
+
+
+def _with_gemm_max(eff: GpuEfficiency, value: float) -> GpuEfficiency:
+    key = (eff, value)
+    got = _EFF_CACHE.get(key)
+    if got is None:
+        got = _EFF_CACHE[key] = replace(eff, gemm_eff_max=value)
+    return got
+
+
 def op_time_s(op: Op, gpu: GpuSpec, eff: GpuEfficiency, precision: str) -> float:
     """GPU seconds for one operation: max(compute time, memory time) + kernel overhead.
-    'attention' ops are the batched matmuls of core attention (batch = microbatch x heads);
-    'flash_attention' is a fused attention kernel at ``attention_eff`` of peak."""
+    'gemm' ops run at the precision's peak (FP8 GEMMs at the fp8 peak and efficiency);
+    'attention' ops are the batched matmuls of core attention (batch = microbatch x heads)
+    and 'flash_attention' a fused attention kernel (m = s, k = head dim), both in BF16 under
+    FP8 training."""
     mem_t = op.bytes / (gpu.mem_bw_Bps * eff.hbm_eff)
-    if op.kind in ("gemm", "attention"):
-        comp_t = op.flops / (gpu.peak_flops(precision) * gemm_efficiency(op.m, op.n, op.k, eff, op.batch))
+    if op.kind == "gemm":
+        e = _gemm_eff_for(eff, gpu, precision)
+        comp_t = op.flops / (gpu.peak_flops(precision) * gemm_efficiency(op.m, op.n, op.k, e, op.batch))
+    elif op.kind == "attention":
+        prec = _ATTENTION_PRECISION.get(precision, precision)
+        comp_t = op.flops / (gpu.peak_flops(prec) * gemm_efficiency(op.m, op.n, op.k, eff, op.batch))
     elif op.kind == "flash_attention":
-        comp_t = op.flops / (gpu.peak_flops(precision) * eff.attention_eff)
+        prec = _ATTENTION_PRECISION.get(precision, precision)
+        comp_t = op.flops / (gpu.peak_flops(prec) * fused_attention_efficiency(op.m, op.k, eff))
     else:
         comp_t = 0.0
     return max(comp_t, mem_t) + eff.kernel_overhead_us * 1e-6
@@ -101,7 +175,9 @@ def _fuse_dropout_add(ops: Sequence[Op]) -> list[Op]:
 def _flash(ops: Sequence[Op]) -> list[Op]:
     """Fused (flash) attention: the s x s scores never reach HBM. The core-attention ops of
     one pass become one kernel with their matmul FLOPs and only Q, K, V, O traffic; its
-    backward recomputes QK^T (FlashAttention: 5 matmuls backward vs 2 forward)."""
+    backward recomputes QK^T (FlashAttention: 5 matmuls backward vs 2 forward). The model
+    is a causal decoder, so the kernel computes only ``causal_fraction(s)`` of those FLOPs;
+    the op keeps m = s and k = head dim for the kernel's efficiency."""
     out: list[Op] = []
     group: list[Op] = []
 
@@ -113,6 +189,8 @@ def _flash(ops: Sequence[Op]) -> list[Op]:
         backward = any(o.name.endswith(("_dq", "_dk", "_dp", "_dv")) for o in mm)
         if backward:
             flops *= 5 / 4
+        s_len, d_head, batch = mm[0].m, mm[0].k, mm[0].batch
+        flops *= causal_fraction(s_len)
         # Q, K, V and O (and their gradients backward) stream once: each matmul's bytes
         # less its s x s operand (scores x e bytes: the softmax reads and writes them once
         # forward, 2 x; its backward reads two and writes one, 3 x).
@@ -123,7 +201,8 @@ def _flash(ops: Sequence[Op]) -> list[Op]:
             elif o.name == "softmax_bwd":
                 score_e = o.bytes / 3
         io = sum(max(o.bytes - score_e, 0.0) for o in mm)
-        out.append(Op("flash_attention_bwd" if backward else "flash_attention", "flash_attention", flops, io))
+        out.append(Op("flash_attention_bwd" if backward else "flash_attention", "flash_attention", flops, io,
+                      s_len, s_len, d_head, batch))
         group.clear()
 
     for o in ops:
@@ -148,6 +227,28 @@ def transform_ops(ops: Sequence[Op], runtime: RuntimeSettings | None) -> list[Op
     return out
 
 
+# Transformer Engine casts each FP8 GEMM's activation operand from BF16 in a fused
+# cast-transpose kernel that also records the tensor's amax for the delayed scaling
+# recipe (TE user guide, "Using FP8 with Transformer Engine": FP8 tensors carry a scaling
+# factor from the amax history; Hopper's FP8 GEMMs take both operand layouts, so the
+# kernel writes the FP8 tensor and its transpose). Per GEMM: read 2 B, write 1 + 1 B per
+# element of its m x k input. Weights are cast once per step and cached across
+# microbatches (TE's is_first_microbatch), not per microbatch; the amax-history update is
+# one small kernel per step. Neither is counted per microbatch.
+FP8_CAST_BYTES_PER_ELEM = 2.0 + 1.0 + 1.0
+
+
+def fp8_cast_ops(ops: Sequence[Op]) -> list[Op]:
+    """``ops`` with an FP8 cast(-transpose) kernel before every GEMM (see above)."""
+    out: list[Op] = []
+    for o in ops:
+        if o.kind == "gemm":
+            elems = float(o.m) * o.k * o.batch
+            out.append(Op(f"{o.name}_fp8_cast", "memory", 0.0, elems * FP8_CAST_BYTES_PER_ELEM))
+        out.append(o)
+    return out
+
+
 def host_time_s(n_ops: int, runtime: RuntimeSettings | None) -> float:
     return 0.0 if runtime is None else n_ops * runtime.host_overhead_us * 1e-6
 
@@ -157,6 +258,8 @@ def ops_time_s(ops: Iterable[Op], gpu: GpuSpec, eff: GpuEfficiency, precision: s
     """Seconds for a sequence of ops: GPU time, combined with the CPU time to issue them
     (max of the two with asynchronous launches, their sum with launch blocking)."""
     ops = transform_ops(list(ops), runtime)
+    if fp8_native(gpu, precision):
+        ops = fp8_cast_ops(ops)
     gpu_t = sum(op_time_s(op, gpu, eff, precision) for op in ops)
     host_t = host_time_s(len(ops), runtime)
     if runtime is not None and runtime.launch_blocking:

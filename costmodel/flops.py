@@ -382,3 +382,16 @@ def hardware_flops_per_iteration(model: ModelSpec, recompute: str, *, convention
     if recompute == "selective" and convention == "published":
         extra *= 3
     return model_flops_per_iteration(model) + model.global_batch_size * model.num_layers * extra
+
+
+def megatron_flops_per_iteration(model: ModelSpec) -> float:
+    """Model FLOPs of one step as Megatron-LM counts them for its throughput figures
+    (megatron/training/training.py num_floating_point_operations, NVIDIA/Megatron-LM
+    commit f2e5db402c): 12*B*s*l*h^2 * ((1 + g/a + s/h) * q/h + f/h * (3/2 if SwiGLU else 1)
+    + V/(2*l*h)), with q = a * head dim the query width, g the KV groups, f the FFN width.
+    Attention scores are counted whole (no causal halving), no recompute. For GPT (MHA,
+    ffn = 4h) it is 72*B*s*l*h^2*(1 + s/(6h) + V/(12*l*h)), what model_flops_per_iteration gives."""
+    b, s, l, h = model.global_batch_size, model.seq_length, model.num_layers, model.hidden_size
+    a, g, q = model.num_attention_heads, model.kv_groups, model.num_attention_heads * model.head_dim
+    gated = 1.5 if model.activation == "swiglu" else 1.0
+    return 12.0 * b * s * l * h * h * ((1 + g / a + s / h) * q / h + model.ffn / h * gated + model.vocab_size / (2 * l * h))

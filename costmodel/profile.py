@@ -9,10 +9,11 @@ saying where its numbers came from (datasheet, published figure, or a fit with d
 device).
 
 Bundled profiles live in ``costmodel/profiles/``: ``default.yaml`` (always the base), one
-file per GPU type and cluster fabric (``a100-ib-hdr``, ``a100-opa``) and runtime overlays
-(``runtime-megatron-deepspeed-2022``). ``load_profile`` merges, key by key and in order:
-the default, the bundled names asked for, then the user's ``--profile`` file (a path or a
-bundled name).
+file per GPU type and cluster fabric (``a100-ib-hdr``, ``a100-opa``, ``h100-ib-ndr``) and the
+runtime overlays of the named framework runtimes (``RUNTIMES``: ``runtime-megatron-core``,
+``runtime-torchtitan``, ...; docs/runtimes.md), which hold only a ``runtime`` section.
+``load_profile`` merges, key by key and in order: the default, the bundled names asked for,
+the runtime's overlays, then the user's ``--profile`` file (a path or a bundled name).
 """
 from __future__ import annotations
 
@@ -35,7 +36,15 @@ class GpuEfficiency:
     gemm_k_half: float = 64.0  # inner dimension at which a GEMM's k-loop efficiency halves: k/(k + k_half)
     sm_count: float = 0.0  # streaming multiprocessors; > 0 enables tile/wave quantisation of m and n
     gemm_dim_half: float = 64.0  # without sm_count: an m or n of this size halves efficiency, d/(d + half)
-    attention_eff: float = 0.5  # fraction of peak of a fused (flash) attention kernel
+    attention_eff: float = 0.5  # fraction of peak of a fused (flash) attention kernel at long sequences
+    # Fused attention's efficiency falls at short sequences and small heads (fewer, smaller
+    # tiles per (batch, head)): attention_eff * s/(s + attention_seq_half) * d/(d + attention_head_dim_half)
+    # (costmodel/efficiency.fused_attention_efficiency; docs/runtimes.md).
+    attention_seq_half: float = 256.0
+    attention_head_dim_half: float = 16.0
+    # Fraction of the fp8 dense peak a large FP8 GEMM reaches (Transformer Engine's fp8
+    # GEMMs); 0 = unset: gemm_eff_max times FP8_EFF_RATIO (costmodel/efficiency.py).
+    gemm_eff_max_fp8: float = 0.0
     hbm_eff: float = 0.8  # fraction of datasheet HBM bandwidth that memory-bound kernels reach
     kernel_overhead_us: float = 4.0  # GPU-side cost of every kernel (launch latency, ramp, tail), us
     # Top-k selection's compute per gradient element, ns, on top of its memory traffic
@@ -83,6 +92,13 @@ class RuntimeSettings:
     grad_reduce_dtype: str = "auto"  # auto (fp32 for bf16, else the precision) | fp32 | bf16 | fp16
     zero1_grad_all_reduce: bool = False  # ZeRO-1 all-reduces gradients (not reduce-scatter)
     eager_adam: bool = False  # Adam as separate element-wise ops (validate/dp.adam_update), not fused kernels
+    # Issue 9 (docs/runtimes.md; each bundled runtime cites its framework's flag):
+    tp_comm_overlap: bool = False  # TP all-gather/reduce-scatter chunked and overlapped with GEMMs (needs sp)
+    overlap_param_gather: bool = False  # ZeRO-1/2 parameter all-gather overlapped with the next forward
+    fp8_param_gather: bool = False  # ZeRO/FSDP all-gathers fp8 weights (1 B) under precision=fp8
+    fp8_weight_copies: int = 2  # fp8 copies of each weight Transformer Engine keeps (weight and its transpose)
+    fsdp_reshard_after_forward: str = "always"  # ZeRO-3/FSDP frees gathered weights after forward: always | never | default (not with pp)
+    fsdp_prefetch_layers: int = 1  # ZeRO-3/FSDP gathers this many units ahead of the compute
     source: str = "built-in default"
 
 
@@ -99,7 +115,9 @@ _STR_FIELDS = _typed("str")
 # peak, (0, 1]; times in microseconds up to one second (costmodel/limits.py); the share of
 # compute lost to an overlapping collective is below 1 (at 1 compute would never finish).
 # Any other (future) number: finite and in [0, 1e6].
-_RANGES = {"compute_slowdown": (0.0, 1.0, False, True)}
+_RANGES = {"compute_slowdown": (0.0, 1.0, False, True),
+           "gemm_eff_max_fp8": (0.0, 1.0, False, False),  # 0: unset (derived from gemm_eff_max)
+           "fp8_weight_copies": (0, 4, False, False), "fsdp_prefetch_layers": (0, 64, False, False)}
 _DEFAULT_RANGE = (0.0, 1e6, False, False)
 
 
@@ -116,7 +134,8 @@ def _range(key: str) -> tuple[float, float, bool, bool]:
 def _short(value: object) -> str:
     text = repr(value) if not isinstance(value, (dict, list)) else type(value).__name__
     return text if len(text) <= 60 else text[:57] + "..."
-_STR_CHOICES = {"grad_reduce_dtype": ("auto",) + GRAD_REDUCE_CHOICES}
+_STR_CHOICES = {"grad_reduce_dtype": ("auto",) + GRAD_REDUCE_CHOICES,
+                "fsdp_reshard_after_forward": ("always", "never", "default")}
 
 # Edge kinds of specs/topology's graph that belong to the inter-node network.
 NETWORK_KINDS = ("network", "nic", "leaf_spine", "explicit")
@@ -230,12 +249,66 @@ def default_profile() -> Profile:
     return _merge(_EMPTY, data, src)
 
 
-def load_profile(path: str | None, bundled: Iterable[str] = ()) -> Profile:
-    """The default profile, then each bundled profile in ``bundled``, then the user's
-    ``path`` (a YAML file, or the name of a bundled profile), each merged key by key."""
+# Bundled framework runtimes (docs/runtimes.md): name -> the runtime overlays
+# (costmodel/profiles/runtime-*.yaml) merged, in order, over the hardware profiles. A
+# runtime file holds only a ``runtime`` section: hardware stays in the hardware profiles.
+RUNTIMES: dict[str, tuple[str, ...]] = {
+    "megatron-core": ("runtime-megatron-core",),
+    "megatron-lm-2022": ("runtime-megatron-lm-2022",),
+    "megatron-deepspeed": ("runtime-megatron-deepspeed",),
+    "megatron-deepspeed-bf16opt": ("runtime-megatron-deepspeed", "runtime-deepspeed-bf16-optimizer"),
+    "torchtitan": ("runtime-torchtitan",),
+}
+DEFAULT_RUNTIME = "megatron-core"  # what `plansim simulate/search` use without --runtime
+# GPUs without FlashAttention kernels: FlashAttention-2 supports Ampere, Ada and Hopper
+# (Dao 2023, Sec. 4; the flash-attention README's requirements), ROCm's port MI200/MI300,
+# torch's CPU SDPA has a flash kernel; Volta has none. There, frameworks fall back to
+# unfused core attention.
+NO_FUSED_ATTENTION = frozenset({"V100-SXM2-32GB"})
+
+
+def runtime_profiles(name: str | None) -> tuple[str, ...]:
+    """The bundled overlays of runtime ``name`` (None: none); InputError for other names."""
+    if name is None:
+        return ()
+    if name not in RUNTIMES:
+        raise InputError(str(name)[:60], "--runtime", f"unknown runtime; allowed: {', '.join(RUNTIMES)}")
+    return RUNTIMES[name]
+
+
+def for_gpus(profile: Profile, gpu_names: Iterable[str]) -> Profile:
+    """``profile`` with fused attention switched off when any GPU lacks the kernels
+    (NO_FUSED_ATTENTION): the runtime falls back to unfused attention, in time and memory."""
+    bad = sorted(set(gpu_names) & NO_FUSED_ATTENTION)
+    if not bad or not profile.runtime.flash_attention:
+        return profile
+    rt = replace(profile.runtime, flash_attention=False,
+                 source=f"{profile.runtime.source} | flash_attention off: no fused attention kernels on {', '.join(bad)}")
+    return replace(profile, runtime=rt)
+
+
+def reshard_after_forward(runtime: RuntimeSettings, pp: int) -> bool:
+    """Whether ZeRO-3/FSDP frees the gathered weights after forward: runtime
+    fsdp_reshard_after_forward 'always', 'never', or 'default' = only without pipeline
+    parallelism (TorchTitan, torchtitan/distributed/fsdp.py get_fsdp_reshard_after_forward_policy)."""
+    policy = runtime.fsdp_reshard_after_forward
+    return policy == "always" or (policy == "default" and pp == 1)
+
+
+def load_profile(path: str | None, bundled: Iterable[str] = (), runtime: str | None = None) -> Profile:
+    """The default profile, then each bundled profile in ``bundled``, then the overlays of
+    the bundled ``runtime`` (RUNTIMES), then the user's ``path`` (a YAML file, or the name
+    of a bundled profile), each merged key by key."""
     prof = default_profile()
     for name in bundled:
         data, src = _bundled(name)
+        prof = _merge(prof, data, src)
+    for name in runtime_profiles(runtime):
+        data, src = _bundled(name)
+        hardware = sorted(k for k in ("gpus", "fabrics") if data.get(k))
+        if hardware:
+            raise InputError(src, hardware[0], "a runtime profile holds only a 'runtime' section (hardware "
+                             "belongs in the hardware profiles)")
         prof = _merge(prof, data, src)
     if not path:
         return prof

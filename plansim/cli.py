@@ -20,6 +20,15 @@ def _add_common(p: argparse.ArgumentParser, topology_default: str | None = DEFAU
     p.add_argument("--nodes", type=int, help="scale a single-group topology to N nodes")
     p.add_argument("--model", default=None, help="model preset or YAML file (default gpt3-1.3b)")
     p.add_argument("--profile", help="hardware profile YAML merged over the bundled default")
+    add_runtime_arg(p, default="megatron-core")
+
+
+def add_runtime_arg(p: argparse.ArgumentParser, default: str | None) -> None:
+    """--runtime NAME: the bundled framework runtime (costmodel/profile.RUNTIMES, docs/runtimes.md)."""
+    from costmodel.profile import RUNTIMES
+    tail = f" (default {default})" if default else " (default: the profile's own runtime section)"
+    p.add_argument("--runtime", default=default, metavar="NAME",
+                   help=f"framework runtime: {', '.join(RUNTIMES)}{tail}")
 
 
 def _check_nodes(args) -> None:
@@ -30,15 +39,19 @@ def _check_nodes(args) -> None:
 
 
 def _load_inputs(args):
-    from costmodel.profile import load_profile
+    from costmodel.profile import for_gpus, load_profile, runtime_profiles
     from specs.model import DEFAULT_MODEL, load_model
     from specs.topology import load_topology
 
     _check_nodes(args)
+    runtime = getattr(args, "runtime", None)
+    runtime_profiles(runtime)  # a bad name fails before the cluster is built
     cluster = load_topology(args.topology, nodes=args.nodes)
     model = load_model(args.model or DEFAULT_MODEL)
-    # The topology names the bundled profiles of its fabric; --profile goes over them.
-    profile = load_profile(args.profile, bundled=cluster.profiles)
+    # The topology names the bundled profiles of its fabric, --runtime the framework's
+    # overlays; --profile goes over them.
+    profile = load_profile(args.profile, bundled=cluster.profiles, runtime=runtime)
+    profile = for_gpus(profile, {d.gpu.name for d in cluster.devices})
     return cluster, model, profile
 
 
@@ -71,6 +84,8 @@ def cmd_simulate(args) -> int:
         print(json.dumps(res.to_dict(), indent=2))
     else:
         print(summary_text(res))
+        if args.runtime:
+            print(f"runtime: {args.runtime} (docs/runtimes.md; --runtime to change)")
         if args.trace:
             print(f"trace written to {args.trace} (open it in https://ui.perfetto.dev)")
         if args.report:

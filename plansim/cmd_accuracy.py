@@ -1,6 +1,6 @@
 """`plansim accuracy`: simulate every published training run and compare.
 
-    plansim accuracy [--json] [--profile FILE] [--report DIR] [--rows CSV] [--jobs N]
+    plansim accuracy [--json] [--profile FILE] [--runtime NAME] [--report DIR] [--rows CSV] [--jobs N]
 
 Each row of the published-runs table (validate/data/published_runs.csv by default) is
 simulated with its own model, plan and topology and the bundled profile of its GPU type,
@@ -24,6 +24,8 @@ def register(subparsers) -> None:
     p.add_argument("--profile", help="profile YAML (or bundled name) merged over every row's bundled profiles")
     p.add_argument("--report", metavar="DIR", help="write index.html, report.md, accuracy.png, accuracy.csv")
     p.add_argument("--rows", metavar="CSV", help="published-runs table (default: the project's copy)")
+    from plansim.cli import add_runtime_arg
+    add_runtime_arg(p, default=None)
     p.add_argument("--jobs", type=int, default=None,
                    help="processes to simulate rows in (default: CPU count, at most 4)")
     p.set_defaults(func=cmd_accuracy)
@@ -48,7 +50,8 @@ def cmd_accuracy(args) -> int:
     if jobs < 1:
         raise InputError("--jobs", None, f"must be a positive integer (got {jobs})")
     show = not args.json and sys.stderr.isatty()
-    res = run_accuracy(args.rows, profile=args.profile, progress=_print_row if show else None, jobs=jobs)
+    res = run_accuracy(args.rows, profile=args.profile, progress=_print_row if show else None, jobs=jobs,
+                       runtime=args.runtime)
     if args.report:
         from reports.accuracy import write_accuracy_report
         write_accuracy_report(args.report, res)

@@ -27,6 +27,8 @@ def register(subparsers) -> None:
     g.add_argument("--plans", nargs="+", metavar="PLAN", help="several plans: also checks their ranking")
     p.add_argument("--profile", action="append", default=[], metavar="[WORLD=]FILE",
                    help="calibrated profile; WORLD=FILE applies it to plans of WORLD processes (repeatable)")
+    from plansim.cli import add_runtime_arg
+    add_runtime_arg(p, default=None)
     p.add_argument("--steps", type=int, default=10, help="measured steps per plan (default 10)")
     p.add_argument("--warmup", type=int, default=2, help="unmeasured steps first (default 2)")
     p.add_argument("--seed", type=int, default=0)
@@ -66,7 +68,8 @@ def profile_for(specs: list[str]) -> dict:
 
 
 def validate_plans(topology: str, model_name: str, plans: list[str], profiles: dict, *, steps: int,
-                   warmup: int, seed: int, timeout_s: float, record: bool, progress=None):
+                   warmup: int, seed: int, timeout_s: float, record: bool, progress=None,
+                   runtime: str | None = None):
     """Run and simulate every plan; the comparisons in the given order."""
     from costmodel.profile import load_profile
     from plansim.cmd_calibrate import resolve_world
@@ -84,7 +87,7 @@ def validate_plans(topology: str, model_name: str, plans: list[str], profiles: d
         cluster, _ = resolve_world(topology, world, "--plan", f"{text}: processes (tp*pp*dp) ")
         plan = resolve_plan(raw, model, cluster.num_devices)
         prof_path = profiles.get(world, profiles.get(None))
-        profile = load_profile(prof_path, bundled=cluster.profiles)
+        profile = load_profile(prof_path, bundled=cluster.profiles, runtime=runtime)
         prepared.append((plan, cluster, profile, prof_path))
     require_torch()
     from validate.microbench import worker_threads_env
@@ -116,7 +119,7 @@ def cmd_validate(args) -> int:
     say = None if args.json else (lambda m: print(m, file=sys.stderr, flush=True))
     comps = validate_plans(args.topology, args.model, plans, profile_for(args.profile), steps=args.steps,
                            warmup=args.warmup, seed=args.seed, timeout_s=args.timeout,
-                           record=bool(args.report), progress=say)
+                           record=bool(args.report), progress=say, runtime=args.runtime)
     ranking = Ranking(comps)
     if args.report:
         from reports.validation import write_validation_report

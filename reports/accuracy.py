@@ -25,7 +25,8 @@ from validate.accuracy import AccuracyResult
 
 FILES = ("index.html", "report.md", "accuracy.png", "accuracy.csv")
 BAND = 0.10  # the +-10 % band drawn around y = x (issue #3's accuracy target)
-UNITS = {"iter_time_s": "s/iteration", "hw_tflops_per_gpu": "TFLOP/s/GPU"}
+UNITS = {"iter_time_s": "s/iteration", "hw_tflops_per_gpu": "TFLOP/s/GPU",
+         "megatron_tflops_per_gpu": "TFLOP/s/GPU (Megatron)"}
 HEADERS = ("run", "source", "published", "predicted", "error", "plan", "topology", "profiles")
 
 
@@ -39,6 +40,15 @@ def table_rows(res: AccuracyResult) -> list[list[str]]:
     return out
 
 
+def _groups(res: AccuracyResult) -> dict[str, list]:
+    """Rows per GPU type, in order of first appearance (only when rows use several): the
+    A100 rows (K22, BLOOM) and the H100 rows (Megatron-Core) are read apart."""
+    out: dict[str, list] = {}
+    for r in res.rows:
+        out.setdefault(r.row.gpu, []).append(r)
+    return out if len(out) > 1 else {}
+
+
 def summary_lines(res: AccuracyResult) -> list[str]:
     rho = "n/a" if res.spearman is None or math.isnan(res.spearman) else f"{res.spearman:.3f}"
     worst = max(res.rows, key=lambda r: abs(r.error))
@@ -47,7 +57,10 @@ def summary_lines(res: AccuracyResult) -> list[str]:
         f"MAPE: {100 * res.mape:.2f} % (target <= 10 %)",
         f"Spearman rank correlation over the {len(res.sweep_ids)} sweep rows: {rho} (target >= 0.8)",
         f"Largest error: {worst.row.run_id} {100 * worst.error:+.1f} %",
-    ] + ([f"User profile merged over every row's profiles: {res.profile}"] if res.profile else [])
+    ] + [f"{name} rows ({len(rs)}, runtimes {', '.join(dict.fromkeys(r.row.runtime for r in rs))}): "
+         f"MAPE {100 * sum(abs(r.error) for r in rs) / len(rs):.2f} %, largest "
+         f"{max(rs, key=lambda r: abs(r.error)).row.run_id} {100 * max(rs, key=lambda r: abs(r.error)).error:+.1f} %"
+         for name, rs in _groups(res).items()] + ([f"User profile merged over every row's profiles: {res.profile}"] if res.profile else [])
 
 
 def _draw(ax, rows, lo, hi, log: bool, label_ids: bool) -> None:
@@ -57,7 +70,7 @@ def _draw(ax, rows, lo, hi, log: bool, label_ids: bool) -> None:
     ax.plot(line, line, color="#555555", linewidth=1.0, label="predicted = published")
     groups: dict[str, list] = {}
     for r in rows:
-        groups.setdefault(r.row.framework, []).append(r)
+        groups.setdefault(r.row.runtime, []).append(r)
     markers = ["o", "s", "^", "D", "v"]
     for i, (name, members) in enumerate(sorted(groups.items())):
         ax.scatter([r.published for r in members], [r.predicted for r in members], s=22,

@@ -18,7 +18,7 @@ from collections import Counter
 from dataclasses import replace
 from typing import NamedTuple
 
-from costmodel.dtypes import grad_reduce_bytes, working_bytes
+from costmodel.dtypes import grad_reduce_bytes, param_gather_bytes
 from costmodel.efficiency import optimizer_time_s, topk_compress_time_s, topk_decompress_time_s
 from costmodel.estimate import ChunkGrads, PipelineCost, StageCost
 from costmodel.profile import Profile
@@ -28,7 +28,8 @@ from sim.engine import hop_latency
 from sim.flownet import edge_latency_s
 from specs.plan import Plan
 from sim.program import (TOPK_ENTRY_BYTES, ChunkWork, ReplicaClass, call_latency_s, choose_allreduce,
-                         chunk_work, n_buckets, replica_classes, stage_chunks, stage_memory)
+                         chunk_work, n_buckets, overlapped_gather_exposed_s, replica_classes, stage_chunks,
+                         stage_memory)
 from specs.topology import Cluster
 
 GIB = 2.0 ** 30
@@ -280,7 +281,7 @@ class CostTables:
                     if plan.zero == 3:
                         ag0, ag1 = self.dp_op(plan, s, "all_gather")
                         rs0, rs1 = self.dp_op(plan, s, "reduce_scatter")
-                        z3_gather = max(z3_gather, ag0 + ag1 * prm * working_bytes(prec))
+                        z3_gather = max(z3_gather, ag0 + ag1 * prm * param_gather_bytes(prec, self.runtime))
                         z3_rs = max(z3_rs, rs0 + rs1 * gbytes)
                         continue
                     k = n_buckets(gbytes, n)
@@ -309,7 +310,11 @@ class CostTables:
                 gather = 0.0
                 if plan.zero in (1, 2) and plan.dp > 1:
                     g0, g1 = self.dp_op(plan, s, "all_gather")
-                    gather = g0 + g1 * params * working_bytes(prec)
+                    gather = g0 + g1 * params * param_gather_bytes(prec, self.runtime)
+                    if self.runtime.overlap_param_gather:  # beside the first forward, bucket by bucket
+                        k = sum(max(1, c.buckets) for c in grads)
+                        gather = overlapped_gather_exposed_s(g0 + g1 * params * param_gather_bytes(prec, self.runtime) / k,
+                                                             k, fwd)
                 stages.append(StageCost(fwd_s=fwd, bwd_s=bwd, tp_s=tp, p2p_s=p2p, grads=tuple(grads),
                                         optimizer_s=optimizer_time_s(opt_params, gpu, eff, prec, self.runtime),
                                         gather_s=gather, zero3_gather_s=z3_gather, zero3_rs_s=z3_rs, vpp=v))

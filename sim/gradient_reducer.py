@@ -20,7 +20,7 @@ from sim import collective_flows as cf
 from sim.accountant import RankKey, StepAccountant
 from sim.calls import EnginePart
 from sim.flownet import FlowNetwork
-from costmodel.dtypes import WORKING_BYTES as BYTES, grad_reduce_bytes
+from costmodel.dtypes import grad_reduce_bytes, param_gather_bytes
 from sim.program import TOPK_ENTRY_BYTES, ChunkWork, Program
 
 
@@ -47,6 +47,7 @@ class GradientReducer(EnginePart):
         self._started: dict[int, float] = {}                    # stage -> first bucket's start
         self._gathered = [env.event() for _ in range(p)]        # ZeRO-1/2 parameter gather done
         self._optimized = [0] * p                               # classes past the optimizer
+        self._early_gather: dict[tuple[int, int, int], simpy.Process] = {}  # overlapped param gather
         self._call_s = [self.call_latency_s(self.plan.dp_group(s, 0)) if self.plan.dp > 1 else 0.0
                         for s in range(p)]
         self._phase_cache: dict[tuple[int, float, str], list[cf.Phase]] = {}
@@ -95,10 +96,27 @@ class GradientReducer(EnginePart):
             self.env.process(self._param_gather(stage))
         return self._gathered[stage]
 
+    def param_gather_bucket(self, stage: int, chunk: int, j: int) -> simpy.Process:
+        """Overlapped parameter gather (Program.overlap_param_gather): the all-gather of
+        bucket ``j`` of model chunk ``chunk``'s updated weights, started by the first
+        replica class that asks (every class needs the same gather). Megatron-Core
+        dispatches bucket 0 before the forward and bucket j+1 when the forward reaches
+        bucket j (megatron/core/optimizer/distrib_optimizer.py, _make_forward_pre_hook and
+        _finish_param_sync_helper), so the caller asks for j+1 as it starts bucket j."""
+        key = (stage, chunk, j)
+        got = self._early_gather.get(key)
+        if got is None:
+            w = self.prog.pipelines[0].chunks[(stage, chunk)]
+            k = max(1, len(w.grad_buckets))
+            nbytes = w.params / k * param_gather_bytes(self.plan.precision, self.prog.profile.runtime)
+            got = self._early_gather[key] = self._run(stage, self._phases(stage, nbytes, "all_gather"),
+                                                      f"param all-gather c{chunk}b{j}")
+        return got
+
     def zero3_gather(self, pi: int, stage: int, action) -> simpy.Process:
         """ZeRO-3: all-gather the weights of the chunk ``action`` runs."""
         w = self.prog.pipelines[pi].chunks[(stage, action.chunk)]
-        nbytes = w.params * BYTES[self.plan.precision]
+        nbytes = w.params * param_gather_bytes(self.plan.precision, self.prog.profile.runtime)
         return self._run(stage, self._phases(stage, nbytes, "all_gather"), f"zero3 gather {action.kind}{action.mb}")
 
     def zero3_reduce_scatter(self, stage: int, w: ChunkWork) -> simpy.Process:
@@ -142,7 +160,7 @@ class GradientReducer(EnginePart):
     def _param_gather(self, s: int):
         pipe = self.prog.pipelines[0]
         params = sum(pipe.chunks[(s, c)].params for c in range(self.plan.vpp))
-        nbytes = params * BYTES[self.plan.precision]
+        nbytes = params * param_gather_bytes(self.plan.precision, self.prog.profile.runtime)
         t0 = self.env.now
         yield self._run(s, self._phases(s, nbytes, "all_gather"), "param all-gather")
         if self.acct.record:

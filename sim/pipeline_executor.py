@@ -138,6 +138,24 @@ class PipelineExecutor(EnginePart):
             yield from self._busy(key, "compute", t, f"top-k compress c{chunk}b{j}")
         self.reducer.bucket_ready(stage, chunk, j)
 
+    def _forward_gathering(self, key: RankKey, s: int, chunk: int, w, label: str, first_f: dict):
+        """The first forward of ``chunk`` with the overlapped parameter gather (Megatron-Core
+        --overlap-param-gather): before the layers of bucket j it waits for bucket j's
+        all-gather (exposed 'dp'), then dispatches the next bucket's (the next chunk's
+        bucket 0 after the last), and computes those layers. The gather is the one the
+        previous step's optimizer left to this forward; in a steady state of identical
+        steps, simulating it at the start of this step is the same."""
+        k = max(1, len(w.grad_buckets))
+        order = sorted(first_f, key=first_f.get)
+        nxt = order[order.index(chunk) + 1] if order.index(chunk) + 1 < len(order) else None
+        for j in range(k):
+            yield from self._wait(key, self.reducer.param_gather_bucket(s, chunk, j), "dp", f"param gather c{chunk}b{j}")
+            if j + 1 < k:
+                self.reducer.param_gather_bucket(s, chunk, j + 1)
+            elif nxt is not None:
+                self.reducer.param_gather_bucket(s, nxt, 0)
+            yield from self._busy(key, "compute", w.fwd_s / k, label)
+
     # ------------------------------------------------------------ the compute stream
     def compute_stream(self, pi: int, s: int):
         pipe = self.prog.pipelines[pi]
@@ -152,6 +170,14 @@ class PipelineExecutor(EnginePart):
         gathers, scatters = {}, []
         if zero3:
             gathers[0] = self.reducer.zero3_gather(pi, s, actions[0])
+        # Overlapped parameter gather: the first forward of each chunk waits bucket by bucket.
+        early = self.prog.overlap_param_gather
+        first_f = {}
+        for idx, a in enumerate(actions):
+            if a.kind == "F":
+                first_f.setdefault(a.chunk, idx)
+        if early:
+            self.reducer.param_gather_bucket(s, actions[first_f[0]].chunk if first_f else 0, 0)
         for idx, a in enumerate(actions):
             vs = a.chunk * self.p + s
             w = pipe.chunks[(s, a.chunk)]
@@ -163,7 +189,10 @@ class PipelineExecutor(EnginePart):
             if a.kind == "F":
                 if vs > 0:
                     yield from self._wait_dep(key, Handoff(pi, "F", vs - 1, a.mb), label)
-                yield from self._busy(key, "compute", w.fwd_s, label)
+                if early and first_f.get(a.chunk) == idx:
+                    yield from self._forward_gathering(key, s, a.chunk, w, label, first_f)
+                else:
+                    yield from self._busy(key, "compute", w.fwd_s, label)
                 yield from self._busy(key, "tp", w.fwd_tp_s, f"tp {label}")
                 if vs < self.V - 1:
                     out = Handoff(pi, "F", vs, a.mb)
@@ -213,7 +242,7 @@ class PipelineExecutor(EnginePart):
         self.acct.seg(key, "compute", "idle", t0, split, "wait replicas")
         self.acct.seg(key, "compute", "dp", split, self.env.now, "grad reduce")
         yield from self._busy(key, "compute", pipe.optimizer_s[s], "optimizer")
-        if self.plan.zero in (1, 2) and self.plan.dp > 1:
+        if self.plan.zero in (1, 2) and self.plan.dp > 1 and not early:
             # Sharded optimizer: gather the updated weights once every replica is done.
             gathered = self.reducer.optimizer_done(pi, s)
             t0 = self.env.now

@@ -17,7 +17,7 @@ from costmodel import collectives as cc
 from costmodel import flops as fl
 from costmodel import memory as mem
 from costmodel.device_memory import ChunkSpec, MemoryConfig, device_memory
-from costmodel.dtypes import grad_reduce_bytes, working_bytes
+from costmodel.dtypes import fp8_weight_bytes, grad_reduce_bytes, working_bytes
 from costmodel.efficiency import op_time_s, ops_time_s, optimizer_time_s
 from costmodel.flops import matmul_flops
 from costmodel.errors import InputError
@@ -80,6 +80,9 @@ class Program:
     # reduce-scattering them (DeepSpeed's bf16 optimizer).
     p2p_blocking: bool = False
     zero_grad_all_reduce: bool = False
+    # ZeRO-1/2's all-gather of the updated weights runs bucket by bucket beside the next
+    # step's first forward (Megatron-Core --overlap-param-gather), not after the optimizer.
+    overlap_param_gather: bool = False
 
     @property
     def p(self) -> int:
@@ -112,8 +115,29 @@ def _overlapped_s(comm_s: float, compute_s: float, slowdown: float) -> float:
     return max(0.0, comm_s - compute_s) + slowdown * min(comm_s, compute_s)
 
 
+def pipelined_overlap_s(comm_s: float, gemm_s: float, chunks: int, slowdown: float) -> float:
+    """Exposed cost of a collective split into ``chunks`` pieces and pipelined with its
+    GEMM, as Transformer Engine's userbuffer overlap does (Megatron-Core --tp-comm-overlap):
+    the first GEMM chunk runs on local data while the second piece moves, so the GEMM hides
+    (chunks-1)/chunks of itself behind the transfer; only what the transfer outlasts that
+    is exposed, plus the fabric's compute slowdown while both run."""
+    hide = gemm_s * (chunks - 1) / chunks
+    return max(0.0, comm_s - hide) + slowdown * min(comm_s, hide)
+
+
+def overlapped_gather_exposed_s(bucket_s: float, buckets: int, forward_s: float) -> float:
+    """Exposed time of Megatron-Core's overlapped parameter gather (--overlap-param-gather):
+    bucket 0's all-gather before the first forward, bucket j+1's beside the forward of
+    bucket j's layers (forward_s / buckets each): bucket_s + (buckets-1) max(0, bucket_s -
+    forward_s/buckets). The engine simulates it (sim/pipeline_executor._forward_gathering);
+    the search's estimate uses this closed form."""
+    if buckets <= 0:
+        return 0.0
+    return bucket_s + (buckets - 1) * max(0.0, bucket_s - forward_s / buckets)
+
+
 def tp_layer_comm_s(cluster: Cluster, profile: Profile, ranks: list[int], act_bytes: float, sp: bool,
-                    recompute: str, b_ops: list, gpu, eff, prec: str) -> tuple[float, float]:
+                    recompute: str, b_ops: list, gpu, eff, prec: str, f_ops: list | None = None) -> tuple[float, float]:
     """Exposed tensor-parallel communication of one layer and one microbatch, (forward,
     backward with recompute), on the critical path of the compute stream.
 
@@ -128,7 +152,16 @@ def tp_layer_comm_s(cluster: Cluster, profile: Profile, ranks: list[int], act_by
     With runtime.tp_bwd_overlap (Megatron-LM's asynchronous TP all-reduce) the backward
     input-gradient reduction runs beside the weight-gradient GEMM, and SP's re-gather of
     the input beside the input-gradient GEMM; only what outlasts them is exposed, plus the
-    fabric's ``compute_slowdown`` of the GEMM while both run."""
+    fabric's ``compute_slowdown`` of the GEMM while both run.
+
+    With runtime.tp_comm_overlap and SP (Megatron-Core --tp-comm-overlap, which requires
+    sequence parallelism: megatron/training/arguments.py; the overlap itself is Transformer
+    Engine's userbuffers) every all-gather and reduce-scatter next to a GEMM is chunked and
+    pipelined with it (pipelined_overlap_s, n = tp chunks): forward, the gathers before QKV
+    and MLP-up and the reduce-scatters after attention-out and MLP-down; backward, the
+    output-gradient gathers before the dgrad GEMMs of attention-out and MLP-down. The
+    backward re-gather and reduce-scatter of QKV and MLP-up overlap as above ("bulk"
+    overlaps with the dgrad and wgrad GEMMs, TE's tp_comm_bulk_dgrad/_wgrad)."""
     n = len(ranks)
     if n == 1:
         return 0.0, 0.0
@@ -141,8 +174,16 @@ def tp_layer_comm_s(cluster: Cluster, profile: Profile, ranks: list[int], act_by
     full = recompute == "full"
     overlap = profile.runtime.tp_bwd_overlap
     gemm = {o.name: op_time_s(o, gpu, eff, prec) for o in b_ops
-            if o.name in ("qkv_wgrad", "mlp_up_wgrad", "qkv_dgrad", "mlp_up_dgrad")}
+            if o.name in ("qkv_wgrad", "mlp_up_wgrad", "qkv_dgrad", "mlp_up_dgrad", "attn_out_dgrad", "mlp_down_dgrad")}
     slow = fab.compute_slowdown
+    if sp and profile.runtime.tp_comm_overlap and f_ops is not None:
+        fg = {o.name: op_time_s(o, gpu, eff, prec) for o in f_ops if o.kind == "gemm"}
+        fwd = sum(pipelined_overlap_s(ag, fg.get(g, 0.0), n, slow) for g in ("qkv", "mlp_up")) + \
+            sum(pipelined_overlap_s(rs, fg.get(g, 0.0), n, slow) for g in ("attn_out", "mlp_down"))
+        bwd = sum(pipelined_overlap_s(ag, gemm.get(f"{g}_dgrad", 0.0), n, slow) for g in ("attn_out", "mlp_down")) + \
+            sum(_overlapped_s(rs, gemm.get(f"{g}_wgrad", 0.0), slow) + _overlapped_s(ag, gemm.get(f"{g}_dgrad", 0.0), slow)
+                for g in ("qkv", "mlp_up"))
+        return fwd, bwd + (fwd if full else 0.0)
     if not sp:
         fwd = 2 * ar
         if overlap:
@@ -232,7 +273,8 @@ def chunk_work(model: ModelSpec, plan: Plan, cluster: Cluster, profile: Profile,
 
     ranks = plan.tp_group(*_coords(plan, rank))
     act = b * model.seq_length * model.hidden_size * width
-    tp_fwd1, tp_bwd1 = tp_layer_comm_s(cluster, profile, ranks, act, sp, plan.recompute, b_ops, gpu, eff, prec)
+    tp_fwd1, tp_bwd1 = tp_layer_comm_s(cluster, profile, ranks, act, sp, plan.recompute, b_ops, gpu, eff, prec,
+                                       f_ops=f_ops)
     fwd_tp, bwd_tp = layers * tp_fwd1, layers * tp_bwd1
     if last and tp > 1:
         # Cross-entropy over vocab-parallel logits: all-reduces of b*s floats (max, sum).
@@ -303,7 +345,8 @@ def memory_config(plan: Plan, runtime: RuntimeSettings) -> MemoryConfig:
     return MemoryConfig(tp=plan.tp, sp=plan.sp, mbs=plan.mbs, recompute=plan.recompute,
                         precision=plan.precision, dp=plan.dp, zero=plan.zero,
                         grad_bytes=grad_reduce_bytes(plan.precision, runtime),
-                        topk=plan.topk_fraction is not None, flash_attention=runtime.flash_attention)
+                        topk=plan.topk_fraction is not None, flash_attention=runtime.flash_attention,
+                        fp8_weight_bytes=fp8_weight_bytes(plan.precision, runtime))
 
 
 def stage_chunks(plan: Plan, stage: int) -> tuple[ChunkSpec, ...]:
@@ -369,7 +412,8 @@ def build_program(model: ModelSpec, plan: Plan, cluster: Cluster, profile: Profi
     algos = tuple(choose_allreduce(plan, cluster, profile, s, _first_bucket(pipelines[0], s, v)) for s in range(p))
     rt = profile.runtime
     return Program(model, plan, cluster, profile, pipelines, algos,
-                   p2p_blocking=rt.p2p_blocking, zero_grad_all_reduce=rt.zero1_grad_all_reduce)
+                   p2p_blocking=rt.p2p_blocking, zero_grad_all_reduce=rt.zero1_grad_all_reduce,
+                   overlap_param_gather=rt.overlap_param_gather and plan.zero in (1, 2) and plan.dp > 1)
 
 
 class ReplicaClass(NamedTuple):

@@ -21,8 +21,9 @@ from validate.microbench import (AttentionSample, GemmSample, MemorySample, Micr
 pytest.importorskip("scipy")
 
 CPU = get_gpu("CPU")
+# CPU fused attention has one efficiency at every shape (validate/calibrate.CPU_ATTENTION_SHAPE).
 TRUE_GPU = GpuEfficiency(gemm_eff_max=0.3, gemm_k_half=40.0, gemm_dim_half=20.0, hbm_eff=0.15, attention_eff=0.05,
-                         kernel_overhead_us=5.0, sm_count=0.0)
+                         kernel_overhead_us=5.0, sm_count=0.0, attention_seq_half=0.0, attention_head_dim_half=0.0)
 TRUE_FAB = FabricEfficiency(bw_eff=0.2, call_latency_us=150.0)
 LINK = (10e9, 10e-6, "loopback")
 

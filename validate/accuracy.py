@@ -16,12 +16,13 @@ from __future__ import annotations
 import csv
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
 from costmodel.errors import InputError
-from costmodel.profile import Profile, load_profile
+from costmodel.flops import megatron_flops_per_iteration
+from costmodel.profile import RUNTIMES, Profile, for_gpus, load_profile
 from costmodel.shapes import ModelSpec
 from sim.metrics import simulate
 from specs.plan import resolve_plan
@@ -34,14 +35,17 @@ DEFAULT_ROWS = Path(__file__).resolve().parent / "data" / "published_runs.csv"
 NETWORKS: dict[str, tuple[str, str]] = {
     "HDR200x8": ("dgx-a100", "a100-ib-hdr"),
     "OPA100x4": ("jeanzay-a100-opa", "a100-opa"),
+    "NDR400x8": ("dgx-h100", "h100-ib-ndr"),
 }
-# framework column -> bundled runtime overlays, merged in order over the fabric profile
-FRAMEWORKS: dict[str, tuple[str, ...]] = {
-    "megatron-lm": (),
-    "megatron-deepspeed": ("runtime-megatron-deepspeed",),
-    "megatron-deepspeed-bf16opt": ("runtime-megatron-deepspeed", "runtime-deepspeed-bf16-optimizer"),
-}
-FIGURE_KINDS = ("iter_time_s", "hw_tflops_per_gpu")
+# The runtime column names a bundled runtime (costmodel/profile.RUNTIMES), whose overlays
+# are merged in order over the fabric profile. CSVs written before runtimes had names carry
+# a `framework` column instead; its values map here.
+LEGACY_FRAMEWORKS = {"megatron-lm": "megatron-lm-2022", "megatron-deepspeed": "megatron-deepspeed",
+                     "megatron-deepspeed-bf16opt": "megatron-deepspeed-bf16opt"}
+# iter_time_s: seconds per iteration; hw_tflops_per_gpu: hardware FLOP/s per GPU (recompute
+# counted); megatron_tflops_per_gpu: Megatron's num_floating_point_operations per step
+# (costmodel/flops.megatron_flops_per_iteration) / (step time x GPUs).
+FIGURE_KINDS = ("iter_time_s", "hw_tflops_per_gpu", "megatron_tflops_per_gpu")
 # Both frameworks order ranks tensor-parallel innermost, then data-parallel, then pipeline
 # (Megatron-LM's initialize_model_parallel; DeepSpeed's PipeModelDataParallelTopology).
 PLACEMENT = "tp-dp-pp"
@@ -56,7 +60,7 @@ DP_ALGORITHM = "hierarchical"
 _INT = ("nodes", "gpus_per_node", "num_layers", "hidden_size", "num_attention_heads", "seq_length",
         "vocab_size", "global_batch_size", "tp", "pp", "dp", "mbs", "vpp", "zero")
 _REQUIRED = ("run_id", "source", "gpu", "network", "sp", "recompute", "precision", "figure_kind",
-             "figure", "framework") + _INT
+             "figure", "runtime") + _INT
 
 
 @dataclass(frozen=True)
@@ -86,7 +90,7 @@ class RunRow:
     precision: str
     figure_kind: str
     figure: float
-    framework: str
+    runtime: str  # a bundled runtime (costmodel/profile.RUNTIMES)
     overlap_grad_reduce: bool = True
     layers_per_stage: str = ""
 
@@ -147,6 +151,12 @@ def _bool(value: str, src: str, where: str) -> bool:
 def _row(raw: dict, src: str, line: int) -> RunRow:
     rid = (raw.get("run_id") or "").strip() or f"line {line}"
     where = f"{rid}"
+    if not (raw.get("runtime") or "").strip() and (raw.get("framework") or "").strip():
+        old = raw["framework"].strip()
+        if old not in LEGACY_FRAMEWORKS:
+            raise InputError(src, f"{where}.framework", f"got {old!r}; allowed: {', '.join(LEGACY_FRAMEWORKS)} "
+                             f"(or a runtime column: {', '.join(RUNTIMES)})")
+        raw = {**raw, "runtime": LEGACY_FRAMEWORKS[old]}
     for key in _REQUIRED:
         if not (raw.get(key) or "").strip():
             raise InputError(src, f"{where}.{key}", "missing value")
@@ -166,12 +176,12 @@ def _row(raw: dict, src: str, line: int) -> RunRow:
         raise InputError(src, f"{where}.figure_kind", f"got {raw['figure_kind']!r}; allowed: {', '.join(FIGURE_KINDS)}")
     if raw["network"] not in NETWORKS:
         raise InputError(src, f"{where}.network", f"got {raw['network']!r}; allowed: {', '.join(NETWORKS)}")
-    if raw["framework"] not in FRAMEWORKS:
-        raise InputError(src, f"{where}.framework", f"got {raw['framework']!r}; allowed: {', '.join(FRAMEWORKS)}")
+    if raw["runtime"] not in RUNTIMES:
+        raise InputError(src, f"{where}.runtime", f"got {raw['runtime']!r}; allowed: {', '.join(RUNTIMES)}")
     overlap = raw.get("overlap_grad_reduce") or "true"
     return RunRow(run_id=rid, source=raw["source"], gpu=raw["gpu"], network=raw["network"],
                   sp=_bool(raw["sp"], src, f"{where}.sp"), recompute=raw["recompute"], precision=raw["precision"],
-                  figure_kind=raw["figure_kind"], figure=figure, framework=raw["framework"],
+                  figure_kind=raw["figure_kind"], figure=figure, runtime=raw["runtime"],
                   overlap_grad_reduce=_bool(overlap, src, f"{where}.overlap_grad_reduce"),
                   layers_per_stage=(raw.get("layers_per_stage") or "").strip(), **vals)
 
@@ -189,7 +199,10 @@ def load_rows(path: str | Path | None = None) -> list[RunRow]:
         raise InputError(src, None, f"not UTF-8 text (byte {err.start}: {err.reason}); save the CSV as UTF-8") from None
     lines = [ln for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
     reader = csv.DictReader(lines)
-    missing = [c for c in _REQUIRED if c not in (reader.fieldnames or ())]
+    have = set(reader.fieldnames or ())
+    if "framework" in have:
+        have.add("runtime")  # a legacy framework column stands for it (LEGACY_FRAMEWORKS)
+    missing = [c for c in _REQUIRED if c not in have]
     if lines and missing:
         raise InputError(src, missing[0], f"missing column; required columns: {', '.join(_REQUIRED)}")
     rows = [_row(raw, src, i + 2) for i, raw in enumerate(reader)]
@@ -238,18 +251,19 @@ def row_notes(row: RunRow) -> list[str]:
     if not row.layers_per_stage:
         notes.append("transformer layers split evenly; embedding on the first stage, output layer on the last")
     notes.append(f"data-parallel collectives: NCCL's topology-aware channels, modelled as allreduce={DP_ALGORITHM}")
-    notes.append(f"runtime: {row.framework}")
+    notes.append(f"runtime: {row.runtime}")
     return notes
 
 
 def row_profile_names(row: RunRow) -> tuple[str, ...]:
-    return (NETWORKS[row.network][1],) + FRAMEWORKS[row.framework]
+    return (NETWORKS[row.network][1],) + RUNTIMES[row.runtime]
 
 
 def row_profile(row: RunRow, profile: str | None = None) -> Profile:
-    """The profile a row is simulated with: its bundled fabric and runtime profiles, then the
-    user's ``profile`` (a file or bundled name) over them."""
-    return load_profile(profile, bundled=row_profile_names(row))
+    """The profile a row is simulated with: its bundled fabric profile and its runtime's
+    overlays, then the user's ``profile`` (a file or bundled name) over them."""
+    prof = load_profile(profile, bundled=(NETWORKS[row.network][1],), runtime=row.runtime)
+    return for_gpus(prof, {row.gpu})
 
 
 def row_cluster(row: RunRow, src: str = "rows") -> Cluster:
@@ -273,7 +287,12 @@ def simulate_row(row: RunRow, profile: Profile, src: str = "rows") -> RowResult:
     model = row_model(row)
     plan = resolve_plan(row_plan_text(row), model, cluster.num_devices)
     res = simulate(model, plan, cluster, profile)
-    predicted = res.step_time_s if row.figure_kind == "iter_time_s" else res.hardware_tflops_per_gpu
+    if row.figure_kind == "iter_time_s":
+        predicted = res.step_time_s
+    elif row.figure_kind == "megatron_tflops_per_gpu":
+        predicted = megatron_flops_per_iteration(model) / res.step_time_s / cluster.num_devices / 1e12
+    else:
+        predicted = res.hardware_tflops_per_gpu
     return RowResult(row=row, predicted=predicted, topology=f"{topo_name} --nodes {row.nodes}",
                      profiles=row_profile_names(row), plan=plan.to_string(), breakdown=dict(res.breakdown),
                      notes=row_notes(row), sim_wall_s=res.sim_wall_s)
@@ -324,17 +343,22 @@ def _simulate_task(task: tuple) -> RowResult:
 
 def run_accuracy(rows_path: str | Path | None = None, profile: str | None = None,
                  progress: Callable[[RowResult], None] | None = None,
-                 sweep_prefix: str = SWEEP_PREFIX, jobs: int = 1) -> AccuracyResult:
+                 sweep_prefix: str = SWEEP_PREFIX, jobs: int = 1, runtime: str | None = None) -> AccuracyResult:
     """Simulate every row; MAPE over all rows, Spearman over the rows whose id starts with
     ``sweep_prefix``. ``profile`` (a file or bundled name) is merged over each row's own.
-    ``jobs`` > 1 simulates rows in that many processes (same results, in file order)."""
+    ``jobs`` > 1 simulates rows in that many processes (same results, in file order).
+    ``runtime`` (a bundled runtime name) replaces every row's runtime column."""
     t0 = time.perf_counter()
     src = str(Path(rows_path) if rows_path else DEFAULT_ROWS)
     rows = load_rows(rows_path)
+    if runtime is not None:
+        if runtime not in RUNTIMES:
+            raise InputError(str(runtime)[:60], "--runtime", f"unknown runtime; allowed: {', '.join(RUNTIMES)}")
+        rows = [replace(r, runtime=runtime) for r in rows]
     profiles: dict[tuple[str, ...], Profile] = {}
     tasks = []
     for row in rows:
-        names = row_profile_names(row)
+        names = row_profile_names(row) + (row.gpu,)
         if names not in profiles:
             profiles[names] = row_profile(row, profile)
         tasks.append((row, profiles[names], src))

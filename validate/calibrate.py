@@ -34,7 +34,7 @@ import numpy as np
 
 from costmodel import collectives as cc
 from costmodel.dtypes import DTYPE_BYTES
-from costmodel.efficiency import op_time_s, topk_compress_time_s
+from costmodel.efficiency import causal_fraction, op_time_s, topk_compress_time_s
 from costmodel.flops import Op
 from costmodel.gpus import GpuSpec
 from costmodel.profile import FabricEfficiency, GpuEfficiency
@@ -71,8 +71,14 @@ def _mem_op(s: MemorySample) -> Op:
     return Op(s.op, "memory", 0.0, s.bytes)
 
 
+# One fitted fused-attention efficiency at every shape (no GPU tile-occupancy falloff).
+CPU_ATTENTION_SHAPE = {"attention_seq_half": 0.0, "attention_head_dim_half": 0.0}
+
+
 def _attn_op(a: AttentionSample) -> Op:
-    return Op("flash_attention", "flash_attention", a.flops, a.bytes)
+    # The microbenchmark's kernel is causal (is_causal=True) and skips the tiles above the
+    # diagonal as the simulator's fused attention op does (costmodel/efficiency.causal_fraction).
+    return Op("flash_attention", "flash_attention", a.flops * causal_fraction(a.s), a.bytes, a.s, a.s, a.d, a.batch)
 
 
 def _least_squares(fun, x0, lo, hi):
@@ -102,7 +108,7 @@ def fit_memory(samples: list[MemorySample], gpu: GpuSpec, base: GpuEfficiency) -
 def fit_attention(samples: list[AttentionSample], gpu: GpuSpec, base: GpuEfficiency) -> float:
     """attention_eff (fused attention's fraction of peak) with the overhead fixed."""
     def resid(x):
-        eff = replace(base, attention_eff=x[0])
+        eff = replace(base, attention_eff=x[0], **CPU_ATTENTION_SHAPE)
         return [math.log(op_time_s(_attn_op(a), gpu, eff, FIT_PRECISION) / a.seconds) for a in samples]
     return float(_least_squares(resid, [0.1], [1e-5], [1.0])[0])
 
@@ -172,7 +178,7 @@ def fit_profile(res: MicrobenchResult, gpu: GpuSpec, base_gpu: GpuEfficiency,
         e_max, k_half, d_half = fit_gemm(res.gemm, gpu, eff)
         eff = replace(eff, gemm_eff_max=e_max, gemm_k_half=k_half, gemm_dim_half=d_half)
     if res.attention:
-        eff = replace(eff, attention_eff=fit_attention(res.attention, gpu, eff))
+        eff = replace(eff, attention_eff=fit_attention(res.attention, gpu, eff), **CPU_ATTENTION_SHAPE)
     if res.topk:
         eff = replace(eff, topk_select_ns_per_elem=fit_topk(res.topk, gpu, eff))
     out = FitResult(gpu=eff, fabric=None, host_overhead_us=host_us)
@@ -255,7 +261,8 @@ def profile_mapping(fit: FitResult, res: MicrobenchResult, gpu_name: str, link_k
         "gpus": {gpu_name: {
             "gemm_eff_max": round(g.gemm_eff_max, 5), "gemm_k_half": round(g.gemm_k_half, 3),
             "gemm_dim_half": round(g.gemm_dim_half, 3), "sm_count": 0,
-            "attention_eff": round(g.attention_eff, 5), "hbm_eff": round(g.hbm_eff, 5), "kernel_overhead_us": round(g.kernel_overhead_us, 3),
+            "attention_eff": round(g.attention_eff, 5),
+            **CPU_ATTENTION_SHAPE, "hbm_eff": round(g.hbm_eff, 5), "kernel_overhead_us": round(g.kernel_overhead_us, 3),
             "topk_select_ns_per_elem": round(g.topk_select_ns_per_elem, 4),
             "source": gpu_src,
         }},
