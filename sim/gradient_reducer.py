@@ -2,7 +2,8 @@
 produces them, ZeRO's reduce-scatters and all-gathers, and top-k compressed exchange.
 
 One DP stream per pipeline stage reduces that stage's buckets in the order they become
-ready on every simulated replica class; it stands for every DP group of the stage (TP
+ready on every simulated replica class, over the dp*cp ranks that hold the same weights
+(plan.grad_group); it stands for every DP group of the stage (TP
 index t > 0 sends alongside as unsimulated replicas). The pipeline executor reports
 ready buckets (bucket_ready), waits for a stage's reduction (stage_reduced), and starts
 ZeRO-3's per-microbatch gathers and reduce-scatters and ZeRO-1/2's parameter gather.
@@ -47,17 +48,17 @@ class GradientReducer(EnginePart):
         self._started: dict[int, float] = {}                    # stage -> first bucket's start
         self._gathered = [env.event() for _ in range(p)]        # ZeRO-1/2 parameter gather done
         self._optimized = [0] * p                               # classes past the optimizer
-        self._call_s = [self.call_latency_s(self.plan.dp_group(s, 0)) if self.plan.dp > 1 else 0.0
+        self._call_s = [self.call_latency_s(self.plan.grad_group(s, 0)) if self.plan.grad_degree > 1 else 0.0
                         for s in range(p)]
         self._phase_cache: dict[tuple[int, float, str], list[cf.Phase]] = {}
         # The DP groups of TP indices 1..tp-1 per stage, built once (tuples: run_phases
         # takes them as they are).
-        self._replicas = [tuple(tuple(self.plan.dp_group(s, t)) for t in range(1, self.plan.tp))
+        self._replicas = [tuple(tuple(self.plan.grad_group(s, t)) for t in range(1, self.plan.tp))
                           for s in range(p)]
         # A stage's DP collectives run as representative flows (sim/symmetric_collective.py)
         # when its replicas are identical and on one GPU type; otherwise flow by flow.
         self._symmetric = [symmetric and self.n_classes == 1
-                           and len({self.cluster.devices[r].gpu.name for r in self.plan.dp_group(s, 0)}) == 1
+                           and len({self.cluster.devices[r].gpu.name for r in self.plan.grad_group(s, 0)}) == 1
                            for s in range(p)]
 
     # ------------------------------------------------------------ the executor's side
@@ -116,7 +117,7 @@ class GradientReducer(EnginePart):
         frac = self.plan.topk_fraction
         gpu = self.cluster.devices[pipe.ranks[s]].gpu
         eff = self.prog.profile.gpu(gpu.name)
-        dpn = self.plan.dp
+        dpn = self.plan.grad_degree
         for i in range(total):
             chunk, j = yield self._queue[s].get()
             if i == 0:
@@ -126,7 +127,7 @@ class GradientReducer(EnginePart):
             if frac is not None:
                 elems = self.bucket_elements(s, chunk)
                 nnz = max(1.0, frac * elems)
-                yield self._run(s, cf.sparse_allgather(self.plan.dp_group(s, 0), nnz, TOPK_ENTRY_BYTES),
+                yield self._run(s, cf.sparse_allgather(self.plan.grad_group(s, 0), nnz, TOPK_ENTRY_BYTES),
                                 f"topk c{chunk}b{j}")
                 yield self.env.timeout(ce.topk_decompress_time_s(elems, (dpn - 1) * nnz, TOPK_ENTRY_BYTES, gpu, eff))
             else:
@@ -161,7 +162,7 @@ class GradientReducer(EnginePart):
         return phases
 
     def _build_phases(self, s: int, nbytes: float, op: str) -> list[cf.Phase]:
-        group = self.plan.dp_group(s, 0)
+        group = self.plan.grad_group(s, 0)
         algo = self.prog.dp_algorithm[s]
         if op == "all_reduce":
             return cf.build(algo, "all_reduce", group, nbytes, node_of=self.cluster.node_of)

@@ -18,6 +18,7 @@ import simpy
 from sim import collective_flows as cf
 from sim.accountant import RankKey, StepAccountant
 from sim.calls import EnginePart
+from sim.context_parallel import ContextParallelExchange
 from sim.program import group_kind
 from sim.flownet import FlowNetwork
 from sim.gradient_reducer import GradientReducer
@@ -50,8 +51,9 @@ class PipelineExecutor(EnginePart):
         self._p2p_routes: dict[tuple[int, int, int], tuple] = {}
         # Share of compute speed lost per second a stage's gradient collectives overlap
         # it (profile fabrics.<kind>.compute_slowdown of the DP group's fabric).
-        self._dp_slowdown = [program.profile.fabric(group_kind(self.cluster, self.plan.dp_group(s, 0))).compute_slowdown
+        self._dp_slowdown = [program.profile.fabric(group_kind(self.cluster, self.plan.grad_group(s, 0))).compute_slowdown
                              for s in range(self.p)]
+        self.cp = ContextParallelExchange(env, net, program, accountant) if self.plan.cp > 1 else None
 
     # ------------------------------------------------------------ time on the compute stream
     def _busy(self, key: RankKey, cat: str, dt: float, label: str):
@@ -112,8 +114,9 @@ class PipelineExecutor(EnginePart):
             pipe = self.prog.pipelines[pi]
             src, dst = pipe.ranks[src_stage], pipe.ranks[dst_stage]
             d0 = pipe.dp_indices[0]
-            replicas = tuple((self.plan.rank(d, src_stage, t), self.plan.rank(d, dst_stage, t))
-                             for d in pipe.dp_indices for t in range(self.plan.tp) if (d, t) != (d0, 0))
+            replicas = tuple((self.plan.rank(d, src_stage, t, c), self.plan.rank(d, dst_stage, t, c))
+                             for d in pipe.dp_indices for c in range(self.plan.cp) for t in range(self.plan.tp)
+                             if (d, t, c) != (d0, 0, 0))
             route = self._p2p_routes[(pi, src_stage, dst_stage)] = (
                 *cf.p2p_route(self.net, self.cluster.route, src, dst, replicas), self.call_latency_s([src, dst]))
         # One flow: the call's software cost and the path latency in one timeout, then
@@ -138,6 +141,30 @@ class PipelineExecutor(EnginePart):
             yield from self._busy(key, "compute", t, f"top-k compress c{chunk}b{j}")
         self.reducer.bucket_ready(stage, chunk, j)
 
+    # ------------------------------------------------------------ context parallelism
+    def _compute(self, key: RankKey, pi: int, s: int, w, backward: bool, dt: float, label: str, parts: int = 1):
+        """``dt`` seconds of a chunk's forward or backward compute (1/parts of it when the
+        backward is cut into gradient buckets). With context parallelism the core
+        attention in it runs as cp block steps beside the K/V exchange (ring) or after
+        the all-to-all (a2a); the exposed exchange is booked as 'cp'."""
+        block = (w.cp_bwd_block_s if backward else w.cp_fwd_block_s) / parts
+        if self.cp is None or block <= 0:
+            yield from self._busy(key, "compute", dt, label)
+            return
+        cp = self.plan.cp
+        nbytes = (w.cp_bwd_bytes if backward else w.cp_fwd_bytes) / parts
+        yield from self._busy(key, "compute", dt - cp * block, label)
+        if not self.cp.ring:
+            ex = self.cp.exchange(pi, s, nbytes, f"a2a {label}")
+            yield from self._wait(key, ex, "cp", f"cp a2a {label}")
+            yield from self._busy(key, "compute", cp * block, f"attn {label}")
+            return
+        for i in range(cp):
+            ex = self.cp.exchange(pi, s, nbytes, f"kv{i + 1} {label}") if i < cp - 1 else None
+            yield from self._busy(key, "compute", block, f"attn{i} {label}")
+            if ex is not None:
+                yield from self._wait(key, ex, "cp", f"cp kv{i + 1} {label}")
+
     # ------------------------------------------------------------ the compute stream
     def compute_stream(self, pi: int, s: int):
         pipe = self.prog.pipelines[pi]
@@ -148,7 +175,7 @@ class PipelineExecutor(EnginePart):
             if a.kind == "B":
                 last_b[a.chunk] = idx
         overlap = self.plan.overlap_grad_reduce and self.plan.zero < 3
-        zero3 = self.plan.zero == 3 and self.plan.dp > 1
+        zero3 = self.plan.zero == 3 and self.plan.grad_degree > 1
         gathers, scatters = {}, []
         if zero3:
             gathers[0] = self.reducer.zero3_gather(pi, s, actions[0])
@@ -163,7 +190,7 @@ class PipelineExecutor(EnginePart):
             if a.kind == "F":
                 if vs > 0:
                     yield from self._wait_dep(key, Handoff(pi, "F", vs - 1, a.mb), label)
-                yield from self._busy(key, "compute", w.fwd_s, label)
+                yield from self._compute(key, pi, s, w, False, w.fwd_s, label)
                 yield from self._busy(key, "tp", w.fwd_tp_s, f"tp {label}")
                 if vs < self.V - 1:
                     out = Handoff(pi, "F", vs, a.mb)
@@ -181,11 +208,11 @@ class PipelineExecutor(EnginePart):
                     # is ready after (j+1)/K of this backward pass.
                     k = len(buckets)
                     for j in range(k):
-                        yield from self._busy(key, "compute", w.bwd_s / k, label)
+                        yield from self._compute(key, pi, s, w, True, w.bwd_s / k, label, k)
                         yield from self._busy(key, "tp", w.bwd_tp_s / k, f"tp {label}")
                         yield from self._grad_ready(key, s, a.chunk, j)
                 else:
-                    yield from self._busy(key, "compute", w.bwd_s, label)
+                    yield from self._compute(key, pi, s, w, True, w.bwd_s, label)
                     yield from self._busy(key, "tp", w.bwd_tp_s, f"tp {label}")
                 if zero3:
                     scatters.append(self.reducer.zero3_reduce_scatter(s, w))
@@ -213,7 +240,7 @@ class PipelineExecutor(EnginePart):
         self.acct.seg(key, "compute", "idle", t0, split, "wait replicas")
         self.acct.seg(key, "compute", "dp", split, self.env.now, "grad reduce")
         yield from self._busy(key, "compute", pipe.optimizer_s[s], "optimizer")
-        if self.plan.zero in (1, 2) and self.plan.dp > 1:
+        if self.plan.zero in (1, 2) and self.plan.grad_degree > 1:
             # Sharded optimizer: gather the updated weights once every replica is done.
             gathered = self.reducer.optimizer_done(pi, s)
             t0 = self.env.now

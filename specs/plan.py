@@ -133,6 +133,20 @@ class Plan:
     def dp_group(self, stage: int, tp_index: int, cp_index: int = 0) -> list[int]:
         return [self.rank(d, stage, tp_index, cp_index) for d in range(self.dp)]
 
+    @property
+    def grad_degree(self) -> int:
+        """Ranks that hold the same weights and reduce their gradients together: dp*cp
+        (the cp ranks of a replica see different tokens of the same sequences; Megatron-Core
+        reduces gradients and shards its distributed optimizer over the data-parallel group
+        "with context parallel": megatron/core/distributed/param_and_grad_buffer.py)."""
+        return self.dp * self.cp
+
+    def grad_group(self, stage: int, tp_index: int) -> list[int]:
+        """The gradient-reduction (and ZeRO-sharding) group of ``stage``'s TP index
+        ``tp_index``: every (dp, cp) pair; cp ranks of one replica are adjacent in the ring.
+        With cp=1 this is dp_group."""
+        return [self.rank(d, stage, tp_index, c) for d in range(self.dp) for c in range(self.cp)]
+
     def cp_group(self, dp_index: int, stage: int, tp_index: int) -> list[int]:
         """The ranks that split one sequence; ring neighbours are consecutive entries."""
         return [self.rank(dp_index, stage, tp_index, c) for c in range(self.cp)]
