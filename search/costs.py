@@ -306,8 +306,8 @@ class CostTables:
                     if plan.zero == 3:
                         ag0, ag1 = self.dp_op(plan, s, "all_gather")
                         rs0, rs1 = self.dp_op(plan, s, "reduce_scatter")
-                        z3_gather = max(z3_gather, ag0 + ag1 * prm * working_bytes(prec))
-                        z3_rs = max(z3_rs, rs0 + rs1 * gbytes)
+                        z3_gather = max(z3_gather, ag0 + ag1 * prm / n * working_bytes(prec))  # one layer
+                        z3_rs = max(z3_rs, rs0 + rs1 * gbytes / n)
                         continue
                     k = n_buckets(gbytes, n)
                     size = gbytes / k
@@ -338,6 +338,7 @@ class CostTables:
                     gather = g0 + g1 * params * working_bytes(prec)
                 stages.append(StageCost(fwd_s=fwd, bwd_s=bwd, tp_s=tp, p2p_s=p2p, grads=tuple(grads),
                                         optimizer_s=optimizer_time_s(opt_params, gpu, eff, prec, self.runtime),
-                                        gather_s=gather, zero3_gather_s=z3_gather, zero3_rs_s=z3_rs, vpp=v))
+                                        gather_s=gather, zero3_gather_s=z3_gather, zero3_rs_s=z3_rs, vpp=v,
+                                        layers=sum(ch.layers for ch in stage_chunks(plan, s)) / v))
             out.append(PipelineCost(tuple(stages), m, v, plan.schedule, len(m_cls.members)))
         return out

@@ -96,16 +96,24 @@ class GradientReducer(EnginePart):
             self.env.process(self._param_gather(stage))
         return self._gathered[stage]
 
-    def zero3_gather(self, pi: int, stage: int, action) -> simpy.Process:
-        """ZeRO-3: all-gather the weights of the chunk ``action`` runs."""
-        w = self.prog.pipelines[pi].chunks[(stage, action.chunk)]
-        nbytes = w.params * BYTES[self.plan.precision]
-        return self._run(stage, self._phases(stage, nbytes, "all_gather"), f"zero3 gather {action.kind}{action.mb}")
+    def zero3_gather_layer(self, stage: int, w: ChunkWork, fraction: float, label: str) -> simpy.Process:
+        """ZeRO-3 / FSDP: all-gather ``fraction`` of chunk ``w``'s weights (one layer)."""
+        nbytes = w.params * fraction * BYTES[self.plan.precision]
+        return self._busy_call(stage, self._phases(stage, nbytes, "all_gather"), label)
 
-    def zero3_reduce_scatter(self, stage: int, w: ChunkWork) -> simpy.Process:
-        """ZeRO-3: reduce-scatter one microbatch's gradients of chunk ``w``."""
-        nbytes = w.params * grad_reduce_bytes(self.plan.precision, self.prog.profile.runtime)
-        return self._run(stage, self._phases(stage, nbytes, "reduce_scatter"), "zero3 reduce-scatter")
+    def zero3_reduce_scatter(self, stage: int, w: ChunkWork, fraction: float = 1.0) -> simpy.Process:
+        """ZeRO-3: reduce-scatter one microbatch's gradients of ``fraction`` of chunk ``w``."""
+        nbytes = w.params * fraction * grad_reduce_bytes(self.plan.precision, self.prog.profile.runtime)
+        return self._busy_call(stage, self._phases(stage, nbytes, "reduce_scatter"), "zero3 reduce-scatter")
+
+    def _busy_call(self, s: int, phases: list[cf.Phase], label: str) -> simpy.Process:
+        """A ZeRO-3 collective that counts as DP busy time while it runs, so the compute it
+        overlaps is slowed by the fabric's compute_slowdown as the gradient buckets' is."""
+        def proc():
+            t0 = self.acct.dp_started(s)
+            yield self._run(s, phases, label)
+            self.acct.dp_finished(s, t0)
+        return self.env.process(proc())
 
     # ------------------------------------------------------------ the DP stream
     def dp_stream(self, s: int):

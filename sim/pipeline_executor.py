@@ -176,21 +176,19 @@ class PipelineExecutor(EnginePart):
                 last_b[a.chunk] = idx
         overlap = self.plan.overlap_grad_reduce and self.plan.zero < 3
         zero3 = self.plan.zero == 3 and self.plan.grad_degree > 1
-        gathers, scatters = {}, []
-        if zero3:
-            gathers[0] = self.reducer.zero3_gather(pi, s, actions[0])
+        scatters = []
+        fsdp = _LayerGathers(self, pi, s, actions, scatters) if zero3 else None
         for idx, a in enumerate(actions):
             vs = a.chunk * self.p + s
             w = pipe.chunks[(s, a.chunk)]
-            if zero3:
-                if idx + 1 < len(actions):  # prefetch the next action's weights
-                    gathers[idx + 1] = self.reducer.zero3_gather(pi, s, actions[idx + 1])
-                yield from self._wait(key, gathers.pop(idx), "dp", "zero3 gather")
             label = f"{a.kind}{a.mb} c{a.chunk}"
             if a.kind == "F":
                 if vs > 0:
                     yield from self._wait_dep(key, Handoff(pi, "F", vs - 1, a.mb), label)
-                yield from self._compute(key, pi, s, w, False, w.fwd_s, label)
+                if fsdp is not None:
+                    yield from fsdp.run(key, w, False, label)
+                else:
+                    yield from self._compute(key, pi, s, w, False, w.fwd_s, label)
                 yield from self._busy(key, "tp", w.fwd_tp_s, f"tp {label}")
                 if vs < self.V - 1:
                     out = Handoff(pi, "F", vs, a.mb)
@@ -211,11 +209,12 @@ class PipelineExecutor(EnginePart):
                         yield from self._compute(key, pi, s, w, True, w.bwd_s / k, label, k)
                         yield from self._busy(key, "tp", w.bwd_tp_s / k, f"tp {label}")
                         yield from self._grad_ready(key, s, a.chunk, j)
+                elif fsdp is not None:
+                    yield from fsdp.run(key, w, True, label)
+                    yield from self._busy(key, "tp", w.bwd_tp_s, f"tp {label}")
                 else:
                     yield from self._compute(key, pi, s, w, True, w.bwd_s, label)
                     yield from self._busy(key, "tp", w.bwd_tp_s, f"tp {label}")
-                if zero3:
-                    scatters.append(self.reducer.zero3_reduce_scatter(s, w))
                 if vs > 0:
                     out = Handoff(pi, "B", vs, a.mb)
                     self._send(pi, s, (vs - 1) % self.p, w.p2p_bytes, out, f"grad {label}")
@@ -247,3 +246,41 @@ class PipelineExecutor(EnginePart):
             yield gathered
             self.acct.seg(key, "compute", "dp", t0, self.env.now, "param all-gather")
         self.acct.finished(key)
+
+
+class _LayerGathers:
+    """ZeRO-3 / FSDP with prefetch, one layer at a time (FSDP wraps each transformer block:
+    TorchTitan's apply_fsdp, torchtitan/models/llama3/infra/parallelize.py; DeepSpeed's
+    ZeRO-3 prefetches by module too): the all-gather of the next layer's weights starts
+    when a layer starts computing, so it hides behind that layer's compute; a layer waits
+    only for what its own gather has left. The sequence of layers runs on across actions
+    (the last layer of one action prefetches the first of the next). After each layer's
+    backward its gradients are reduce-scattered. A chunk's embedding or output layer
+    weights are spread evenly over its layers' gathers."""
+
+    def __init__(self, ex: "PipelineExecutor", pi: int, s: int, actions, scatters: list):
+        self.ex, self.pi, self.s, self.scatters = ex, pi, s, scatters
+        pipe = ex.prog.pipelines[pi]
+        # (chunk work, layer fraction) of every layer unit in the order the rank runs them
+        self.units = [(pipe.chunks[(s, a.chunk)], a.kind, a.mb) for a in actions
+                      for _ in range(pipe.chunks[(s, a.chunk)].layers)]
+        self.pos = 0
+        self.pending = self._gather(0)
+
+    def _gather(self, u: int):
+        if u >= len(self.units):
+            return None
+        w, kind, mb = self.units[u]
+        return self.ex.reducer.zero3_gather_layer(self.s, w, 1.0 / w.layers, f"fsdp gather {kind}{mb}")
+
+    def run(self, key: RankKey, w, backward: bool, label: str):
+        """One action's compute, layer by layer, each after its weights are gathered."""
+        ex, n = self.ex, w.layers
+        dt = w.bwd_s if backward else w.fwd_s
+        for j in range(n):
+            ready, self.pos = self.pending, self.pos + 1
+            yield from ex._wait(key, ready, "dp", f"fsdp gather {label} l{j}")
+            self.pending = self._gather(self.pos)  # prefetch the next layer
+            yield from ex._compute(key, self.pi, self.s, w, backward, dt / n, f"{label} l{j}", n)
+            if backward:
+                self.scatters.append(ex.reducer.zero3_reduce_scatter(self.s, w, 1.0 / n))
