@@ -23,9 +23,11 @@ def _activations_gib(tables: CostTables, plan: Plan) -> float:
     return stage_memory(tables.model, plan, tables.runtime, 0, m)["activations"] / GIB
 
 
-def cp_note(tables: CostTables, results: list[StepResult], considered: tuple[int, ...]) -> str:
+def cp_note(tables: CostTables, results: list[StepResult], considered: tuple[int, ...],
+            best_without_cp: tuple[Plan, float] | None = None) -> str:
     """One paragraph; empty when the search tried no cp > 1 (``considered`` = the cp
-    degrees enumerated)."""
+    degrees enumerated). ``best_without_cp``: the search's best-estimated fitting plan
+    with cp=1 and its estimated step, None when no cp=1 plan fits."""
     if max(considered, default=1) == 1:
         return ""
     model, n = tables.model, tables.cluster.num_devices
@@ -55,10 +57,18 @@ def cp_note(tables: CostTables, results: list[StepResult], considered: tuple[int
     text = (head + f"{'the best plan' if best_is_cp else 'the best plan with cp > 1'} {res.plan} "
             f"({res.tokens_per_s:,.0f} tokens/s) gives each rank {local:,} tokens of every sequence; {attn}; "
             f"{exchange}.")
+    if best_without_cp is None:
+        alt = " No plan without cp fits or is valid at all on these devices."
+    else:
+        p1, est1 = best_without_cp
+        alt = (f" The best plan without cp, {p1.to_string()}, is estimated at {est1:.3f} s a step against "
+               f"{res.step_time_s:.3f} s simulated here ({_act_sentence(tables, plan, p1)}).")
     try:
         twin = resolve_plan(_twin_text(plan), model, n)
     except InputError as e:
-        return text + f" Without cp the same tp/pp on these devices is not a valid plan ({e.message})."
+        return (text + f" Its cp=1 twin (same tp/pp, {plan.dp * plan.cp} replicas) is not a valid plan "
+                f"({e.message}): with {model.global_batch_size} sequences a step, cp is what lets more GPUs "
+                f"share each sequence without deeper pipelines or wider TP." + alt)
     act, act_twin = _activations_gib(tables, plan), _activations_gib(tables, twin)
     short = tables.memory_shortfall_gib(twin)
     m, m_twin = res_mb(model, plan), res_mb(model, twin)
@@ -66,7 +76,8 @@ def cp_note(tables: CostTables, results: list[StepResult], considered: tuple[int
            f"{act:.1f} GiB (activations scale with the tokens a GPU holds, cut by cp), and runs {m_twin} "
            f"microbatch(es) per replica against {m}")
     if short > 0:
-        return text + why + f"; it does not fit (short by {short:.1f} GiB per GPU). Why cp wins: activation memory."
+        return (text + why + f"; it does not fit (short by {short:.1f} GiB per GPU). Why cp wins: activation memory."
+                + alt)
     est, est_twin = estimate_step(tables.pipelines(plan)), estimate_step(tables.pipelines(twin))
     verdict = "wins" if est.step_s < est_twin.step_s else "loses"
     return (text + why + f"; it fits, estimated at {est_twin.step_s:.3f} s a step (bubble {est_twin.bubble_s:.3f} s) "
@@ -78,3 +89,9 @@ def cp_note(tables: CostTables, results: list[StepResult], considered: tuple[int
 def res_mb(model, plan: Plan) -> int:
     """Microbatches per replica of a uniform plan."""
     return model.global_batch_size // plan.mbs // plan.dp
+
+
+def _act_sentence(tables: CostTables, plan: Plan, other: Plan) -> str:
+    return (f"stage-0 activations {_activations_gib(tables, other):.1f} GiB without cp against "
+            f"{_activations_gib(tables, plan):.1f} GiB with it; {res_mb(tables.model, other)} against "
+            f"{res_mb(tables.model, plan)} microbatches per replica")

@@ -438,7 +438,9 @@ def search(model: ModelSpec, cluster: Cluster, profile: Profile, top: int = 10, 
             notes.append(hetero_note(tables, results))
         notes.append(note_fn(by_plan))
         considered = sorted({c for t in tps for c in cp_options(model, n // t, space, tables.heterogeneous)})
-        notes.append(cp_note(tables, results, tuple(considered)))
+        no_cp = [x for x in survivors if x[2].cp == 1]
+        best_no_cp = (no_cp[0][2], no_cp[0][3].step_s) if no_cp else None  # survivors are sorted
+        notes.append(cp_note(tables, results, tuple(considered), best_no_cp))
         notes.append(estimate_note(results, estimates))
         results = sorted(by_plan.values(), key=lambda r: _rank_key(r, compress_margin))
         # Record the best two again with their segments, for the report's Gantt charts.
