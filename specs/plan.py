@@ -301,10 +301,9 @@ def resolve_plan(plan: str | Path | dict, model: ModelSpec, num_devices: int,
     if schedule == "interleaved" and any(m % pp for m in shares):
         raise InputError(src, "schedule", f"interleaved needs microbatches per replica "
                          f"({', '.join(map(str, sorted(set(shares))))}) divisible by pp={pp}")
-    if pf.zero == 3 and pp > 1:
-        # ZeRO-3 re-gathers weights per microbatch; with pipelining that is what no
-        # framework we model does by default, but it is well defined, so we allow it.
-        pass
+    # zero=3 combines with tp, cp and pp (TorchTitan's FSDP2 + TP + PP): the engine gathers
+    # each layer's weights before every forward and backward, prefetching the next layer
+    # (sim/pipeline_executor._LayerGathers; docs/context-parallelism.md).
 
     return Plan(
         tp=tp, pp=pp, dp=dp, mbs=pf.mbs, vpp=vpp, schedule=schedule, sp=pf.sp,
