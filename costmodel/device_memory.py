@@ -10,6 +10,7 @@ in-flight count x chunk activation bytes, which is what walking the action list 
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import lru_cache
 from typing import NamedTuple
 
@@ -34,6 +35,7 @@ class MemoryConfig(NamedTuple):
     # Bytes per parameter of FP8 weight copies kept beside the working weights (Transformer
     # Engine under precision=fp8: runtime.fp8_weight_copies x 1 B; 0 otherwise).
     fp8_weight_bytes: float = 0.0
+    cp: int = 1  # context parallelism: each device keeps the activations of seq/cp tokens
 
 
 class ChunkSpec(NamedTuple):
@@ -63,7 +65,7 @@ def device_memory(model: ModelSpec, cfg: MemoryConfig, chunks: tuple[ChunkSpec, 
     return {
         **states,
         "activations": held_layers * _layer_activations(model, cfg),
-        "logits": mem.logits_bytes(model, cfg.mbs, cfg.tp) if any(c.last for c in chunks) else 0.0,
+        "logits": mem.logits_bytes(cp_local(model, cfg.cp), cfg.mbs, cfg.tp) if any(c.last for c in chunks) else 0.0,
         "topk_residual": mem.topk_residual_bytes(params) if cfg.topk else 0.0,
         "fp8_weights": params * cfg.fp8_weight_bytes,
     }
@@ -77,10 +79,20 @@ def _held_layers(layers: tuple[int, ...], inflight: tuple[tuple[int, ...], ...])
 
 @lru_cache(maxsize=4096)
 def _layer_activations(model: ModelSpec, cfg: MemoryConfig) -> float:
-    """Activation bytes one layer keeps per in-flight microbatch, at the precision's width."""
-    return mem.activation_bytes_per_layer(model, cfg.mbs, cfg.tp, cfg.sp, cfg.recompute,
+    """Activation bytes one layer keeps per in-flight microbatch, at the precision's width.
+    With context parallelism a device keeps the activations of its seq/cp tokens, and its
+    attention runs on fused kernels block by block (Transformer Engine's context-parallel
+    attention has only fused backends), so no s x s scores are kept; K/V blocks received
+    from neighbours are not kept either (backward exchanges them again)."""
+    return mem.activation_bytes_per_layer(cp_local(model, cfg.cp), cfg.mbs, cfg.tp, cfg.sp, cfg.recompute,
                                           bytes_per_elem=working_bytes(cfg.precision),
-                                          flash_attention=cfg.flash_attention)
+                                          flash_attention=cfg.flash_attention or cfg.cp > 1)
+
+
+def cp_local(model: ModelSpec, cp: int) -> ModelSpec:
+    """The model as one context-parallel rank sees its tokens: seq_length / cp (every
+    per-token tensor and GEMM shrinks by cp; attention is the caller's business)."""
+    return model if cp == 1 else replace(model, seq_length=model.seq_length // cp)
 
 
 @lru_cache(maxsize=65536)

@@ -49,20 +49,22 @@ class StageCost:
     grads: tuple[ChunkGrads, ...] = ()  # per chunk, in chunk order; () without DP reduction
     optimizer_s: float = 0.0
     gather_s: float = 0.0  # ZeRO-1/2 parameter all-gather after the optimizer step
-    zero3_gather_s: float = 0.0  # ZeRO-3: one chunk's weight all-gather (before each F and B)
-    zero3_rs_s: float = 0.0  # ZeRO-3: one chunk's gradient reduce-scatter (after each B)
+    zero3_gather_s: float = 0.0  # ZeRO-3: one layer's weight all-gather (before it runs F and B)
+    zero3_rs_s: float = 0.0  # ZeRO-3: one layer's gradient reduce-scatter (after its B)
     vpp: int = 1
+    layers: float = 1.0  # layers per chunk (ZeRO-3 gathers one layer at a time)
 
     @property
     def t_s(self) -> float:
-        """Time per microbatch. Under ZeRO-3 each action's weights are gathered while the
-        previous action computes (one ahead), so an action takes the longer of its compute
-        and its gather, and all gathers and reduce-scatters share the DP links."""
+        """Time per microbatch. Under ZeRO-3 each layer's weights are gathered while the
+        previous layer computes (one ahead, sim/pipeline_executor._LayerGathers), so a
+        layer takes the longer of its compute and its gather, and all gathers and
+        reduce-scatters share the DP links."""
         if self.zero3_gather_s <= 0:
             return self.fwd_s + self.bwd_s
-        g, v = self.zero3_gather_s, self.vpp
-        per_chunk = max(max(self.fwd_s / v, g) + max(self.bwd_s / v, g), 2 * g + self.zero3_rs_s)
-        return v * per_chunk
+        g, k = self.zero3_gather_s, self.vpp * self.layers
+        per_layer = max(max(self.fwd_s / k, g) + max(self.bwd_s / k, g), 2 * g + self.zero3_rs_s)
+        return k * per_layer
 
 
 @dataclass(frozen=True)

@@ -250,6 +250,15 @@ def _backward(x: _Dims) -> list[Op]:
 
 
 # ------------------------------------------------------------------------ public API
+_CORE_ATTENTION_MEMORY_OPS = frozenset({"softmax", "attn_dropout", "softmax_bwd", "attn_dropout_bwd"})
+
+
+def is_core_attention(op: Op) -> bool:
+    """The ops of core attention (its batched matmuls and the softmax / dropout on the
+    scores): what context parallelism repeats once per K/V block (sim/context_parallel.py)."""
+    return op.kind == "attention" or op.name in _CORE_ATTENTION_MEMORY_OPS
+
+
 def layer_forward_ops(model: ModelSpec, mbs: int, tp: int, sp: bool, bytes_per_elem: int = 2) -> list[Op]:
     """Forward of one transformer layer, one microbatch, one TP rank."""
     return _forward(_dims(model, mbs, tp, sp, bytes_per_elem))

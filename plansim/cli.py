@@ -20,6 +20,8 @@ def _add_common(p: argparse.ArgumentParser, topology_default: str | None = DEFAU
     p.add_argument("--nodes", type=int, help="scale a single-group topology to N nodes")
     p.add_argument("--model", default=None, help="model preset or YAML file (default gpt3-1.3b)")
     p.add_argument("--profile", help="hardware profile YAML merged over the bundled default")
+    p.add_argument("--seq", type=int, help="override the model's seq_length (e.g. 131072 for a long-context phase)")
+    p.add_argument("--global-batch", type=int, help="override the model's global_batch_size (sequences per step)")
     add_runtime_arg(p, default="megatron-core")
 
 
@@ -38,16 +40,23 @@ def _check_nodes(args) -> None:
         raise InputError("--nodes", None, f"{str(args.nodes)[:60]}: must be an integer in [1, {MAX_NODES}]")
 
 
+def _model(args):
+    """The --model preset or file with --seq / --global-batch applied."""
+    from specs.model import DEFAULT_MODEL, load_model, with_overrides
+
+    return with_overrides(load_model(args.model or DEFAULT_MODEL), getattr(args, "seq", None),
+                          getattr(args, "global_batch", None))
+
+
 def _load_inputs(args):
     from costmodel.profile import for_gpus, load_profile, runtime_profiles
-    from specs.model import DEFAULT_MODEL, load_model
     from specs.topology import load_topology
 
     _check_nodes(args)
     runtime = getattr(args, "runtime", None)
     runtime_profiles(runtime)  # a bad name fails before the cluster is built
     cluster = load_topology(args.topology, nodes=args.nodes)
-    model = load_model(args.model or DEFAULT_MODEL)
+    model = _model(args)
     # The topology names the bundled profiles of its fabric, --runtime the framework's
     # overlays; --profile goes over them.
     profile = load_profile(args.profile, bundled=cluster.profiles, runtime=runtime)
@@ -60,7 +69,6 @@ def cmd_simulate(args) -> int:
     from reports.files import output_dir, output_file
     from reports.trace import write_trace
     from sim.metrics import simulate
-    from specs.model import DEFAULT_MODEL, load_model
     from specs.plan import resolve_plan
     from specs.topology import topology_devices
 
@@ -71,7 +79,7 @@ def cmd_simulate(args) -> int:
         output_dir(args.report, "--report")
     # A bad plan fails before the cluster is built (which takes seconds at 100k devices).
     _check_nodes(args)
-    resolve_plan(args.plan or "", load_model(args.model or DEFAULT_MODEL), topology_devices(args.topology, args.nodes))
+    resolve_plan(args.plan or "", _model(args), topology_devices(args.topology, args.nodes))
     cluster, model, profile = _load_inputs(args)
     plan = resolve_plan(args.plan or "", model, cluster.num_devices)
     res = simulate(model, plan, cluster, profile, record=args.trace is not None or args.report is not None)

@@ -28,12 +28,12 @@ STYLE = {
 }
 # One colour per category of time (and per comm-stream activity in the Gantt chart).
 COLORS = {
-    "compute": "#4c72b0", "tp": "#dd8452", "pp": "#55a868", "dp": "#c44e52",
+    "compute": "#4c72b0", "tp": "#dd8452", "cp": "#da8bc3", "pp": "#55a868", "dp": "#c44e52",
     "bubble": "#b0b0b0", "idle": "#e8e8e8", "send": "#8172b3", "collective": "#937860",
 }
 MEMORY_COLORS = {"weights": "#4c72b0", "grads": "#55a868", "optimizer": "#dd8452",
                  "activations": "#c44e52", "logits": "#8172b3"}
-STREAM_ORDER = {"compute": 0, "pp": 1, "dp": 2}
+STREAM_ORDER = {"compute": 0, "pp": 1, "dp": 2, "cp": 3}
 MAX_GANTT_ROWS = 64
 MAX_BAR_PLANS = 20
 
@@ -60,8 +60,8 @@ def to_data_uri(fig: Figure) -> str:
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
 
 
-NUMERIC_KEYS = ("tp", "pp", "dp", "mbs", "vpp", "zero")
-VALUE_ONLY_KEYS = ("schedule", "allreduce", "placement", "recompute", "precision", "compress")
+NUMERIC_KEYS = ("tp", "cp", "pp", "dp", "mbs", "vpp", "zero")
+VALUE_ONLY_KEYS = ("schedule", "allreduce", "placement", "recompute", "precision", "compress", "cp_comm")
 
 
 def short_label(rank: int, plan: str, width: int = 48) -> str:

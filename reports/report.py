@@ -43,7 +43,7 @@ def ranked_rows(results: list[StepResult]) -> list[dict]:
             "rank": i, "plan": r.plan, "tokens_per_s": f"{r.tokens_per_s:,.0f}",
             "step_time": f"{r.step_time_s:.3f}", "mfu": _pct(r.mfu), "hfu": _pct(r.hfu),
             "tflops": f"{r.model_tflops_per_gpu:.1f}",
-            "exposed": " / ".join(f"{100 * r.breakdown.get(k, 0.0) / step:.1f}" for k in ("tp", "pp", "dp")),
+            "exposed": " / ".join(f"{100 * r.breakdown.get(k, 0.0) / step:.1f}" for k in ("tp", "cp", "pp", "dp")),
             "bubble": _pct(r.bubble_fraction),
             "memory": f"{r.peak_memory_gib:.1f}",
             "fits": "yes" if r.fits_memory else f"no (+{r.memory_shortfall_gib:.1f} GiB)",
@@ -54,7 +54,7 @@ def ranked_rows(results: list[StepResult]) -> list[dict]:
 
 RANKED_HEADERS = [("rank", "#"), ("plan", "plan"), ("tokens_per_s", "tokens/s"), ("step_time", "step s"),
                   ("mfu", "MFU"), ("hfu", "HFU"), ("tflops", "TFLOP/s/GPU"),
-                  ("exposed", "exposed TP/PP/DP %"), ("bubble", "bubble"), ("memory", "peak GiB"),
+                  ("exposed", "exposed TP/CP/PP/DP %"), ("bubble", "bubble"), ("memory", "peak GiB"),
                   ("fits", "fits"), ("bottleneck", "bottleneck")]
 
 

@@ -12,10 +12,10 @@ import pandas as pd
 from sim.result import CATEGORIES, StepResult
 
 # Plan keys that `Plan.to_string()` omits when they hold their default value.
-PLAN_DEFAULTS = {"vpp": "1", "sp": "false", "recompute": "none", "zero": "0", "compress": "none",
+PLAN_DEFAULTS = {"cp": "1", "cp_comm": "ring", "vpp": "1", "sp": "false", "recompute": "none", "zero": "0", "compress": "none",
                  "allreduce": "ring", "precision": "bf16", "placement": "tp-pp-dp"}
-PLAN_COLUMNS = ("tp", "pp", "dp", "mbs", "vpp", "schedule", "sp", "recompute", "zero", "compress",
-                "allreduce", "precision", "placement")
+PLAN_COLUMNS = ("tp", "cp", "pp", "dp", "mbs", "vpp", "schedule", "sp", "recompute", "zero", "compress",
+                "allreduce", "precision", "placement", "cp_comm")
 
 CSV_COLUMNS = (["rank", "plan", *PLAN_COLUMNS, "tokens_per_s", "step_time_s", "mfu", "hfu",
                 "model_tflops_per_gpu", "hardware_tflops_per_gpu", *[f"{c}_s" for c in CATEGORIES],

@@ -18,12 +18,14 @@ from collections import Counter
 from dataclasses import replace
 from typing import NamedTuple
 
+from costmodel.context_parallel import ring_attention_s
 from costmodel.dtypes import grad_reduce_bytes, param_gather_bytes
 from costmodel.efficiency import optimizer_time_s, topk_compress_time_s, topk_decompress_time_s
 from costmodel.estimate import ChunkGrads, PipelineCost, StageCost
 from costmodel.profile import Profile
 from costmodel.shapes import ModelSpec
 from sim import collective_flows as cf
+from sim.context_parallel import all_to_all, ring_step
 from sim.engine import hop_latency
 from sim.flownet import edge_latency_s
 from specs.plan import Plan
@@ -99,7 +101,8 @@ class CostTables:
     # ------------------------------------------------------------------ compute
     def work(self, plan: Plan, rank: int, layers: int, first: bool, last: bool) -> ChunkWork:
         """chunk_work for 1 plain layer (layers=1) or the embedding/head extras (layers=0)."""
-        key = (self._node_type[rank], plan.tp, plan.mbs, plan.sp, plan.recompute, plan.precision, layers, first, last)
+        key = (self._node_type[rank], plan.tp, plan.cp, plan.cp_comm, plan.mbs, plan.sp, plan.recompute,
+               plan.precision, layers, first, last)
         w = self._work.get(key)
         if w is None:
             w = self._work[key] = chunk_work(self.model, plan, self.cluster, self.profile, rank, layers, first, last)
@@ -107,7 +110,8 @@ class CostTables:
 
     def chunk(self, plan: Plan, rank: int, layers: int, first: bool, last: bool) -> ChunkCost:
         """The costs of a chunk of ``layers`` layers on ``rank``'s GPU type."""
-        key = (self._node_type[rank], plan.tp, plan.mbs, plan.sp, plan.recompute, plan.precision, layers, first, last)
+        key = (self._node_type[rank], plan.tp, plan.cp, plan.cp_comm, plan.mbs, plan.sp, plan.recompute,
+               plan.precision, layers, first, last)
         got = self._chunk.get(key)
         if got is None:
             got = self._chunk[key] = self._chunk_uncached(plan, rank, layers, first, last)
@@ -160,9 +164,10 @@ class CostTables:
         return out
 
     def _dp_groups(self, plan: Plan, stage: int) -> tuple[tuple[int, ...], list[tuple[int, ...]]]:
-        """The representative DP group of ``stage`` and every other DP group (all stages)."""
-        rep = tuple(plan.dp_group(stage, 0))
-        others = [tuple(plan.dp_group(s, t)) for s in range(plan.pp) for t in range(plan.tp)
+        """The representative gradient-reduction (dp*cp) group of ``stage`` and every other
+        one (all stages)."""
+        rep = tuple(plan.grad_group(stage, 0))
+        others = [tuple(plan.grad_group(s, t)) for s in range(plan.pp) for t in range(plan.tp)
                   if (s, t) != (stage, 0)]
         return rep, others
 
@@ -172,7 +177,7 @@ class CostTables:
         rank's (index, value) payload)."""
         if not self.heterogeneous:
             stage = 0  # every stage's DP groups look alike on a homogeneous cluster
-        key = ("dp", plan.placement, plan.tp, plan.pp, plan.dp, stage, op, algo)
+        key = ("dp", plan.placement, plan.tp, plan.cp, plan.pp, plan.dp, stage, op, algo)
         got = self._phases.get(key)
         if got is None:
             rep, others = self._dp_groups(plan, stage)
@@ -194,26 +199,57 @@ class CostTables:
         """(fixed seconds, seconds per byte) of the activation send stage -> stage+1 of
         replica d0, with every replica's and TP peer's send alongside."""
         nxt = (stage + 1) % plan.pp
-        key = ("p2p", plan.placement, plan.tp, plan.pp, plan.dp, stage, d0 if self.heterogeneous else 0)
+        key = ("p2p", plan.placement, plan.tp, plan.cp, plan.pp, plan.dp, stage, d0 if self.heterogeneous else 0)
         got = self._phases.get(key)
         if got is None:
             src, dst = plan.rank(d0, stage, 0), plan.rank(d0, nxt, 0)
-            reps = [(plan.rank(d, stage, t), plan.rank(d, nxt, t)) for d in range(plan.dp)
-                    for t in range(plan.tp) if (d, t) != (d0, 0)]
+            reps = [(plan.rank(d, stage, t, c), plan.rank(d, nxt, t, c)) for d in range(plan.dp)
+                    for c in range(plan.cp) for t in range(plan.tp) if (d, t, c) != (d0, 0, 0)]
             got = self._phases[key] = self._linear([src, dst], self.phase_costs(cf.p2p(src, dst, 1.0), reps))
         return got
+
+    def cp_step(self, plan: Plan, d0: int, stage: int) -> LinearCost:
+        """(fixed seconds, seconds per byte) of one context-parallel exchange of replica
+        d0's ``stage`` (a ring step, or the a2a all-to-all; sim/context_parallel.py), with
+        the CP groups of every TP index and replica alongside, as the engine runs it."""
+        key = ("cp", plan.placement, plan.tp, plan.cp, plan.cp_comm, plan.pp, plan.dp, stage if self.heterogeneous else 0,
+               d0 if self.heterogeneous else 0)
+        got = self._phases.get(key)
+        if got is None:
+            group = tuple(plan.cp_group(d0, stage, 0))
+            reps = [tuple(plan.cp_group(d, stage, t)) for d in range(plan.dp) for t in range(plan.tp)
+                    if (d, t) != (d0, 0)]
+            phases = (ring_step if plan.cp_comm == "ring" else all_to_all)(group, 1.0)
+            got = self._phases[key] = self._linear(list(group), self.phase_costs(phases, reps))
+        return got
+
+    def cp_exposed(self, plan: Plan, d0: int, stage: int, layers: int) -> tuple[float, float]:
+        """Exposed context-parallel exchange of a chunk of ``layers`` layers, one
+        microbatch, (forward, backward) seconds: the ring's closed form
+        (costmodel.context_parallel.ring_attention_s less its compute), or the whole
+        all-to-all."""
+        one = self.work(plan, plan.rank(d0, stage, 0), 1, False, False)
+        c0, c1 = self.cp_step(plan, d0, stage)
+        out = []
+        for block, nbytes in ((one.cp_fwd_block_s, one.cp_fwd_bytes), (one.cp_bwd_block_s, one.cp_bwd_bytes)):
+            x = c0 + c1 * layers * nbytes
+            if plan.cp_comm == "ring":
+                out.append(ring_attention_s(plan.cp, layers * block, x) - plan.cp * layers * block)
+            else:
+                out.append(x)
+        return out[0], out[1]
 
     def dp_ranks_per_node(self, plan: Plan) -> set[int]:
         """How many ranks of one DP group share a node, over all groups (hierarchical
         collectives need one number; {1} makes them a plain ring)."""
-        key = ("per_node", plan.placement, plan.tp, plan.pp, plan.dp)
+        key = ("per_node", plan.placement, plan.tp, plan.cp, plan.pp, plan.dp)
         got = self.memo.get(key)
         if got is None:
             node_of = self.cluster.node_of
             got = set()
             for s in range(plan.pp):
                 for t in range(plan.tp):
-                    got |= set(Counter(node_of(r) for r in plan.dp_group(s, t)).values())
+                    got |= set(Counter(node_of(r) for r in plan.grad_group(s, t)).values())
             self.memo[key] = got
         return got
 
@@ -232,7 +268,7 @@ class CostTables:
     # ------------------------------------------------------------------ whole plan
     def classes(self, plan: Plan) -> list[ReplicaClass]:
         """Replica classes as build_program forms them (sim.program.replica_classes)."""
-        key = (plan.placement, plan.tp, plan.pp, plan.dp, plan.mb_shares)
+        key = (plan.placement, plan.tp, plan.cp, plan.pp, plan.dp, plan.mb_shares)
         got = self._classes.get(key)
         if got is None:
             got = self._classes[key] = replica_classes(plan, self.cluster)
@@ -275,14 +311,18 @@ class CostTables:
                     n = ch.layers
                     f, b, t, prm = self.chunk(plan, rank, n, ch.first, ch.last)
                     fwd, bwd, tp, params = fwd + f, bwd + b, tp + t, params + prm
-                    if plan.dp == 1:
+                    if plan.cp > 1:
+                        cf_s, cb_s = self.cp_exposed(plan, d0, s, n)
+                        fwd, bwd = fwd + cf_s, bwd + cb_s  # exposed K/V exchange (not TP)
+                    if plan.grad_degree == 1:
                         continue
                     gbytes = prm * self.grad_bytes(prec)
                     if plan.zero == 3:
                         ag0, ag1 = self.dp_op(plan, s, "all_gather")
                         rs0, rs1 = self.dp_op(plan, s, "reduce_scatter")
-                        z3_gather = max(z3_gather, ag0 + ag1 * prm * param_gather_bytes(prec, self.runtime))
-                        z3_rs = max(z3_rs, rs0 + rs1 * gbytes)
+                        # one layer's gather / reduce-scatter (FSDP works layer by layer)
+                        z3_gather = max(z3_gather, ag0 + ag1 * prm / n * param_gather_bytes(prec, self.runtime))
+                        z3_rs = max(z3_rs, rs0 + rs1 * gbytes / n)
                         continue
                     k = n_buckets(gbytes, n)
                     size = gbytes / k
@@ -291,7 +331,7 @@ class CostTables:
                         nnz = max(1.0, frac * elems)
                         a0, a1 = self.dp_op(plan, s, "sparse")
                         t_b = (topk_compress_time_s(elems, gpu, eff) + a0 + a1 * nnz * TOPK_ENTRY_BYTES
-                               + topk_decompress_time_s(elems, (plan.dp - 1) * nnz, TOPK_ENTRY_BYTES, gpu, eff))
+                               + topk_decompress_time_s(elems, (plan.grad_degree - 1) * nnz, TOPK_ENTRY_BYTES, gpu, eff))
                     elif plan.zero == 0 or self.runtime.zero1_grad_all_reduce:
                         a0, a1 = self.dp_op(plan, s, "all_reduce", algos[s] if algos else plan.allreduce)
                         t_b = a0 + a1 * size
@@ -306,9 +346,9 @@ class CostTables:
                 if self.runtime.p2p_blocking and p > 1:
                     # The sender waits for each of its v sends per direction (engine._wait_sent).
                     fwd, bwd = fwd + v * p2p, bwd + v * p2p
-                opt_params = params / plan.dp if plan.zero >= 1 else params
+                opt_params = params / plan.grad_degree if plan.zero >= 1 else params
                 gather = 0.0
-                if plan.zero in (1, 2) and plan.dp > 1:
+                if plan.zero in (1, 2) and plan.grad_degree > 1:
                     g0, g1 = self.dp_op(plan, s, "all_gather")
                     gather = g0 + g1 * params * param_gather_bytes(prec, self.runtime)
                     if self.runtime.overlap_param_gather:  # beside the first forward, bucket by bucket
@@ -317,6 +357,7 @@ class CostTables:
                                                              k, fwd)
                 stages.append(StageCost(fwd_s=fwd, bwd_s=bwd, tp_s=tp, p2p_s=p2p, grads=tuple(grads),
                                         optimizer_s=optimizer_time_s(opt_params, gpu, eff, prec, self.runtime),
-                                        gather_s=gather, zero3_gather_s=z3_gather, zero3_rs_s=z3_rs, vpp=v))
+                                        gather_s=gather, zero3_gather_s=z3_gather, zero3_rs_s=z3_rs, vpp=v,
+                                        layers=sum(ch.layers for ch in stage_chunks(plan, s)) / v))
             out.append(PipelineCost(tuple(stages), m, v, plan.schedule, len(m_cls.members)))
         return out

@@ -1,6 +1,6 @@
 """Plan search: enumerate -> prune (with reasons) -> analytic estimate -> simulate the best.
 
-Explored: tp, pp (dp follows), mbs, schedule and vpp, sp, recompute, ZeRO stage, top-k
+Explored: tp, cp (context parallelism, for long sequences), pp (dp follows), mbs, schedule and vpp, sp, recompute, ZeRO stage, top-k
 compression and the all-reduce algorithm; on heterogeneous clusters also the placement
 (whole stages or whole replicas per device group) and the balanced non-uniform split of
 layers and microbatches (search/hetero.py). Every dropped plan is counted under the reason it
@@ -30,6 +30,7 @@ from sim.metrics import simulate
 from specs.plan import Plan, resolve_plan
 from sim.result import SearchResult, StepResult
 from search.costs import CostTables
+from search.cp_findings import cp_note
 from search.findings import compression_note, estimate_note, hetero_note
 from specs.topology import Cluster
 
@@ -55,6 +56,7 @@ R_Z3_CLASSES = "zero=3 needs identical replicas (engine)"
 R_GPIPE = "dominated: gpipe = 1f1b with pp=1 or one microbatch, more memory"
 R_PLACEMENT = "duplicate: placement has no effect with pp=1 or dp=1"
 R_SP_SEQ = "sequence parallelism needs tp to divide seq_length"
+R_CP_HEADS = "cp_comm=a2a needs tp*cp to divide heads"
 
 
 @dataclass(frozen=True)
@@ -67,6 +69,10 @@ class SearchSpace:
     compress: tuple[str, ...] = ("none", "topk:0.01", "topk:0.001")
     allreduce: tuple[str, ...] = ("ring", "tree", "hierarchical", "auto")
     tp: tuple[int, ...] | None = None  # None: divisors of the device count up to 2 nodes
+    # None: 1 and the powers of two that leave every rank at least MIN_CP_TOKENS tokens
+    # (homogeneous clusters; see cp_options)
+    cp: tuple[int, ...] | None = None
+    cp_comm: tuple[str, ...] = ("ring",)
     pp: tuple[int, ...] | None = None  # None: divisors of devices/tp up to the layer count
 
     def schedule_options(self) -> list[tuple[str, int]]:
@@ -74,6 +80,26 @@ class SearchSpace:
         if "interleaved" in self.schedules:
             out += [("interleaved", v) for v in self.vpp]
         return out
+
+
+# Context parallelism is searched only where it leaves each rank at least this many
+# tokens of every sequence: below it a K/V block's attention (quadratic in the block) is
+# too short to hide the block's transfer, and activations are small anyway. Llama 3 405B's
+# 128k-token phase ran cp=16, 8,192 tokens per rank (Dubey et al. 2024, Table 4).
+MIN_CP_TOKENS = 4096
+
+
+def cp_options(model: ModelSpec, devices_per_tp: int, space: "SearchSpace", heterogeneous: bool) -> list[int]:
+    """cp degrees to try: the space's, or 1 and every power of two c with seq % (2c) == 0
+    (causal load balancing), seq/c >= MIN_CP_TOKENS and c dividing the devices left."""
+    seq = model.seq_length
+    if space.cp is not None:
+        return [c for c in space.cp if c == 1 or (seq % (2 * c) == 0 and devices_per_tp % c == 0)]
+    out, c = [1], 2
+    while not heterogeneous and seq // c >= MIN_CP_TOKENS and seq % (2 * c) == 0 and devices_per_tp % c == 0:
+        out.append(c)
+        c *= 2
+    return out
 
 
 def _divisors(n: int) -> list[int]:
@@ -136,24 +162,27 @@ def _enumerate(model: ModelSpec, cluster: Cluster, tables: CostTables, space: Se
     candidates = 0
 
     node_sizes = {len(node.ranks) for node in cluster.nodes}
+    pps_of = lambda tp, cp: space.pp or tuple(p for p in _divisors(n // (tp * cp)) if p <= L)
     for tp in tps:
-        pps = space.pp or tuple(p for p in _divisors(n // tp) if p <= L)
-        size_tp = len(pps) * len(placements) * len(space.mbs) * len(sched) * n_sp(tp) * len(space.recompute) * n_dpv
+        cps = cp_options(model, n // tp, space, hetero)
+        n_pp = sum(len(pps_of(tp, c)) * (len(space.cp_comm) if c > 1 else 1) for c in cps)
+        size_tp = n_pp * len(placements) * len(space.mbs) * len(sched) * n_sp(tp) * len(space.recompute) * n_dpv
         ex = f"tp={tp}"
         if model.num_attention_heads % tp or model.ffn % tp or (model.kv_groups % tp and tp % model.kv_groups):
             pr.add(R_TP_HEADS, size_tp, ex)
             candidates += size_tp
-            bar.update(len(pps) * len(placements))
+            bar.update(n_pp * len(placements))
             continue
         # Every TP group must sit within one node: with tp=3 on 8-GPU nodes the third group
         # would straddle two nodes (and simulate refuses such plans).
         if tp > gpn or any(size % tp for size in node_sizes):
             pr.add(R_TP_NODES, size_tp, ex)
             candidates += size_tp
-            bar.update(len(pps) * len(placements))
+            bar.update(n_pp * len(placements))
             continue
-        for pp in pps:
-            dp = n // (tp * pp)
+        for cp, cp_comm, pp in ((c, cc, p) for c in cps for cc in (space.cp_comm if c > 1 else space.cp_comm[:1])
+                                for p in pps_of(tp, c)):
+            dp = n // (tp * cp * pp)
             for placement in placements:
                 bar.update(1)
                 size_pl = len(space.mbs) * len(sched) * n_sp(tp) * len(space.recompute) * n_dpv
@@ -161,25 +190,31 @@ def _enumerate(model: ModelSpec, cluster: Cluster, tables: CostTables, space: Se
                 if placement != "tp-pp-dp" and (pp == 1 or dp == 1):
                     pr.add(R_PLACEMENT, size_pl, f"tp={tp},pp={pp},dp={dp},placement={placement}")
                     continue
+                if cp_comm == "a2a" and model.num_attention_heads % (tp * cp):
+                    pr.add(R_CP_HEADS, size_pl, f"tp={tp},cp={cp},cp_comm=a2a")
+                    continue
                 base = Plan(tp=tp, pp=pp, dp=dp, mbs=1, vpp=1, schedule="1f1b", sp=False, recompute="none",
                             zero=0, overlap_grad_reduce=True, compress="none", allreduce="ring",
-                            precision="bf16", placement=placement, layers=_split(L, pp), mb_shares=(1,) * dp)
-                if hetero and any(len({cluster.devices[r].gpu.name for r in base.tp_group(d, s)}) > 1
-                                  for d in range(dp) for s in range(pp)):
+                            precision="bf16", placement=placement, layers=_split(L, pp), mb_shares=(1,) * dp,
+                            cp=cp, cp_comm=cp_comm if cp > 1 else "ring")
+                if hetero and any(len({cluster.devices[r].gpu.name for r in base.tp_group(d, s, c)}) > 1
+                                  or len({cluster.devices[r].gpu.name for r in base.cp_group(d, s, 0)}) > 1
+                                  for d in range(dp) for s in range(pp) for c in range(cp)):
                     pr.add(R_TP_MIXED, size_pl, base.to_string())
                     continue
                 for mbs in space.mbs:
                     size_m = len(sched) * n_sp(tp) * len(space.recompute) * n_dpv
                     total_mb, rem = divmod(gbs, mbs)
                     even = not rem and total_mb % dp == 0
-                    ex = f"tp={tp},pp={pp},dp={dp},mbs={mbs}"
+                    ex = f"tp={tp},{f'cp={cp},' if cp > 1 else ''}pp={pp},dp={dp},mbs={mbs}"
                     if rem or total_mb < dp or (not even and not hetero):
                         pr.add(R_BATCH, size_m, ex)
                         continue
                     shares = _split(total_mb, dp)
                     for schedule, vpp in sched:
                         size_s = n_sp(tp) * len(space.recompute) * n_dpv
-                        ex = (f"tp={tp},pp={pp},dp={dp},mbs={mbs}," + (f"vpp={vpp}," if vpp > 1 else "")
+                        ex = (f"tp={tp},{f'cp={cp},' if cp > 1 else ''}pp={pp},dp={dp},mbs={mbs},"
+                              + (f"vpp={vpp}," if vpp > 1 else "")
                               + f"schedule={schedule}")
                         if schedule == "interleaved" and pp < 2:
                             pr.add(R_IL_PP, size_s, ex)
@@ -192,7 +227,7 @@ def _enumerate(model: ModelSpec, cluster: Cluster, tables: CostTables, space: Se
                             pr.add(R_LAYERS, size_s, ex)
                             continue
                         for sp in ((False, True) if tp > 1 else (False,)):
-                            if sp and model.seq_length % tp:
+                            if sp and (model.seq_length // cp) % tp:
                                 pr.add(R_SP_SEQ, len(space.recompute) * n_dpv, ex + ",sp=true")
                                 continue
                             for rc in space.recompute:
@@ -240,7 +275,7 @@ def _dp_variants(core: Plan, tables: CostTables, space: SearchSpace, pr: _Pruner
             if not _interleave_ok(plan):
                 pr.add(R_IL_M, per_zero, ex)
                 continue
-            if plan.dp == 1 and zero != 0:
+            if plan.grad_degree == 1 and zero != 0:
                 pr.add(R_NO_DP, per_zero, ex)
                 continue
             if zero == 3 and len(tables.classes(plan)) > 1:
@@ -263,7 +298,7 @@ def _dp_variants(core: Plan, tables: CostTables, space: SearchSpace, pr: _Pruner
                 for algo in space.allreduce:
                     cand = replace(plan, compress=compress, allreduce=algo)
                     ex = cand.to_string()
-                    if plan.dp == 1 and (compress != "none" or algo != "ring"):
+                    if plan.grad_degree == 1 and (compress != "none" or algo != "ring"):
                         pr.add(R_NO_DP, 1, ex)
                         continue
                     if zero == 3 and compress != "none":
@@ -345,7 +380,9 @@ def search(model: ModelSpec, cluster: Cluster, profile: Profile, top: int = 10, 
     n = cluster.num_devices
     gpn = min(len(node.ranks) for node in cluster.nodes)
     tps = space.tp or tuple(t for t in _divisors(n) if t <= 2 * gpn)
-    n_cores = sum(len(space.pp or [p for p in _divisors(n // t) if p <= model.num_layers]) for t in tps)
+    n_cores = sum(len(space.pp or [p for p in _divisors(n // (t * c)) if p <= model.num_layers])
+                  * (len(space.cp_comm) if c > 1 else 1)
+                  for t in tps for c in cp_options(model, n // t, space, tables.heterogeneous))
     n_cores *= 2 if tables.heterogeneous else 1
     with tqdm(total=n_cores, desc="estimate", unit="family", disable=_bar_off(progress), leave=False) as bar:
         survivors, candidates = _enumerate(model, cluster, tables, space, pr, compress_margin, bar)
@@ -379,6 +416,10 @@ def search(model: ModelSpec, cluster: Cluster, profile: Profile, top: int = 10, 
         if tables.heterogeneous:
             notes.append(hetero_note(tables, results))
         notes.append(note_fn(by_plan))
+        considered = sorted({c for t in tps for c in cp_options(model, n // t, space, tables.heterogeneous)})
+        no_cp = [x for x in survivors if x[2].cp == 1]
+        best_no_cp = (no_cp[0][2], no_cp[0][3].step_s) if no_cp else None  # survivors are sorted
+        notes.append(cp_note(tables, results, tuple(considered), best_no_cp))
         notes.append(estimate_note(results, estimates))
         results = sorted(by_plan.values(), key=lambda r: _rank_key(r, compress_margin))
         # Record the best two again with their segments, for the report's Gantt charts.

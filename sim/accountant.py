@@ -38,6 +38,7 @@ class StepAccountant:
         # and the total time of those finished, seconds.
         self._dp_inflight: list[float | None] = [None] * stages
         self._dp_busy_s = [0.0] * stages
+        self._dp_running = [0] * stages  # collectives running now (ZeRO-3's gathers and reduce-scatters overlap)
 
     def seg(self, key: RankKey, stream: str, cat: str, t0: float, t1: float, label: str) -> None:
         """Book [t0, t1] of ``key``'s ``stream`` under ``cat``; only the compute stream
@@ -57,13 +58,18 @@ class StepAccountant:
     def dp_started(self, stage: int) -> float:
         """A gradient collective of ``stage`` starts now; returns now."""
         t0 = self.env.now
-        self._dp_inflight[stage] = t0
+        if self._dp_running[stage] == 0:
+            self._dp_inflight[stage] = t0
+        self._dp_running[stage] += 1
         return t0
 
     def dp_finished(self, stage: int, t0: float) -> None:
-        """The collective of ``stage`` started at ``t0`` ends now."""
-        self._dp_inflight[stage] = None
-        self._dp_busy_s[stage] += self.env.now - t0
+        """A collective of ``stage`` (started at ``t0``) ends now; the busy time counts
+        while at least one runs."""
+        self._dp_running[stage] -= 1
+        if self._dp_running[stage] == 0:
+            self._dp_busy_s[stage] += self.env.now - self._dp_inflight[stage]
+            self._dp_inflight[stage] = None
 
     def dp_busy_s(self, stage: int, t: float) -> float:
         """Seconds ``stage``'s gradient collectives have run up to time t (t = now)."""

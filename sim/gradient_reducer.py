@@ -2,7 +2,8 @@
 produces them, ZeRO's reduce-scatters and all-gathers, and top-k compressed exchange.
 
 One DP stream per pipeline stage reduces that stage's buckets in the order they become
-ready on every simulated replica class; it stands for every DP group of the stage (TP
+ready on every simulated replica class, over the dp*cp ranks that hold the same weights
+(plan.grad_group); it stands for every DP group of the stage (TP
 index t > 0 sends alongside as unsimulated replicas). The pipeline executor reports
 ready buckets (bucket_ready), waits for a stage's reduction (stage_reduced), and starts
 ZeRO-3's per-microbatch gathers and reduce-scatters and ZeRO-1/2's parameter gather.
@@ -48,17 +49,17 @@ class GradientReducer(EnginePart):
         self._gathered = [env.event() for _ in range(p)]        # ZeRO-1/2 parameter gather done
         self._optimized = [0] * p                               # classes past the optimizer
         self._early_gather: dict[tuple[int, int, int], simpy.Process] = {}  # overlapped param gather
-        self._call_s = [self.call_latency_s(self.plan.dp_group(s, 0)) if self.plan.dp > 1 else 0.0
+        self._call_s = [self.call_latency_s(self.plan.grad_group(s, 0)) if self.plan.grad_degree > 1 else 0.0
                         for s in range(p)]
         self._phase_cache: dict[tuple[int, float, str], list[cf.Phase]] = {}
         # The DP groups of TP indices 1..tp-1 per stage, built once (tuples: run_phases
         # takes them as they are).
-        self._replicas = [tuple(tuple(self.plan.dp_group(s, t)) for t in range(1, self.plan.tp))
+        self._replicas = [tuple(tuple(self.plan.grad_group(s, t)) for t in range(1, self.plan.tp))
                           for s in range(p)]
         # A stage's DP collectives run as representative flows (sim/symmetric_collective.py)
         # when its replicas are identical and on one GPU type; otherwise flow by flow.
         self._symmetric = [symmetric and self.n_classes == 1
-                           and len({self.cluster.devices[r].gpu.name for r in self.plan.dp_group(s, 0)}) == 1
+                           and len({self.cluster.devices[r].gpu.name for r in self.plan.grad_group(s, 0)}) == 1
                            for s in range(p)]
 
     # ------------------------------------------------------------ the executor's side
@@ -113,16 +114,24 @@ class GradientReducer(EnginePart):
                                                       f"param all-gather c{chunk}b{j}")
         return got
 
-    def zero3_gather(self, pi: int, stage: int, action) -> simpy.Process:
-        """ZeRO-3: all-gather the weights of the chunk ``action`` runs."""
-        w = self.prog.pipelines[pi].chunks[(stage, action.chunk)]
-        nbytes = w.params * param_gather_bytes(self.plan.precision, self.prog.profile.runtime)
-        return self._run(stage, self._phases(stage, nbytes, "all_gather"), f"zero3 gather {action.kind}{action.mb}")
+    def zero3_gather_layer(self, stage: int, w: ChunkWork, fraction: float, label: str) -> simpy.Process:
+        """ZeRO-3 / FSDP: all-gather ``fraction`` of chunk ``w``'s weights (one layer)."""
+        nbytes = w.params * fraction * param_gather_bytes(self.plan.precision, self.prog.profile.runtime)
+        return self._busy_call(stage, self._phases(stage, nbytes, "all_gather"), label)
 
-    def zero3_reduce_scatter(self, stage: int, w: ChunkWork) -> simpy.Process:
-        """ZeRO-3: reduce-scatter one microbatch's gradients of chunk ``w``."""
-        nbytes = w.params * grad_reduce_bytes(self.plan.precision, self.prog.profile.runtime)
-        return self._run(stage, self._phases(stage, nbytes, "reduce_scatter"), "zero3 reduce-scatter")
+    def zero3_reduce_scatter(self, stage: int, w: ChunkWork, fraction: float = 1.0) -> simpy.Process:
+        """ZeRO-3: reduce-scatter one microbatch's gradients of ``fraction`` of chunk ``w``."""
+        nbytes = w.params * fraction * grad_reduce_bytes(self.plan.precision, self.prog.profile.runtime)
+        return self._busy_call(stage, self._phases(stage, nbytes, "reduce_scatter"), "zero3 reduce-scatter")
+
+    def _busy_call(self, s: int, phases: list[cf.Phase], label: str) -> simpy.Process:
+        """A ZeRO-3 collective that counts as DP busy time while it runs, so the compute it
+        overlaps is slowed by the fabric's compute_slowdown as the gradient buckets' is."""
+        def proc():
+            t0 = self.acct.dp_started(s)
+            yield self._run(s, phases, label)
+            self.acct.dp_finished(s, t0)
+        return self.env.process(proc())
 
     # ------------------------------------------------------------ the DP stream
     def dp_stream(self, s: int):
@@ -134,7 +143,7 @@ class GradientReducer(EnginePart):
         frac = self.plan.topk_fraction
         gpu = self.cluster.devices[pipe.ranks[s]].gpu
         eff = self.prog.profile.gpu(gpu.name)
-        dpn = self.plan.dp
+        dpn = self.plan.grad_degree
         for i in range(total):
             chunk, j = yield self._queue[s].get()
             if i == 0:
@@ -144,7 +153,7 @@ class GradientReducer(EnginePart):
             if frac is not None:
                 elems = self.bucket_elements(s, chunk)
                 nnz = max(1.0, frac * elems)
-                yield self._run(s, cf.sparse_allgather(self.plan.dp_group(s, 0), nnz, TOPK_ENTRY_BYTES),
+                yield self._run(s, cf.sparse_allgather(self.plan.grad_group(s, 0), nnz, TOPK_ENTRY_BYTES),
                                 f"topk c{chunk}b{j}")
                 yield self.env.timeout(ce.topk_decompress_time_s(elems, (dpn - 1) * nnz, TOPK_ENTRY_BYTES, gpu, eff))
             else:
@@ -179,7 +188,7 @@ class GradientReducer(EnginePart):
         return phases
 
     def _build_phases(self, s: int, nbytes: float, op: str) -> list[cf.Phase]:
-        group = self.plan.dp_group(s, 0)
+        group = self.plan.grad_group(s, 0)
         algo = self.prog.dp_algorithm[s]
         if op == "all_reduce":
             return cf.build(algo, "all_reduce", group, nbytes, node_of=self.cluster.node_of)

@@ -58,7 +58,7 @@ def summarize(prog: Program, eng: Engine, step: float) -> StepResult:
             m = {k: v / GIB for k, v in pipe.memory[s].items()}
             peak = sum(m.values())
             cap = gpu.mem_bytes / GIB
-            represents = plan.tp * len(pipe.dp_indices)
+            represents = plan.tp * plan.cp * len(pipe.dp_indices)
             devices.append(DeviceResult(
                 rank=rank, stage=s, pipeline=pipe.name, gpu=gpu.name, represents=represents,
                 breakdown_s={k: tot[k] for k in CATEGORIES}, busy_s=tot["compute"] + tot["tp"],
@@ -89,7 +89,7 @@ def summarize(prog: Program, eng: Engine, step: float) -> StepResult:
         peak_memory_gib=max(d.peak_memory_gib for d in devices), fits_memory=fits,
         memory_shortfall_gib=shortfall,
         bubble_fraction=breakdown["bubble"] / step,
-        exposed_comm_s={k: breakdown[k] for k in ("tp", "pp", "dp")},
+        exposed_comm_s={k: breakdown[k] for k in ("tp", "cp", "pp", "dp")},
         breakdown=breakdown, devices=devices, busiest_links=links,
         dp_algorithm=list(prog.dp_algorithm),
         segments=eng.segments, link_samples=list(eng.net.samples) if eng.record else [],

@@ -18,6 +18,7 @@ import simpy
 from sim import collective_flows as cf
 from sim.accountant import RankKey, StepAccountant
 from sim.calls import EnginePart
+from sim.context_parallel import ContextParallelExchange
 from sim.program import group_kind
 from sim.flownet import FlowNetwork
 from sim.gradient_reducer import GradientReducer
@@ -50,8 +51,9 @@ class PipelineExecutor(EnginePart):
         self._p2p_routes: dict[tuple[int, int, int], tuple] = {}
         # Share of compute speed lost per second a stage's gradient collectives overlap
         # it (profile fabrics.<kind>.compute_slowdown of the DP group's fabric).
-        self._dp_slowdown = [program.profile.fabric(group_kind(self.cluster, self.plan.dp_group(s, 0))).compute_slowdown
+        self._dp_slowdown = [program.profile.fabric(group_kind(self.cluster, self.plan.grad_group(s, 0))).compute_slowdown
                              for s in range(self.p)]
+        self.cp = ContextParallelExchange(env, net, program, accountant) if self.plan.cp > 1 else None
 
     # ------------------------------------------------------------ time on the compute stream
     def _busy(self, key: RankKey, cat: str, dt: float, label: str):
@@ -112,8 +114,9 @@ class PipelineExecutor(EnginePart):
             pipe = self.prog.pipelines[pi]
             src, dst = pipe.ranks[src_stage], pipe.ranks[dst_stage]
             d0 = pipe.dp_indices[0]
-            replicas = tuple((self.plan.rank(d, src_stage, t), self.plan.rank(d, dst_stage, t))
-                             for d in pipe.dp_indices for t in range(self.plan.tp) if (d, t) != (d0, 0))
+            replicas = tuple((self.plan.rank(d, src_stage, t, c), self.plan.rank(d, dst_stage, t, c))
+                             for d in pipe.dp_indices for c in range(self.plan.cp) for t in range(self.plan.tp)
+                             if (d, t, c) != (d0, 0, 0))
             route = self._p2p_routes[(pi, src_stage, dst_stage)] = (
                 *cf.p2p_route(self.net, self.cluster.route, src, dst, replicas), self.call_latency_s([src, dst]))
         # One flow: the call's software cost and the path latency in one timeout, then
@@ -138,7 +141,7 @@ class PipelineExecutor(EnginePart):
             yield from self._busy(key, "compute", t, f"top-k compress c{chunk}b{j}")
         self.reducer.bucket_ready(stage, chunk, j)
 
-    def _forward_gathering(self, key: RankKey, s: int, chunk: int, w, label: str, first_f: dict):
+    def _forward_gathering(self, key: RankKey, pi: int, s: int, chunk: int, w, label: str, first_f: dict):
         """The first forward of ``chunk`` with the overlapped parameter gather (Megatron-Core
         --overlap-param-gather): before the layers of bucket j it waits for bucket j's
         all-gather (exposed 'dp'), then dispatches the next bucket's (the next chunk's
@@ -154,7 +157,31 @@ class PipelineExecutor(EnginePart):
                 self.reducer.param_gather_bucket(s, chunk, j + 1)
             elif nxt is not None:
                 self.reducer.param_gather_bucket(s, nxt, 0)
-            yield from self._busy(key, "compute", w.fwd_s / k, label)
+            yield from self._compute(key, pi, s, w, False, w.fwd_s / k, label, parts=k)
+
+    # ------------------------------------------------------------ context parallelism
+    def _compute(self, key: RankKey, pi: int, s: int, w, backward: bool, dt: float, label: str, parts: int = 1):
+        """``dt`` seconds of a chunk's forward or backward compute (1/parts of it when the
+        backward is cut into gradient buckets). With context parallelism the core
+        attention in it runs as cp block steps beside the K/V exchange (ring) or after
+        the all-to-all (a2a); the exposed exchange is booked as 'cp'."""
+        block = (w.cp_bwd_block_s if backward else w.cp_fwd_block_s) / parts
+        if self.cp is None or block <= 0:
+            yield from self._busy(key, "compute", dt, label)
+            return
+        cp = self.plan.cp
+        nbytes = (w.cp_bwd_bytes if backward else w.cp_fwd_bytes) / parts
+        yield from self._busy(key, "compute", dt - cp * block, label)
+        if not self.cp.ring:
+            ex = self.cp.exchange(pi, s, nbytes, f"a2a {label}")
+            yield from self._wait(key, ex, "cp", f"cp a2a {label}")
+            yield from self._busy(key, "compute", cp * block, f"attn {label}")
+            return
+        for i in range(cp):
+            ex = self.cp.exchange(pi, s, nbytes, f"kv{i + 1} {label}") if i < cp - 1 else None
+            yield from self._busy(key, "compute", block, f"attn{i} {label}")
+            if ex is not None:
+                yield from self._wait(key, ex, "cp", f"cp kv{i + 1} {label}")
 
     # ------------------------------------------------------------ the compute stream
     def compute_stream(self, pi: int, s: int):
@@ -166,10 +193,9 @@ class PipelineExecutor(EnginePart):
             if a.kind == "B":
                 last_b[a.chunk] = idx
         overlap = self.plan.overlap_grad_reduce and self.plan.zero < 3
-        zero3 = self.plan.zero == 3 and self.plan.dp > 1
-        gathers, scatters = {}, []
-        if zero3:
-            gathers[0] = self.reducer.zero3_gather(pi, s, actions[0])
+        zero3 = self.plan.zero == 3 and self.plan.grad_degree > 1
+        scatters = []
+        fsdp = _LayerGathers(self, pi, s, actions, scatters) if zero3 else None
         # Overlapped parameter gather: the first forward of each chunk waits bucket by bucket.
         early = self.prog.overlap_param_gather
         first_f = {}
@@ -181,18 +207,16 @@ class PipelineExecutor(EnginePart):
         for idx, a in enumerate(actions):
             vs = a.chunk * self.p + s
             w = pipe.chunks[(s, a.chunk)]
-            if zero3:
-                if idx + 1 < len(actions):  # prefetch the next action's weights
-                    gathers[idx + 1] = self.reducer.zero3_gather(pi, s, actions[idx + 1])
-                yield from self._wait(key, gathers.pop(idx), "dp", "zero3 gather")
             label = f"{a.kind}{a.mb} c{a.chunk}"
             if a.kind == "F":
                 if vs > 0:
                     yield from self._wait_dep(key, Handoff(pi, "F", vs - 1, a.mb), label)
-                if early and first_f.get(a.chunk) == idx:
-                    yield from self._forward_gathering(key, s, a.chunk, w, label, first_f)
+                if fsdp is not None:
+                    yield from fsdp.run(key, w, False, label)
+                elif early and first_f.get(a.chunk) == idx:
+                    yield from self._forward_gathering(key, pi, s, a.chunk, w, label, first_f)
                 else:
-                    yield from self._busy(key, "compute", w.fwd_s, label)
+                    yield from self._compute(key, pi, s, w, False, w.fwd_s, label)
                 yield from self._busy(key, "tp", w.fwd_tp_s, f"tp {label}")
                 if vs < self.V - 1:
                     out = Handoff(pi, "F", vs, a.mb)
@@ -210,14 +234,15 @@ class PipelineExecutor(EnginePart):
                     # is ready after (j+1)/K of this backward pass.
                     k = len(buckets)
                     for j in range(k):
-                        yield from self._busy(key, "compute", w.bwd_s / k, label)
+                        yield from self._compute(key, pi, s, w, True, w.bwd_s / k, label, k)
                         yield from self._busy(key, "tp", w.bwd_tp_s / k, f"tp {label}")
                         yield from self._grad_ready(key, s, a.chunk, j)
-                else:
-                    yield from self._busy(key, "compute", w.bwd_s, label)
+                elif fsdp is not None:
+                    yield from fsdp.run(key, w, True, label)
                     yield from self._busy(key, "tp", w.bwd_tp_s, f"tp {label}")
-                if zero3:
-                    scatters.append(self.reducer.zero3_reduce_scatter(s, w))
+                else:
+                    yield from self._compute(key, pi, s, w, True, w.bwd_s, label)
+                    yield from self._busy(key, "tp", w.bwd_tp_s, f"tp {label}")
                 if vs > 0:
                     out = Handoff(pi, "B", vs, a.mb)
                     self._send(pi, s, (vs - 1) % self.p, w.p2p_bytes, out, f"grad {label}")
@@ -242,10 +267,48 @@ class PipelineExecutor(EnginePart):
         self.acct.seg(key, "compute", "idle", t0, split, "wait replicas")
         self.acct.seg(key, "compute", "dp", split, self.env.now, "grad reduce")
         yield from self._busy(key, "compute", pipe.optimizer_s[s], "optimizer")
-        if self.plan.zero in (1, 2) and self.plan.dp > 1 and not early:
+        if self.plan.zero in (1, 2) and self.plan.grad_degree > 1 and not early:
             # Sharded optimizer: gather the updated weights once every replica is done.
             gathered = self.reducer.optimizer_done(pi, s)
             t0 = self.env.now
             yield gathered
             self.acct.seg(key, "compute", "dp", t0, self.env.now, "param all-gather")
         self.acct.finished(key)
+
+
+class _LayerGathers:
+    """ZeRO-3 / FSDP with prefetch, one layer at a time (FSDP wraps each transformer block:
+    TorchTitan's apply_fsdp, torchtitan/models/llama3/infra/parallelize.py; DeepSpeed's
+    ZeRO-3 prefetches by module too): the all-gather of the next layer's weights starts
+    when a layer starts computing, so it hides behind that layer's compute; a layer waits
+    only for what its own gather has left. The sequence of layers runs on across actions
+    (the last layer of one action prefetches the first of the next). After each layer's
+    backward its gradients are reduce-scattered. A chunk's embedding or output layer
+    weights are spread evenly over its layers' gathers."""
+
+    def __init__(self, ex: "PipelineExecutor", pi: int, s: int, actions, scatters: list):
+        self.ex, self.pi, self.s, self.scatters = ex, pi, s, scatters
+        pipe = ex.prog.pipelines[pi]
+        # (chunk work, layer fraction) of every layer unit in the order the rank runs them
+        self.units = [(pipe.chunks[(s, a.chunk)], a.kind, a.mb) for a in actions
+                      for _ in range(pipe.chunks[(s, a.chunk)].layers)]
+        self.pos = 0
+        self.pending = self._gather(0)
+
+    def _gather(self, u: int):
+        if u >= len(self.units):
+            return None
+        w, kind, mb = self.units[u]
+        return self.ex.reducer.zero3_gather_layer(self.s, w, 1.0 / w.layers, f"fsdp gather {kind}{mb}")
+
+    def run(self, key: RankKey, w, backward: bool, label: str):
+        """One action's compute, layer by layer, each after its weights are gathered."""
+        ex, n = self.ex, w.layers
+        dt = w.bwd_s if backward else w.fwd_s
+        for j in range(n):
+            ready, self.pos = self.pending, self.pos + 1
+            yield from ex._wait(key, ready, "dp", f"fsdp gather {label} l{j}")
+            self.pending = self._gather(self.pos)  # prefetch the next layer
+            yield from ex._compute(key, self.pi, self.s, w, backward, dt / n, f"{label} l{j}", n)
+            if backward:
+                self.scatters.append(ex.reducer.zero3_reduce_scatter(self.s, w, 1.0 / n))

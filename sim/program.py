@@ -16,8 +16,9 @@ from typing import NamedTuple
 from costmodel import collectives as cc
 from costmodel import flops as fl
 from costmodel import memory as mem
-from costmodel.device_memory import ChunkSpec, MemoryConfig, device_memory
+from costmodel.device_memory import ChunkSpec, MemoryConfig, cp_local, device_memory
 from costmodel.dtypes import fp8_weight_bytes, grad_reduce_bytes, working_bytes
+from costmodel.context_parallel import cp_layer_work
 from costmodel.efficiency import op_time_s, ops_time_s, optimizer_time_s
 from costmodel.flops import matmul_flops
 from costmodel.errors import InputError
@@ -50,6 +51,14 @@ class ChunkWork:
     p2p_bytes: float  # activation (and its gradient) sent to the neighbour stage, per device
     params: float  # parameters held by this device for this chunk
     grad_buckets: tuple[float, ...]  # bytes to reduce, in the order backward produces them
+    # Context parallelism (sim/context_parallel.py), for all layers of the chunk: the core
+    # attention of one K/V block (fwd_s / bwd_s hold cp of them) and the bytes one rank
+    # sends per exchange (ring: one K/V block forward, K/V + dK/dV backward; a2a: its
+    # share of the Q/K/V and output all-to-alls).
+    cp_fwd_block_s: float = 0.0
+    cp_bwd_block_s: float = 0.0
+    cp_fwd_bytes: float = 0.0
+    cp_bwd_bytes: float = 0.0
 
 
 @dataclass
@@ -252,37 +261,46 @@ def chunk_work(model: ModelSpec, plan: Plan, cluster: Cluster, profile: Profile,
     def secs(ops):
         return ops_time_s(ops, gpu, eff, prec, rt)
 
-    f_ops = fl.layer_forward_ops(model, b, tp, sp, width)
-    b_ops = fl.layer_backward_ops(model, b, tp, sp, width)
-    r_ops = fl.recompute_ops(model, b, tp, sp, plan.recompute, width)
+    cp = plan.cp
+    local = cp_local(model, cp)  # per-token work of this rank's seq/cp tokens
+    f_ops = fl.layer_forward_ops(local, b, tp, sp, width)
+    b_ops = fl.layer_backward_ops(local, b, tp, sp, width)
+    r_ops = fl.recompute_ops(local, b, tp, sp, plan.recompute, width)
+    cpw = (cp_layer_work(local, b, tp, cp, plan.cp_comm, prec, gpu, eff, rt, f_ops, b_ops + r_ops)
+           if cp > 1 else None)
     fwd_s = layers * secs(f_ops)
     bwd_s = layers * (secs(b_ops + grad_accumulation_ops(model, 1, tp, False, False, prec, rt)) + secs(r_ops))
     fwd_fl = layers * matmul_flops(f_ops)
     bwd_fl = layers * (matmul_flops(b_ops) + matmul_flops(r_ops))
+    if cpw is not None:  # cp K/V blocks of attention instead of the one the local ops hold
+        fwd_s += layers * ((cp * cpw.fwd_block_s) - cpw.fwd_local_s)
+        bwd_s += layers * ((cp * cpw.bwd_block_s) - cpw.bwd_local_s)
+        fwd_fl += layers * (cp - 1) * cpw.fwd_block_flops
+        bwd_fl += layers * (cp - 1) * cpw.bwd_block_flops
     extra_acc = grad_accumulation_ops(model, 0, tp, first, last, prec, rt)
     if first:
-        fwd_s += secs(fl.embedding_ops(model, b, tp, width, sp=sp))
-        bwd_s += secs(fl.embedding_backward_ops(model, b, tp, width, sp=sp) + ([] if last else extra_acc))
+        fwd_s += secs(fl.embedding_ops(local, b, tp, width, sp=sp))
+        bwd_s += secs(fl.embedding_backward_ops(local, b, tp, width, sp=sp) + ([] if last else extra_acc))
     if last:
-        hf = fl.head_forward_ops(model, b, tp, width, sp=sp)
-        hb = fl.head_backward_ops(model, b, tp, width, sp=sp) + extra_acc
+        hf = fl.head_forward_ops(local, b, tp, width, sp=sp)
+        hb = fl.head_backward_ops(local, b, tp, width, sp=sp) + extra_acc
         fwd_s += secs(hf)
         bwd_s += secs(hb)
         fwd_fl += matmul_flops(hf)
         bwd_fl += matmul_flops(hb)
 
     ranks = plan.tp_group(*_coords(plan, rank))
-    act = b * model.seq_length * model.hidden_size * width
+    act = b * local.seq_length * model.hidden_size * width
     tp_fwd1, tp_bwd1 = tp_layer_comm_s(cluster, profile, ranks, act, sp, plan.recompute, b_ops, gpu, eff, prec,
                                        f_ops=f_ops)
     fwd_tp, bwd_tp = layers * tp_fwd1, layers * tp_bwd1
     if last and tp > 1:
         # Cross-entropy over vocab-parallel logits: all-reduces of b*s floats (max, sum).
-        small = b * model.seq_length * 4
+        small = b * local.seq_length * 4
         fwd_tp += _tp_comm_s(cluster, profile, ranks, small, 2)
 
     params = mem.stage_params(model, layers, tp, first, last)
-    grad_bytes = params * grad_reduce_bytes(prec, rt) if plan.dp > 1 else 0.0
+    grad_bytes = params * grad_reduce_bytes(prec, rt) if plan.grad_degree > 1 else 0.0
     # Pipeline p2p: with scatter/gather (Megatron-LM's default; DeepSpeed's pipeline engine
     # partitions its boundary tensors the same way) each TP rank sends its b*s*h/t slice and
     # the receivers all-gather it over the node's fabric; without it every TP rank sends b*s*h.
@@ -291,6 +309,9 @@ def chunk_work(model: ModelSpec, plan: Plan, cluster: Cluster, profile: Profile,
         layers=layers, first=first, last=last, fwd_s=fwd_s, bwd_s=bwd_s,
         fwd_tp_s=fwd_tp, bwd_tp_s=bwd_tp, fwd_flops=fwd_fl, bwd_flops=bwd_fl,
         p2p_bytes=p2p, params=params, grad_buckets=_buckets(grad_bytes, layers),
+        **({} if cpw is None else dict(
+            cp_fwd_block_s=layers * cpw.fwd_block_s, cp_bwd_block_s=layers * cpw.bwd_block_s,
+            cp_fwd_bytes=layers * cpw.fwd_bytes, cp_bwd_bytes=layers * cpw.bwd_bytes)),
     )
 
 
@@ -314,7 +335,7 @@ def grad_accumulation_ops(model: ModelSpec, layers: int, tp: int, first: bool, l
 
 def _coords(plan: Plan, rank: int) -> tuple[int, int]:
     """(dp_index, stage) of a device rank under the plan's placement."""
-    q = rank // plan.tp
+    q = rank // (plan.tp * plan.cp)
     if plan.placement == "tp-pp-dp":
         return q // plan.pp, q % plan.pp
     return q % plan.dp, q // plan.dp
@@ -343,10 +364,11 @@ def _schedule_inflight(schedule: str, p: int, m: int, v: int) -> tuple[tuple[tup
 def memory_config(plan: Plan, runtime: RuntimeSettings) -> MemoryConfig:
     """The plan and framework settings device memory depends on."""
     return MemoryConfig(tp=plan.tp, sp=plan.sp, mbs=plan.mbs, recompute=plan.recompute,
-                        precision=plan.precision, dp=plan.dp, zero=plan.zero,
+                        precision=plan.precision, dp=plan.grad_degree, zero=plan.zero,  # ZeRO shards over dp*cp
                         grad_bytes=grad_reduce_bytes(plan.precision, runtime),
                         topk=plan.topk_fraction is not None, flash_attention=runtime.flash_attention,
-                        fp8_weight_bytes=fp8_weight_bytes(plan.precision, runtime))
+                        fp8_weight_bytes=fp8_weight_bytes(plan.precision, runtime),
+                        cp=plan.cp)
 
 
 def stage_chunks(plan: Plan, stage: int) -> tuple[ChunkSpec, ...]:
@@ -381,6 +403,10 @@ def build_program(model: ModelSpec, plan: Plan, cluster: Cluster, profile: Profi
             if len(names) > 1:
                 raise InputError("--plan", "tp", f"TP group of replica {d}, stage {s} mixes GPU types "
                                  f"{sorted(names)}; choose tp and placement so each TP group is one type")
+            if plan.cp > 1 and len({cluster.devices[r].gpu.name for r in plan.cp_group(d, s, 0)}) > 1:
+                # One simulated device stands for its CP group: the ring runs in lock step.
+                raise InputError("--plan", "cp", f"CP group of replica {d}, stage {s} mixes GPU types; "
+                                 "choose cp and placement so each CP group is one type")
             spans.add(len({cluster.node_of(r) for r in group}))
             if len(spans) > 1:
                 gpn = min(len(node.ranks) for node in cluster.nodes)
@@ -403,7 +429,7 @@ def build_program(model: ModelSpec, plan: Plan, cluster: Cluster, profile: Profi
                     cache[key] = chunk_work(model, plan, cluster, profile, ranks[s], *key[1:])
                 chunks[(s, c)] = cache[key]
             params = sum(chunks[(s, c)].params for c in range(v))
-            opt_params = params / plan.dp if plan.zero >= 1 else params
+            opt_params = params / plan.grad_degree if plan.zero >= 1 else params
             opt.append(optimizer_time_s(opt_params, gpu, profile.gpu(gpu.name), plan.precision, profile.runtime))
             memory.append(stage_memory(model, plan, profile.runtime, s, m))
         name = "+".join(sorted(set(gpus))) + f" x{m}mb"
@@ -413,7 +439,7 @@ def build_program(model: ModelSpec, plan: Plan, cluster: Cluster, profile: Profi
     rt = profile.runtime
     return Program(model, plan, cluster, profile, pipelines, algos,
                    p2p_blocking=rt.p2p_blocking, zero_grad_all_reduce=rt.zero1_grad_all_reduce,
-                   overlap_param_gather=rt.overlap_param_gather and plan.zero in (1, 2) and plan.dp > 1)
+                   overlap_param_gather=rt.overlap_param_gather and plan.zero in (1, 2) and plan.grad_degree > 1)
 
 
 class ReplicaClass(NamedTuple):
@@ -444,7 +470,7 @@ def choose_allreduce(plan: Plan, cluster: Cluster, profile: Profile, stage: int,
     allreduce=auto the cheapest for one bucket of ``bucket_bytes`` by the analytic formulas
     on this DP group's links (hierarchical only where every node holds as many of the
     group's ranks). The program and the search both resolve through here."""
-    group = plan.dp_group(stage, 0)
+    group = plan.grad_group(stage, 0)
     per_node: dict[int, int] = {}
     for r in group:
         per_node[cluster.node_of(r)] = per_node.get(cluster.node_of(r), 0) + 1
@@ -452,7 +478,7 @@ def choose_allreduce(plan: Plan, cluster: Cluster, profile: Profile, stage: int,
     if plan.allreduce == "hierarchical" and not even:
         raise InputError("--plan", "allreduce", f"hierarchical needs the same number of DP ranks on every "
                          f"node; stage {stage} has {sorted(set(per_node.values()))} per node (use ring, tree or auto)")
-    if plan.allreduce != "auto" or plan.dp == 1:
+    if plan.allreduce != "auto" or plan.grad_degree == 1:
         return plan.allreduce if plan.allreduce != "auto" else "ring"
     bw, lat, kind = group_link(cluster, group, profile)
     fab = profile.fabric(kind)

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-CATEGORIES = ("compute", "tp", "pp", "dp", "bubble", "idle")
+# cp: context parallelism's exposed K/V exchange (ring) or all-to-alls (a2a)
+CATEGORIES = ("compute", "tp", "cp", "pp", "dp", "bubble", "idle")
 
 
 @dataclass
@@ -11,7 +12,7 @@ class Segment:
     """One interval on one stream of one simulated device (for traces and Gantt charts)."""
 
     device: int  # representative rank
-    stream: str  # 'compute' | 'dp' | 'pp'
+    stream: str  # 'compute' | 'dp' | 'pp' | 'cp'
     cat: str  # one of CATEGORIES, or 'send'/'collective' on comm streams
     start_s: float
     end_s: float
@@ -24,7 +25,7 @@ class DeviceResult:
     stage: int
     pipeline: str  # the simulated replica class it belongs to
     gpu: str
-    represents: int  # how many devices this one stands for (TP peers x identical replicas)
+    represents: int  # how many devices this one stands for (TP and CP peers x identical replicas)
     breakdown_s: dict[str, float]  # CATEGORIES -> seconds; sums to the step time
     busy_s: float  # compute + tp
     memory_gib: dict[str, float]

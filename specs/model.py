@@ -6,6 +6,7 @@ padded size) where the paper gives an unpadded size, and say so.
 """
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Literal
 
@@ -93,6 +94,20 @@ def model_from_mapping(data: dict, source: str) -> ModelSpec:
     """Validate a mapping (from YAML) into a ModelSpec; InputError names the field."""
     m = validate(ModelFile, data, source)
     return ModelSpec(**m.model_dump())
+
+
+def with_overrides(model: ModelSpec, seq_length: int | None = None,
+                   global_batch_size: int | None = None) -> ModelSpec:
+    """``model`` with the command line's --seq / --global-batch, validated as a model file's
+    fields are (a long-context phase of a preset: Llama 3 405B's 131,072-token phase ran
+    128 sequences per step, Dubey et al. 2024, Table 4)."""
+    data = dataclasses.asdict(model)
+    if seq_length is not None:
+        data["seq_length"] = seq_length
+    if global_batch_size is not None:
+        data["global_batch_size"] = global_batch_size
+    src = "--seq" if seq_length is not None else "--global-batch"
+    return model if data == dataclasses.asdict(model) else model_from_mapping(data, src)
 
 
 def load_model(name_or_path: str) -> ModelSpec:

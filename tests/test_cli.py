@@ -29,7 +29,7 @@ def test_json_contract(capsys):
     assert code == 0, err
     d = json.loads(out)
     assert JSON_KEYS <= set(d)
-    assert set(d["exposed_comm_s"]) == {"tp", "pp", "dp"}
+    assert set(d["exposed_comm_s"]) == {"tp", "cp", "pp", "dp"}
     assert d["tokens_per_s"] == pytest.approx(512 * 2048 / d["step_time_s"])
     assert d["mfu"] == pytest.approx(d["model_tflops_per_gpu"] / 312.0)  # A100 bf16 dense peak
     assert sum(d["breakdown"].values()) == pytest.approx(d["step_time_s"])

@@ -101,7 +101,9 @@ def test_best_two_have_timelines(dgx):
 def test_compression_pays_on_pcie_not_on_dgx(dgx):
     """Top-k with error feedback: on PCIe L40S servers with 2 x 100 GbE per 8 GPUs the
     dense gradient exchange is exposed and the best plan compresses; on DGX A100 the
-    dense exchange hides behind backward and the best plan stays dense."""
+    dense exchange hides behind backward and the best plan stays dense (with FSDP's
+    per-layer prefetch that best plan may be ZeRO-3, whose per-microbatch reduce-scatters
+    top-k does not replace: then the note says compression does not apply)."""
     _, res_dgx = dgx
     res_pcie = S.search(SMALL, load_topology("pcie-l40s"), PROFILE, progress=False)
     assert "compress=topk" in res_pcie.ranked[0].plan
@@ -109,7 +111,8 @@ def test_compression_pays_on_pcie_not_on_dgx(dgx):
     assert "top-k pays" in note
     assert "compress=" not in res_dgx.ranked[0].plan
     note = next(n for n in res_dgx.notes if n.startswith("Compression"))
-    assert "does not pay" in note
+    zero3 = "zero=3" in res_dgx.ranked[0].plan
+    assert ("not applicable" in note) if zero3 else ("does not pay" in note)
 
 
 def test_workers_give_the_same_ranking():

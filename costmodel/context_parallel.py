@@ -1,0 +1,96 @@
+"""Context parallelism's per-layer costs: the attention of one K/V block and the bytes a
+rank exchanges (docs/context-parallelism.md).
+
+With context parallelism (cp ranks share every sequence) each rank holds seq/cp tokens:
+every per-token op shrinks by cp, but attention needs every key. Two ways to get them:
+
+* ring (Megatron-Core's default ``cp_comm_type="p2p"``,
+  megatron/core/transformer/transformer_config.py; Transformer Engine's context-parallel
+  attention): the ranks pass K/V blocks round a ring. Each of the cp steps attends the
+  local queries to the block in hand while the next block is in flight, so a rank does cp
+  block attentions and cp-1 transfers of one K/V block per layer forward; backward passes
+  K/V again and the dK/dV accumulated for the block's owner, 2 blocks per step.
+  Causal load balancing (the sequence cut into 2*cp chunks, rank r holding chunks r and
+  2cp-1-r: megatron/core/models/common/embeddings/rope_utils.py) gives every rank and
+  every step the same causal work: half a dense block on every step (the own-block step
+  is causal within the two chunks, the others attend half the queries or half the keys).
+  A step therefore costs what the attention ops of the seq/cp-token block cost, whatever
+  causal discount the op list applies to a block, and a rank's cp steps total 1/cp of
+  the whole sequence's attention.
+* a2a (DeepSpeed-Ulysses, Jacobs et al. 2023, arXiv:2309.14509, Sec. 3.1; Megatron-Core
+  ``cp_comm_type="a2a"``): an all-to-all turns the rank's seq/cp tokens of all its heads
+  into all tokens of heads/cp heads before attention (Q, K and V), and another one turns
+  the output back; backward does the same for the gradients. Nothing overlaps them.
+
+Context-parallel attention runs on fused kernels only (Transformer Engine's
+context-parallel attention has no unfused backend), so the block's attention ops are
+costed fused whatever the runtime's flash_attention setting.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import NamedTuple
+
+from costmodel.dtypes import working_bytes
+from costmodel.efficiency import ops_time_s
+from costmodel.flops import Op, is_core_attention, matmul_flops
+from costmodel.shapes import ModelSpec
+
+
+class CPLayerWork(NamedTuple):
+    """One layer, one microbatch, one rank of a context-parallel group."""
+
+    fwd_block_s: float  # core attention of the local queries against one K/V block, fused
+    bwd_block_s: float  # its backward (and the recompute's attention, if any)
+    fwd_local_s: float  # the core attention the local op lists already hold, as costed there
+    bwd_local_s: float
+    fwd_block_flops: float  # matmul FLOPs of one block, forward / backward
+    bwd_block_flops: float
+    fwd_bytes: float  # ring: one K/V block sent per step; a2a: all bytes one rank sends
+    bwd_bytes: float  # ring: K/V + dK/dV per step; a2a: the gradients' all-to-alls
+
+
+def kv_block_bytes(local: ModelSpec, mbs: int, tp: int, precision: str) -> float:
+    """K and V of one rank's seq/cp tokens for its TP rank's KV heads (at least one head:
+    with more TP ranks than KV heads each keeps a copy of one), in the working dtype. GQA
+    shrinks the exchange: Llama 3 405B's 8 KV heads of 128 heads send 1/16 of MHA's."""
+    kv_width = max(local.kv_hidden // tp, local.head_dim)
+    return 2.0 * mbs * local.seq_length * kv_width * working_bytes(precision)
+
+
+def a2a_bytes(local: ModelSpec, mbs: int, tp: int, cp: int, precision: str) -> float:
+    """Bytes one rank sends in the forward all-to-alls of one layer (Ulysses): it keeps
+    1/cp of its Q, K, V and output and sends the rest, (cp-1)/cp of them."""
+    e = working_bytes(precision)
+    tokens = mbs * local.seq_length
+    q = local.hidden_size // tp
+    kv = max(local.kv_hidden // tp, local.head_dim)
+    return (cp - 1) / cp * tokens * (q + 2 * kv + q) * e
+
+
+def cp_layer_work(local: ModelSpec, mbs: int, tp: int, cp: int, cp_comm: str, precision: str,
+                  gpu, eff, runtime, f_ops: list[Op], b_ops: list[Op]) -> CPLayerWork:
+    """``f_ops`` / ``b_ops`` (backward with recompute) are one layer's ops for the rank's
+    seq/cp tokens (``local``); their core attention is one K/V block."""
+    fa = [o for o in f_ops if is_core_attention(o)]
+    ba = [o for o in b_ops if is_core_attention(o)]
+    fused = replace(runtime, flash_attention=True)
+    if cp_comm == "a2a":
+        fwd_b = bwd_b = a2a_bytes(local, mbs, tp, cp, precision)
+    else:
+        kv = kv_block_bytes(local, mbs, tp, precision)
+        fwd_b, bwd_b = kv, 2 * kv
+    return CPLayerWork(
+        fwd_block_s=ops_time_s(fa, gpu, eff, precision, fused),
+        bwd_block_s=ops_time_s(ba, gpu, eff, precision, fused),
+        fwd_local_s=ops_time_s(fa, gpu, eff, precision, runtime),
+        bwd_local_s=ops_time_s(ba, gpu, eff, precision, runtime),
+        fwd_block_flops=matmul_flops(fa), bwd_block_flops=matmul_flops(ba),
+        fwd_bytes=fwd_b, bwd_bytes=bwd_b,
+    )
+
+
+def ring_attention_s(cp: int, block_s: float, step_s: float) -> float:
+    """Closed form of one ring pass: cp block computes, each of the first cp-1 overlapped
+    with the transfer of the next block (``step_s``): exposed max(0, step - block) each."""
+    return cp * block_s + (cp - 1) * max(0.0, step_s - block_s)
