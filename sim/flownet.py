@@ -105,6 +105,7 @@ class FlowNetwork:
         self._flush_at: float | None = None
         self._next_id = 0
         self._prepared: dict[tuple, tuple] = {}    # see transfer()
+        self._alone_rate: dict[int, tuple] = {}     # id(weights) -> (weights, rate alone)
 
     # ----------------------------------------------------------------- public API
     def transfer(self, path: Sequence[Edge], nbytes: float,
@@ -232,14 +233,19 @@ class FlowNetwork:
     def _activate(self, flow: _Flow, _ev=None) -> None:
         now = flow.t_last = self.env.now
         on_edge = self._on_edge
-        if self._flush_at != now and not any(e in on_edge for e in flow.weights):
+        weights = flow.weights
+        if self._flush_at != now and on_edge.keys().isdisjoint(weights):
             # Alone on every link and nothing else changing at this instant (most pipeline
             # sends): the re-solve _flush would run has this one flow; do it here, without
             # the zero-delay flush event. Same arithmetic as _flush and _solve.
-            bw = self._bw
-            for e, w in flow.weights.items():
+            for e, w in weights.items():
                 on_edge[e] = {flow: w}
-            flow.rate = max(min(bw[e] / (0.0 + w) for e, w in flow.weights.items()), 0.0)
+            got = self._alone_rate.get(id(weights))
+            if got is None or got[0] is not weights:
+                bw = self._bw
+                got = self._alone_rate[id(weights)] = (
+                    weights, max(min(bw[e] / (0.0 + w) for e, w in weights.items()), 0.0))
+            flow.rate = got[1]
             self.resolves += 1
             self._schedule_wake(flow)
             if self.record:
@@ -253,7 +259,9 @@ class FlowNetwork:
             return      # stale: the flow's rate changed after this wake-up was set
         now = self.env.now
         on_edge = self._on_edge
-        if self._flush_at != now and all(len(on_edge[e]) == 1 for e in flow.weights):
+        weights = flow.weights
+        # (each of its links holds at least this flow: alone iff the sizes sum to its count)
+        if self._flush_at != now and sum(map(len, map(on_edge.__getitem__, weights))) == len(weights):
             # Alone on every link: _flush's work for this flow alone, done here.
             self.resolves += 1
             if flow.rate > 0:

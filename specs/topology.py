@@ -30,7 +30,6 @@ from __future__ import annotations
 import functools
 import gc
 import re
-from dataclasses import dataclass
 from importlib.resources import files
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable, NamedTuple, Sequence
@@ -62,10 +61,10 @@ class Device(NamedTuple):
     vertex: str
 
 
-@dataclass(frozen=True)
-class NodeInfo:
+class NodeInfo(NamedTuple):
     """One node. ``intra_bw_Bps`` is per GPU, per direction: the hub link for star fabrics, the
-    sum of local GPU 0's links for an NVLink mesh. ``nic_bw_Bps`` is per NIC (0 without NICs)."""
+    sum of local GPU 0's links for an NVLink mesh. ``nic_bw_Bps`` is per NIC (0 without NICs).
+    (A named tuple, as Device: 12,500 are built for 100k GPUs.)"""
 
     index: int
     group: str
@@ -478,7 +477,7 @@ class _Builder:
         i, n, intra = len(self.nodes), nt.gpus_per_node, nt.intra
         first = len(self.devices)
         gpus = [f"n{i}.gpu{g}" for g in range(n)]
-        self.devices.extend(Device(first + g, i, g, grp.name, spec, v) for g, v in enumerate(gpus))
+        self.devices.extend([Device(first + g, i, g, grp.name, spec, v) for g, v in enumerate(gpus)])
         lazy = self.lazy        # (then vertex() and link() record nothing: skip the loops)
         for v in () if lazy else gpus:
             self.vertex(v, role="gpu", node=i)
