@@ -20,11 +20,13 @@ from reports.plots import _figure, _style, to_data_uri
 from search.sweep import SweepResult
 
 TEMPLATES = Path(__file__).parent / "templates"
-CSV_COLUMNS = ("model", "topology", "nodes", "devices", "seq_length", "profile", "best_plan", "step_time_s",
+CSV_COLUMNS = ("model", "topology", "nodes", "devices", "seq_length", "profile", "runtime", "best_plan",
+               "step_time_s",
                "tokens_per_s", "tokens_per_s_per_gpu", "mfu", "model_tflops_per_gpu", "peak_memory_gib",
                "bottleneck", "candidates", "simulated", "no_fit")
 TABLE = [("model", "model"), ("topology", "topology"), ("devices", "GPUs"), ("seq_length", "seq"),
-         ("profile", "profile"), ("best_plan", "best plan"), ("step", "step s"), ("tps", "tokens/s"),
+         ("profile", "profile"), ("runtime", "runtime"), ("best_plan", "best plan"), ("step", "step s"),
+         ("tps", "tokens/s"),
          ("tps_gpu", "tokens/s/GPU"), ("mfu", "MFU"), ("tflops", "TFLOP/s/GPU"), ("mem", "peak GiB"),
          ("bottleneck", "bottleneck")]
 PALETTE = ["#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860", "#da8bc3", "#8c8c8c"]
@@ -38,6 +40,8 @@ def _series(row: dict, rows: list[dict]) -> str:
         label += f", seq {row['seq_length']}"
     if len({r["profile"] for r in rows}) > 1:
         label += f", {row['profile']}"
+    if len({r["runtime"] for r in rows}) > 1:
+        label += f", {row['runtime']}"
     return label
 
 
@@ -102,7 +106,7 @@ def table_cells(rows: list[dict]) -> list[dict]:
         return "" if v is None else fmt.format(v)
     """The table's cells formatted for people (HTML, Markdown and the terminal)."""
     return [{"model": r["model"], "topology": r["topology"], "devices": f"{r['devices']:,}",
-             "seq_length": str(r["seq_length"]), "profile": r["profile"],
+             "seq_length": str(r["seq_length"]), "profile": r["profile"], "runtime": r["runtime"],
              "best_plan": r["best_plan"] or "no plan fits", "step": num(r["step_time_s"], "{:.3f}"),
              "tps": num(r["tokens_per_s"], "{:,.0f}"), "tps_gpu": num(r["tokens_per_s_per_gpu"], "{:,.0f}"),
              "mfu": "" if r["mfu"] is None else f"{100 * r['mfu']:.1f} %",

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from costmodel.profile import load_profile
+from costmodel.profile import for_gpus, load_profile
 from search.executor import ExecutorSpec, run_tasks
 from search.search import NoPlanFits, search
 from sim.result import StepResult
@@ -39,6 +39,7 @@ class CellResult:
         c, b = self.cell, self.best
         row = {"model": c.model_label, "topology": c.topology_label, "nodes": c.nodes,
                "devices": c.num_devices, "seq_length": c.model.seq_length, "profile": c.profile_label,
+               "runtime": c.runtime,
                "best_plan": b.plan if b else "", "step_time_s": b.step_time_s if b else None,
                "tokens_per_s": b.tokens_per_s if b else None,
                "tokens_per_s_per_gpu": b.tokens_per_s / c.num_devices if b else None,
@@ -71,7 +72,10 @@ def run_cell(_context, cell: Cell) -> CellResult:
     """One cell's search (a task: module-level, its inputs picklable)."""
     t0 = time.perf_counter()
     cluster = load_topology(cell.topology, nodes=cell.nodes)
-    profile = load_profile(cell.profile, bundled=cluster.profiles)
+    # As `plansim search` loads it (plansim/cli.py _load_inputs); tests/test_sweep.py checks
+    # that a cell and the search command agree.
+    profile = load_profile(cell.profile, bundled=cluster.profiles, runtime=cell.runtime)
+    profile = for_gpus(profile, {d.gpu.name for d in cluster.devices})
     try:
         res = search(cell.model, cluster, profile, top=cell.top, workers=1, progress=False, record_best=False)
     except NoPlanFits as err:

@@ -1,5 +1,5 @@
 """The sweep grid (``plansim sweep GRID.yaml``): models x topologies x node counts (x sequence
-lengths x hardware profiles), each cell one plan search.
+lengths x hardware profiles x framework runtimes), each cell one plan search.
 
     name: GPT-3 125M-350M on 1-2 nodes     # report title (optional)
     models: [gpt3-125m, gpt3-350m]         # presets or model YAML files
@@ -10,6 +10,7 @@ lengths x hardware profiles), each cell one plan search.
     nodes: [1, 2]                          # node counts (optional; default the file's size)
     seq_lengths: [1024, 2048]              # override the models' sequence length (optional)
     profiles: [null, my-profile.yaml]      # hardware profiles (optional; null = the topology's)
+    runtimes: [megatron-core, torchtitan]  # framework runtimes (optional; default megatron-core)
     top: 3                                 # ranked plans kept per cell (optional, default 3)
 
 Relative file paths are read from the grid file's folder. Everything is validated here,
@@ -22,13 +23,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import BeforeValidator, Field, field_validator
 
 from costmodel.errors import InputError
 from costmodel.limits import MAX_NODES, MAX_SEQ, MAX_SWEEP_AXIS, MAX_SWEEP_CELLS
-from costmodel.profile import bundled_profiles, load_profile
+from costmodel.profile import DEFAULT_RUNTIME, RUNTIMES, bundled_profiles, load_profile
 from costmodel.shapes import ModelSpec
 from costmodel.yamlio import load_yaml
 from specs.model import PRESETS, load_model
@@ -76,9 +77,10 @@ class SweepFile(Strict):
     nodes: Nodes | None = None
     seq_lengths: Annotated[list[Int(1, MAX_SEQ)], Field(min_length=1, max_length=MAX_SWEEP_AXIS)] | None = None
     profiles: Annotated[list[Name | None], Field(min_length=1, max_length=MAX_SWEEP_AXIS)] | None = None
+    runtimes: Annotated[list[Literal[tuple(RUNTIMES)]], Field(min_length=1, max_length=MAX_SWEEP_AXIS)] | None = None
     top: Int(1, MAX_TOP_PER_CELL) = 3
 
-    @field_validator("models", "nodes", "seq_lengths", "profiles")
+    @field_validator("models", "nodes", "seq_lengths", "profiles", "runtimes")
     @classmethod
     def _unique(cls, v, info):
         return None if v is None else _no_duplicates(v, info.field_name.rstrip("s").replace("_", " "))
@@ -104,12 +106,14 @@ class Cell:
     num_devices: int
     profile: str | None
     profile_label: str
+    runtime: str
     top: int
 
     @property
     def key(self) -> tuple:
         """Identity of the cell (grid order is the order of cells)."""
-        return (self.model_label, self.topology_label, self.num_devices, self.model.seq_length, self.profile_label)
+        return (self.model_label, self.topology_label, self.num_devices, self.model.seq_length, self.profile_label,
+                self.runtime)
 
 
 @dataclass(frozen=True)
@@ -175,9 +179,11 @@ def load_grid(path: str | Path) -> SweepGrid:
         topo = _resolve(entry.name, list_topologies(), folder)
         for nodes in entry.nodes or grid.nodes or [None]:
             topologies.append((entry, topo, nodes, _devices(entry, topo, nodes, source, f"topologies.{i}")))
-    n_cells = len(models) * len(topologies) * len(grid.seq_lengths or [None]) * len(profiles)
+    runtimes = grid.runtimes or [DEFAULT_RUNTIME]
+    n_cells = len(models) * len(topologies) * len(grid.seq_lengths or [None]) * len(profiles) * len(runtimes)
     if n_cells > MAX_SWEEP_CELLS:
-        raise InputError(source, None, f"{n_cells:,} cells (models x topologies x nodes x seq_lengths x profiles); "
+        raise InputError(source, None, f"{n_cells:,} cells (models x topologies x nodes x seq_lengths x profiles "
+                                       f"x runtimes); "
                                        f"a sweep may have at most {MAX_SWEEP_CELLS:,}")
     cells = []
     for label, model in models:
@@ -185,7 +191,9 @@ def load_grid(path: str | Path) -> SweepGrid:
             for seq in grid.seq_lengths or [None]:
                 m = model if seq is None else replace(model, seq_length=seq)
                 for prof, prof_label in profiles:
-                    cells.append(Cell(m, label, topo, entry.name, nodes, devices, prof, prof_label, grid.top))
+                    for runtime in runtimes:
+                        cells.append(Cell(m, label, topo, entry.name, nodes, devices, prof, prof_label, runtime,
+                                          grid.top))
     if len({c.key for c in cells}) != len(cells):  # e.g. dgx-a100 and {name: dgx-a100, nodes: [16]}
         raise InputError(source, "topologies", "two entries give the same cluster; list each once")
     return SweepGrid(name=grid.name, source=source, cells=tuple(cells))

@@ -106,11 +106,12 @@ def test_report_and_json(grid_file, swept, tmp_path, capsys):
     ("models: [tiny]\ntopologies: [dgx-a100]\nprofiles: [nosuch.yaml]\n", "profiles.0: 'nosuch.yaml': no such profile"),
     ("models: [tiny]\ntopologies: [dgx-a100, {name: dgx-a100, nodes: [16]}]\n", "topologies: two entries give the same"),
     ("[1, 2]\n", "expected a mapping of name, models, topologies"),
+    ("models: [tiny]\ntopologies: [dgx-a100]\nruntimes: [megatron]\n", "runtimes.0: 'megatron': must be 'megatron-core'"),
     ("models: [tiny]\ntopologies: [dgx-a100]\nnodes: [" + ", ".join(map(str, range(1, 66))) + "]\n",
      "nodes: [1, 2, 3, 4, ...]: List should have at most 64 items"),
     ("models: [" + ", ".join(["gpt3-125m", "gpt3-350m", "gpt3-760m", "gpt3-1.3b"]) + "]\ntopologies: [dgx-a100]\n"
      "nodes: [" + ", ".join(map(str, range(1, 33))) + "]\nseq_lengths: [" + ", ".join(map(str, range(1, 34)))
-     + "]\n", "4,224 cells (models x topologies x nodes x seq_lengths x profiles); a sweep may have at most 4,096"),
+     + "]\n", "4,224 cells (models x topologies x nodes x seq_lengths x profiles x runtimes); a sweep may have at most 4,096"),
 ])
 def test_bad_grid(tmp_path, capsys, body, field):
     """A bad grid is one line on stderr naming the grid file and the field (and what is
@@ -159,3 +160,18 @@ def test_example_grid_loads():
     grid = load_grid(Path(__file__).resolve().parents[1] / "sweeps" / "example.yaml")
     assert len(grid.cells) == 12
     assert sorted({c.num_devices for c in grid.cells}) == [8, 16, 32]
+def test_runtime_axis(tmp_path, capsys):
+    """A `runtimes` axis searches each cell under that framework runtime, as
+    `plansim search --runtime NAME` does (same ranked plans and step times); the default
+    runtime is the search command's own."""
+    path = tmp_path / "g.yaml"
+    path.write_text("models: [tiny]\ntopologies: [dgx-a100]\nnodes: [1]\nruntimes: [megatron-core, torchtitan]\ntop: 2\n")
+    grid = load_grid(path)
+    assert [c.runtime for c in grid.cells] == ["megatron-core", "torchtitan"]
+    swept = run_sweep(grid, ExecutorSpec("local", jobs=1), progress=False)
+    for cell in swept.cells:
+        code, out, err = run(capsys, "search", "dgx-a100", "--nodes", 1, "--model", "tiny", "--top", 2,
+                             "--runtime", cell.cell.runtime, "--json")
+        assert code == 0, err
+        direct = json.loads(out)["ranked"]
+        assert [(r.plan, r.step_time_s) for r in cell.ranked] == [(r["plan"], r["step_time_s"]) for r in direct]
