@@ -272,7 +272,7 @@ def grad_accumulation_ops(model: ModelSpec, layers: int, tp: int, first: bool, l
 
 def _coords(plan: Plan, rank: int) -> tuple[int, int]:
     """(dp_index, stage) of a device rank under the plan's placement."""
-    q = rank // plan.tp
+    q = rank // (plan.tp * plan.cp)
     if plan.placement == "tp-pp-dp":
         return q // plan.pp, q % plan.pp
     return q % plan.dp, q // plan.dp
@@ -325,6 +325,8 @@ def stage_memory(model: ModelSpec, plan: Plan, runtime: RuntimeSettings, stage: 
 def build_program(model: ModelSpec, plan: Plan, cluster: Cluster, profile: Profile) -> Program:
     if plan.num_devices != cluster.num_devices:
         raise InputError("--plan", "dp", f"plan covers {plan.num_devices} devices, cluster has {cluster.num_devices}")
+    if plan.cp > 1:  # the plan field exists (contract C1); the engine's ring attention follows
+        raise InputError("--plan", "cp", f"cp={plan.cp}: context parallelism is not simulated yet")
     p, v = plan.pp, plan.vpp
     # TP groups must be one GPU type: a TP group runs in lock step. And every TP group must
     # span the same number of nodes: the program costs one representative group per stage

@@ -1,13 +1,17 @@
 """Parallel plans: parsing (`--plan k=v,...` or YAML), validation against model and cluster,
 and the placement of (dp, stage, tp) coordinates onto device ranks.
 
-Placement (documented contract): by default TP is innermost, then PP, then DP:
-``rank = tp_index + tp * (stage + pp * dp_index)`` with ranks in the topology's device
-order (groups in file order, nodes in order, local index). So a TP group sits inside a
-node whenever tp divides the GPUs per node. ``placement=tp-dp-pp`` puts DP before PP:
-``rank = tp_index + tp * (dp_index + dp * stage)``, which keeps the replicas of a
-stage next to each other (whole pipeline stages per device group on heterogeneous
-clusters).
+Placement (documented contract): by default TP is innermost, then CP (context
+parallelism), then PP, then DP:
+``rank = tp_index + tp * (cp_index + cp * (stage + pp * dp_index))`` with ranks in the
+topology's device order (groups in file order, nodes in order, local index). So a TP group
+sits inside a node whenever tp divides the GPUs per node, and a CP group is next to it
+(Megatron-Core's default rank order "tp-cp-ep-dp-pp" also puts cp right after tp:
+megatron/core/parallel_state.py, initialize_model_parallel's `order`).
+``placement=tp-dp-pp`` puts DP before PP:
+``rank = tp_index + tp * (cp_index + cp * (dp_index + dp * stage))``, which keeps the
+replicas of a stage next to each other (whole pipeline stages per device group on
+heterogeneous clusters).
 """
 from __future__ import annotations
 
@@ -31,6 +35,9 @@ class PlanFile(Strict):
     (costmodel/limits.py) before anything is allocated for them."""
 
     tp: Degree = 1
+    # context parallelism: the sequence split over cp ranks (docs/context-parallelism.md)
+    cp: Degree = 1
+    cp_comm: Literal["ring", "a2a"] = "ring"
     pp: Degree = 1
     dp: Degree | None = None
     mbs: Int(1, MAX_GLOBAL_BATCH) = 1
@@ -89,6 +96,8 @@ class Plan:
     placement: str
     layers: tuple[int, ...]  # per pipeline stage (pp entries); with vpp > 1 split evenly per chunk
     mb_shares: tuple[int, ...]  # microbatches per DP replica (dp entries)
+    cp: int = 1  # context-parallel degree: each rank holds seq/cp tokens of every sequence
+    cp_comm: str = "ring"  # ring (K/V blocks passed between neighbours) or a2a (Ulysses)
     # Whether the plan string states layers= / mb_shares=. True when the user (or the
     # heterogeneous balancer) gave the split, and forced True whenever the default split
     # that resolve_plan would compute is not this one: to_string must then print it, or
@@ -110,18 +119,23 @@ class Plan:
 
     @property
     def num_devices(self) -> int:
-        return self.tp * self.pp * self.dp
+        return self.tp * self.cp * self.pp * self.dp
 
-    def rank(self, dp_index: int, stage: int, tp_index: int) -> int:
+    def rank(self, dp_index: int, stage: int, tp_index: int, cp_index: int = 0) -> int:
+        inner = tp_index + self.tp * cp_index
         if self.placement == "tp-pp-dp":
-            return tp_index + self.tp * (stage + self.pp * dp_index)
-        return tp_index + self.tp * (dp_index + self.dp * stage)
+            return inner + self.tp * self.cp * (stage + self.pp * dp_index)
+        return inner + self.tp * self.cp * (dp_index + self.dp * stage)
 
-    def tp_group(self, dp_index: int, stage: int) -> list[int]:
-        return [self.rank(dp_index, stage, t) for t in range(self.tp)]
+    def tp_group(self, dp_index: int, stage: int, cp_index: int = 0) -> list[int]:
+        return [self.rank(dp_index, stage, t, cp_index) for t in range(self.tp)]
 
-    def dp_group(self, stage: int, tp_index: int) -> list[int]:
-        return [self.rank(d, stage, tp_index) for d in range(self.dp)]
+    def dp_group(self, stage: int, tp_index: int, cp_index: int = 0) -> list[int]:
+        return [self.rank(d, stage, tp_index, cp_index) for d in range(self.dp)]
+
+    def cp_group(self, dp_index: int, stage: int, tp_index: int) -> list[int]:
+        """The ranks that split one sequence; ring neighbours are consecutive entries."""
+        return [self.rank(dp_index, stage, tp_index, c) for c in range(self.cp)]
 
     def chunk_layers(self, stage: int) -> list[int]:
         """Layers of each of the vpp chunks on pipeline rank `stage`."""
@@ -134,6 +148,10 @@ class Plan:
         parts = [
             f"tp={self.tp}", f"pp={self.pp}", f"dp={self.dp}", f"mbs={self.mbs}",
         ]
+        if self.cp != 1:
+            parts.insert(1, f"cp={self.cp}")
+            if self.cp_comm != "ring":
+                parts.insert(2, f"cp_comm={self.cp_comm}")
         if self.vpp != 1:
             parts.append(f"vpp={self.vpp}")
         parts.append(f"schedule={self.schedule}")
@@ -174,11 +192,11 @@ def parse_plan_string(text: str) -> dict:
 
 
 def plan_world_size(plan: str | Path | dict) -> int:
-    """Processes a plan asks for when it is run as written (the validator): tp*pp*dp, with
-    dp = 1 when the plan does not say."""
+    """Processes a plan asks for when it is run as written (the validator): tp*cp*pp*dp,
+    with dp = 1 when the plan does not say."""
     raw, src = load_plan_mapping(plan)
     out = 1
-    for key in ("tp", "pp", "dp"):
+    for key in ("tp", "cp", "pp", "dp"):
         v = raw.get(key, 1)
         if isinstance(v, bool) or not isinstance(v, (int, str)) or not str(v).isdigit() or int(v) < 1:
             raise InputError(src, key, f"{str(v)[:60]}: must be a positive integer")
@@ -206,11 +224,15 @@ def resolve_plan(plan: str | Path | dict, model: ModelSpec, num_devices: int,
     raw, src = load_plan_mapping(plan)
     pf = validate(PlanFile, raw, src)
 
-    tp, pp, vpp = pf.tp, pf.pp, pf.vpp
-    if num_devices % (tp * pp):
-        raise InputError(src, "tp*pp", f"tp*pp = {tp * pp} does not divide the {num_devices} devices")
-    dp = pf.dp if pf.dp is not None else num_devices // (tp * pp)
-    if tp * pp * dp != num_devices:
+    tp, cp, pp, vpp = pf.tp, pf.cp, pf.pp, pf.vpp
+    if num_devices % (tp * cp * pp):
+        what = "tp*cp*pp" if cp > 1 else "tp*pp"
+        raise InputError(src, what, f"{what} = {tp * cp * pp} does not divide the {num_devices} devices")
+    dp = pf.dp if pf.dp is not None else num_devices // (tp * cp * pp)
+    if tp * cp * pp * dp != num_devices:
+        if cp > 1:
+            raise InputError(src, "dp", f"tp*cp*pp*dp = {tp}*{cp}*{pp}*{dp} = {tp * cp * pp * dp}, "
+                             f"but the cluster has {num_devices} devices")
         raise InputError(src, "dp", f"tp*pp*dp = {tp}*{pp}*{dp} = {tp * pp * dp}, "
                          f"but the cluster has {num_devices} devices")
     if model.num_attention_heads % tp:
@@ -222,6 +244,7 @@ def resolve_plan(plan: str | Path | dict, model: ModelSpec, num_devices: int,
 
     if pf.sp and model.seq_length % tp:
         raise InputError(src, "sp", f"sequence parallelism needs tp={tp} to divide seq_length={model.seq_length}")
+    check_cp(src, cp, pf.cp_comm, tp, pf.sp, model)
 
     schedule = pf.schedule or ("interleaved" if vpp > 1 else "1f1b")
     if schedule == "interleaved" and vpp < 2:
@@ -273,6 +296,31 @@ def resolve_plan(plan: str | Path | dict, model: ModelSpec, num_devices: int,
         tp=tp, pp=pp, dp=dp, mbs=pf.mbs, vpp=vpp, schedule=schedule, sp=pf.sp,
         recompute=pf.recompute, zero=pf.zero, overlap_grad_reduce=pf.overlap_grad_reduce,
         compress=pf.compress, allreduce=pf.allreduce, precision=pf.precision,
-        placement=pf.placement, layers=layers, mb_shares=shares,
+        placement=pf.placement, layers=layers, mb_shares=shares, cp=cp,
+        cp_comm=pf.cp_comm if cp > 1 else "ring",  # meaningless without cp; keeps to_string exact
         explicit_layers=pf.layers is not None, explicit_shares=pf.mb_shares is not None,
     )
+
+
+def check_cp(src: str, cp: int, cp_comm: str, tp: int, sp: bool, model: ModelSpec) -> None:
+    """Context parallelism's shape rules, each a one-line InputError.
+
+    Causal load balancing splits every sequence into 2*cp chunks and gives rank r chunks
+    r and 2*cp-1-r, so each rank does the same causal work (Megatron-Core's rope and batch
+    splitting use that layout: megatron/core/models/common/embeddings/rope_utils.py,
+    `[cp_rank, 2 * cp_size - cp_rank - 1]`); seq_length must therefore split into 2*cp
+    equal chunks. Sequence parallelism then splits each rank's seq/cp tokens over tp.
+    The all-to-all variant (DeepSpeed-Ulysses, Jacobs et al. 2023, arXiv:2309.14509 sec. 3)
+    scatters attention heads over the cp ranks, so tp*cp must divide the heads."""
+    if cp == 1:
+        return
+    seq = model.seq_length
+    if seq % (2 * cp):
+        raise InputError(src, "cp", f"cp={cp} needs seq_length={seq} to split into 2*cp = {2 * cp} "
+                         "equal chunks (causal load balancing)")
+    if sp and (seq // cp) % tp:
+        raise InputError(src, "sp", f"sequence parallelism with cp={cp} needs tp={tp} to divide "
+                         f"seq_length/cp = {seq // cp}")
+    if cp_comm == "a2a" and model.num_attention_heads % (tp * cp):
+        raise InputError(src, "cp_comm", f"cp_comm=a2a scatters heads: tp*cp = {tp * cp} must divide "
+                         f"num_attention_heads={model.num_attention_heads}")
