@@ -137,7 +137,10 @@ class Ring:
     def post(self, send, recv, dst: int, src: int, label: str) -> None:
         import torch.distributed as dist
         with self.rec.span("cp", "cp_send_recv", f"cp post {label}"):
-            self._pending = [dist.isend(send, dst, group=self.group), dist.irecv(recv, src, group=self.group)]
+            # One batch, so NCCL posts the pair together (two neighbours sending to each
+            # other one op at a time would each wait for the other's receive).
+            self._pending = dist.batch_isend_irecv([dist.P2POp(dist.isend, send, dst, self.group),
+                                                    dist.P2POp(dist.irecv, recv, src, self.group)])
         self.rec.sent("cp", send.numel() * send.element_size())
         self._posted_s, self._label = self.rec.now(), label
 
