@@ -132,6 +132,7 @@ def _worker(rank: int, world: int, model: ModelSpec, plan: Plan, cfg: RunConfig)
     import torch
     import torch.distributed as dist
     from validate.dp import GradReducer
+    from validate.fsdp import FSDP, ShardedChunk
     from validate.gpt import GPTChunk, all_params, batch_tokens, full_weights
     from validate.pp import PipelineStage
     from validate.timeline import Recorder
@@ -145,16 +146,20 @@ def _worker(rank: int, world: int, model: ModelSpec, plan: Plan, cfg: RunConfig)
     p, v = plan.pp, plan.vpp
     layers = vstage_layers(plan)
     weights = full_weights(model, cfg.seed)
-    chunks = {c: GPTChunk(model, layers[c * p + s], c * p + s == 0, c * p + s == p * v - 1, weights,
-                          tp_comm, plan.sp, plan.recompute, device, ring) for c in range(v)}
+    chunk_cls = ShardedChunk if plan.zero >= 3 else GPTChunk
+    chunks = {c: chunk_cls(model, layers[c * p + s], c * p + s == 0, c * p + s == p * v - 1, weights,
+                           tp_comm, plan.sp, plan.recompute, device, ring) for c in range(v)}
     del weights
     sp = plan.sp and plan.tp > 1
     late = {ps.name for ps in all_params(model) if sp and ps.sp_partial}
     if emb_comm is not None:
         late.add("wte")
-    reducer = GradReducer([(c, ch.params) for c, ch in chunks.items()], dp_comm,
-                          bucket_bytes=cfg.bucket_bytes, overlap=plan.overlap_grad_reduce,
-                          zero=plan.zero, topk=plan.topk_fraction, late=late)
+    if plan.zero >= 3:  # validate/fsdp.py: weights sharded, gathered layer by layer
+        reducer = FSDP(chunks, dp_comm)
+    else:
+        reducer = GradReducer([(c, ch.params) for c, ch in chunks.items()], dp_comm,
+                              bucket_bytes=cfg.bucket_bytes, overlap=plan.overlap_grad_reduce,
+                              zero=plan.zero, topk=plan.topk_fraction, late=late)
     seq = model.seq_length // plan.cp
     seq = seq // plan.tp if sp else seq
     stage = PipelineStage(s, p, v, chunks, lambda st: plan.rank(d, st, t, c_idx),
@@ -189,7 +194,9 @@ def _worker(rank: int, world: int, model: ModelSpec, plan: Plan, cfg: RunConfig)
             emb_comm.all_reduce(reducer.grad_view("wte").reshape(-1), "embedding grads")
         reducer.mark_late_ready()
         reducer.finish()
-        if cfg.capture and step == 0 and plan.zero == 0 and plan.topk_fraction is None:
+        if cfg.capture and step == 0 and plan.zero >= 3:
+            grads = reducer.gathered_grads()
+        elif cfg.capture and step == 0 and plan.zero == 0 and plan.topk_fraction is None:
             grads = {n: reducer.grad_view(n).detach().cpu().numpy().copy()
                      for ch in chunks.values() for n in ch.params}
         reducer.step(step + 1)
@@ -204,8 +211,8 @@ def _worker(rank: int, world: int, model: ModelSpec, plan: Plan, cfg: RunConfig)
            "peak_memory_bytes": _peak_memory_bytes(be.kind, device)}
     if cfg.capture:
         out["grads"] = grads
-        out["weights"] = {n: prm.detach().cpu().numpy().copy()
-                          for ch in chunks.values() for n, prm in ch.params.items()}
+        out["weights"] = reducer.gathered_weights() if plan.zero >= 3 else {
+            n: prm.detach().cpu().numpy().copy() for ch in chunks.values() for n, prm in ch.params.items()}
     return out
 
 
@@ -225,8 +232,16 @@ def check_supported(model: ModelSpec, plan: Plan, backend: str | None = None) ->
         raise InputError("--plan", "cp_comm", f"the runner implements cp_comm=ring (validate/cp.py), "
                          f"not {plan.cp_comm}")
     if plan.zero >= 3:
-        raise InputError("--plan", "zero", f"the runner implements zero=0, 1 and 2 (as 1: reduce-scattered "
-                         f"gradients, sharded Adam state), not zero={plan.zero}")
+        # validate/fsdp.py shards each rank's weights over its dp-cp group. The gradient
+        # fix-ups that run after backward on whole gradients (the tied embedding across
+        # pipeline ends, sequence-parallel norms) and checkpointed layers that re-read
+        # their weights are not written for sharded weights.
+        for what, bad in (("pp", plan.pp > 1), ("sp", plan.sp and plan.tp > 1),
+                          ("recompute", plan.recompute == "full"), ("compress", plan.topk_fraction is not None)):
+            if bad:
+                raise InputError("--plan", what, f"the runner's zero=3 (FSDP) runs with dp, cp, tp without "
+                                 f"sp, and recompute=none|selective; not with {what}="
+                                 f"{getattr(plan, what)}")
 
 
 def _worker_many(rank: int, world: int, runs: list[tuple[ModelSpec, Plan, RunConfig]]) -> list[dict]:
