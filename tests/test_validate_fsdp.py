@@ -86,3 +86,50 @@ def test_fsdp_refuses_what_it_does_not_run():
                         ("dp=2,zero=3,recompute=full", "recompute")):
         with pytest.raises(InputError, match=field):
             check_supported(MODEL, resolve_plan(plan, MODEL, 2))
+
+
+def _freed_after_use(rank, world):
+    import gc
+    import weakref
+
+    import torch.distributed as dist
+    from validate.comm import Comm
+    from validate.fsdp import FSDP, ShardedChunk
+    from validate.gpt import batch_tokens, full_weights
+    from validate.timeline import Recorder
+    torch.set_num_threads(1)
+    rec = Recorder()
+    comm = Comm("dp", [0, 1], rank, rec, dist.new_group([0, 1]))
+    ch = ShardedChunk(MODEL, list(range(MODEL.num_layers)), True, True, full_weights(MODEL, 0), None, False,
+                      "none", torch.device("cpu"))
+    fsdp = FSDP({0: ch}, comm)
+    released = []
+    release = fsdp.release
+
+    def tracking_release(chunk, name):
+        released.append((name, weakref.ref(fsdp.units[(0, name)].full)))
+        release(chunk, name)
+    fsdp.release = tracking_release
+    tokens = batch_tokens(MODEL, 0, 0)[rank * 8:(rank + 1) * 8]
+    loss = ch.forward(tokens[:, :-1], tokens[:, 1:])
+    gc.collect()
+    alive_after_forward = [name for name, ref in released if ref() is not None]
+    loss.backward()
+    fsdp.finish()
+    shard = sum(u.shard.numel() for u in fsdp.units.values())
+    return {"released": [n for n, _ in released], "alive": alive_after_forward,
+            "bwd_held": [u.name for u in fsdp.units.values() if u.bwd_full is not None],
+            "grads": all(u.grad is not None and u.grad.shape == u.shard.shape for u in fsdp.units.values()),
+            "shard": shard, "params": [v for v in ch.params.values() if v is not None]}
+
+
+def test_gathered_weights_are_freed_after_use():
+    """After a forward, no gathered layer (nor the outer unit) is alive any more: autograd
+    holds references, not the buffers (they are re-gathered for backward, and freed again
+    when their reduce-scatter starts). Each rank keeps exactly half of the 867,072 weights,
+    and every unit has a shard-sized gradient after backward."""
+    from validate.launch import launch
+    for r in launch(_freed_after_use, 2, timeout_s=120):
+        assert r["released"] == ["l0", "l1", "l2", "l3", "outer"]
+        assert r["alive"] == [] and r["bwd_held"] == [] and r["params"] == []
+        assert r["grads"] and r["shard"] == 867_072 // 2
