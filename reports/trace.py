@@ -1,7 +1,7 @@
 """Chrome trace-event JSON (opens in Perfetto / chrome://tracing).
 
 One process per simulated device, one thread per stream (compute, pipeline sends,
-data-parallel collectives); timestamps and durations in microseconds. Link
+data-parallel collectives, context-parallel K/V exchanges); timestamps and durations in microseconds. Link
 utilisation goes on counter tracks of a separate 'network' process, one counter per
 busy link, in GB/s.
 """
@@ -13,7 +13,7 @@ from pathlib import Path
 from reports.files import output_file, write_file
 from sim.result import StepResult
 
-STREAM_TID = {"compute": 1, "pp": 2, "dp": 3}
+STREAM_TID = {"compute": 1, "pp": 2, "dp": 3, "cp": 4}
 NET_PID = 1_000_000
 
 

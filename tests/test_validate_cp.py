@@ -134,3 +134,20 @@ def test_cp_bytes_and_time_recorded(cp_runs):
             assert w["steps"][-1]["bytes_sent"]["cp"] == 2 * block * m.num_layers * mbs
             assert w["steps"][-1]["phases_s"]["cp"] > 0
             assert any(s["stream"] == "cp" for s in w["segments"])
+
+
+def test_cp_in_run_record_and_trace(cp_runs):
+    """The run record of a cp=2 run carries the exchange as its own phase and bytes kind,
+    and its Chrome trace (the simulator's layout, reports/trace.py) puts the in-flight
+    exchanges on each rank's 'cp' thread and the posting/waiting spans in category cp."""
+    from reports.trace import STREAM_TID, trace_events
+    from validate.record import RunRecord, timeline
+    rec = RunRecord.from_workers(cp_runs["cp=2"], model="tiny", plan="cp=2", backend="gloo", device="cpu",
+                                 steps=3, warmup=0, seed=0)
+    assert rec.phases_s["cp"] > 0 and all(r["bytes_sent"]["cp"] > 0 for r in rec.per_rank)
+    ev = trace_events(timeline(rec))
+    names = {(e["pid"], e["args"]["name"]) for e in ev if e["ph"] == "M" and e["name"] == "thread_name"}
+    assert {(0, "cp"), (1, "cp")} <= names
+    on_cp = [e for e in ev if e["ph"] == "X" and e["tid"] == STREAM_TID["cp"]]
+    assert {e["pid"] for e in on_cp} == {0, 1} and all(e["name"].startswith("cp ") for e in on_cp)
+    assert any(e["cat"] == "cp" and e["tid"] == STREAM_TID["compute"] for e in ev if e["ph"] == "X")

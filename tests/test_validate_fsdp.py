@@ -133,3 +133,18 @@ def test_gathered_weights_are_freed_after_use():
         assert r["released"] == ["l0", "l1", "l2", "l3", "outer"]
         assert r["alive"] == [] and r["bwd_held"] == [] and r["params"] == []
         assert r["grads"] and r["shard"] == 867_072 // 2
+
+
+def test_fsdp_gathers_in_trace(runs):
+    """The Chrome trace of a ZeRO-3 run shows each unit's all-gathers (forward and
+    backward) and reduce-scatters in flight on the ranks' 'dp' thread."""
+    from reports.trace import STREAM_TID, trace_events
+    from validate.record import RunRecord, timeline
+    rec = RunRecord.from_workers(runs["dp=2,mbs=8,zero=3"], model="tiny", plan="dp=2,mbs=8,zero=3",
+                                 backend="gloo", device="cpu", steps=3, warmup=0, seed=0)
+    on_dp = {(e["pid"], e["name"]) for e in trace_events(timeline(rec))
+             if e["ph"] == "X" and e["tid"] == STREAM_TID["dp"]}
+    for pid in (0, 1):
+        for u in ("outer", "l0", "l1", "l2", "l3"):
+            assert {(pid, f"fsdp all_gather {u} (fwd)"), (pid, f"fsdp all_gather {u} (bwd)"),
+                    (pid, f"fsdp reduce_scatter {u}")} <= on_dp
