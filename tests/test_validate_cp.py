@@ -33,6 +33,20 @@ def test_load_balanced_split_by_hand():
     assert cp_split(x, 4, 1, dim=1).tolist() == [cp_positions(16, 4, 1).tolist()]
 
 
+def test_cp_ranks_invert_plan_rank():
+    """coords_cp inverts Plan.rank with cp (tp fastest, then cp, then pp, then dp;
+    contract C1): for tp=2,cp=2,dp=2 rank 5 = tp 1 + 2 x (cp 0 + 2 x dp 1), and every
+    rank of 8 maps back to itself; a cp group is tp apart (ranks 1 and 3)."""
+    from specs.model import load_model
+    from specs.plan import resolve_plan
+    from validate.runner import coords_cp
+    tiny = load_model("tiny")
+    plan = resolve_plan("tp=2,cp=2,dp=2", tiny, 8)
+    assert coords_cp(plan, 5) == (1, 0, 1, 0)
+    assert [plan.rank(*coords_cp(plan, r)) for r in range(8)] == list(range(8))
+    assert plan.cp_group(0, 0, 1) == [1, 3]
+
+
 def _ring_vs_sdpa(rank, world):
     import torch
     import torch.distributed as dist
