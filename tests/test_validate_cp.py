@@ -159,6 +159,7 @@ def test_cp_in_run_record_and_trace(cp_runs):
     rec = RunRecord.from_workers(cp_runs["cp=2"], model="tiny", plan="cp=2", backend="gloo", device="cpu",
                                  steps=3, warmup=0, seed=0)
     assert rec.phases_s["cp"] > 0 and all(r["bytes_sent"]["cp"] > 0 for r in rec.per_rank)
+    assert [r["cp_rank"] for r in rec.per_rank] == [0, 1]
     ev = trace_events(timeline(rec))
     names = {(e["pid"], e["args"]["name"]) for e in ev if e["ph"] == "M" and e["name"] == "thread_name"}
     assert {(0, "cp"), (1, "cp")} <= names

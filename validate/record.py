@@ -92,6 +92,7 @@ class RunRecord:
                 ph_steps.append(ph)
             per_rank.append({
                 "rank": w["rank"], "stage": w["stage"], "tp_rank": w["tp_rank"], "dp_rank": w["dp_rank"],
+                "cp_rank": w.get("cp_rank", 0),
                 "phases_s": _median_over_steps(ph_steps),
                 "peak_memory_bytes": int(w["peak_memory_bytes"]),
                 "bytes_sent": {k: float(w["steps"][measured[-1]]["bytes_sent"].get(k, 0.0))

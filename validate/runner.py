@@ -19,9 +19,11 @@ matmul, and fp32 makes the correctness checks exact to roundoff); simulate the p
 precision=fp32 to compare like with like. ``allreduce=`` is left to the backend (gloo and
 NCCL pick their own algorithms).
 
-Process layout (README "Placement"; specs/plan.py): rank = tp_index + tp * (stage + pp *
-dp_index) for the default tp-pp-dp placement; every TP, DP and embedding group is created
-with new_group by every rank in the same order.
+Process layout (README "Placement"; specs/plan.py): rank = tp_index + tp * (cp_index + cp *
+(stage + pp * dp_index)) for the default tp-pp-dp placement; every TP, DP(-CP), CP and
+embedding group is created with new_group by every rank in the same order. Context
+parallelism (cp=N) runs ring attention (validate/cp.py); zero=3 runs FSDP
+(validate/fsdp.py); docs/validate-cp-fsdp.md.
 """
 from __future__ import annotations
 
