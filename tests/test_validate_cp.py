@@ -77,19 +77,18 @@ def _ring_vs_sdpa(rank, world):
 
 
 @pytest.mark.parametrize("cp", [2, 4])
-def test_ring_attention_matches_whole_sequence_attention(cp):
+def test_ring_attention_matches_whole_sequence_attention(launched, cp):
     """cp ranks each holding 2 of 2*cp chunks reproduce causal attention over the whole
     sequence: output and q/k/v gradients within ATTN_TOL of SDPA's, with grouped-query
     attention (4 heads, 2 K/V groups). Each rank sends, forward and backward, cp-1 blocks
     of its stacked K/V (2 x B x G x S/cp x D fp32 values): 2 (cp-1) x that many bytes."""
-    res = launch(_ring_vs_sdpa, cp, timeout_s=120)
+    res = launched[f"ring{cp}"]
     kv_bytes = 2 * B * G * (S // cp) * D * 4
     for r in res:
         for key in ("out", "dq", "dk", "dv"):
             assert r[key] <= ATTN_TOL, (cp, key, r)
         assert r["bytes"] == 2 * (cp - 1) * kv_bytes
         assert r["cp_s"] > 0
-    print(f"cp={cp}: max rel err", max(max(r[k] for k in ("out", "dq", "dk", "dv")) for r in res))
 
 
 def test_merge_equals_softmax_over_union():
@@ -110,53 +109,67 @@ def test_merge_equals_softmax_over_union():
 # -- the runner: cp plans against the single-process reference ---------------------------
 # Tolerances and the comparison are the correctness suite's (tests/test_validate_correctness.py:
 # losses rtol 1e-5, first-step gradients 1e-4 x the reference's largest entry, weights
-# after 3 Adam steps normwise 1e-3 of the update).
+# after 3 Adam steps normwise 1e-3 of the update). mbs=4 keeps the microbatches few.
 from test_validate_correctness import MODEL, _cfg, _check, one_thread  # noqa: E402,F401
 from specs.plan import resolve_plan  # noqa: E402
-from validate.runner import run_workers_many  # noqa: E402
+from validate.runner import check_supported  # noqa: E402
 
-PLANS_CP_4 = ["cp=2,dp=2", "tp=2,cp=2,sp=true"]
+PLANS_CP_2 = ["cp=2,mbs=4"]
+PLANS_CP_4 = ["cp=2,dp=2,mbs=4", "tp=2,cp=2,sp=true,mbs=4"]
+
+
+def _ring_then_runs(rank, world, runs):
+    """One launch for the ring check and the runner's plans (process start-up costs
+    seconds here)."""
+    from validate.runner import _worker_many
+    return {"ring": _ring_vs_sdpa(rank, world), "runs": _worker_many(rank, world, runs)}
 
 
 @pytest.fixture(scope="module")
-def cp_runs(one_thread):
-    out = {"cp=2": run_workers_many([(MODEL, resolve_plan("cp=2", MODEL, 2), _cfg())], timeout_s=240)[0]}
-    runs = [(MODEL, resolve_plan(p, MODEL, 4), _cfg()) for p in PLANS_CP_4]
-    out.update(zip(PLANS_CP_4, run_workers_many(runs, timeout_s=240)))
+def launched(one_thread):
+    out = {}
+    for world, plans in ((2, PLANS_CP_2), (4, PLANS_CP_4)):
+        runs = [(MODEL, resolve_plan(p, MODEL, world), _cfg()) for p in plans]
+        for model, plan, cfg in runs:
+            check_supported(model, plan, cfg.backend)
+        per_rank = launch(_ring_then_runs, world, (runs,), timeout_s=240)
+        out[f"ring{world}"] = [r["ring"] for r in per_rank]
+        out.update({p: [r["runs"][i] for r in per_rank] for i, p in enumerate(plans)})
     return out
 
 
-@pytest.mark.parametrize("plan", ["cp=2"] + PLANS_CP_4)
-def test_cp_plans_match_reference(cp_runs, plan):
+@pytest.mark.parametrize("plan", PLANS_CP_2 + PLANS_CP_4)
+def test_cp_plans_match_reference(launched, plan):
     """cp=2 alone (world 2), with dp=2 and with tp=2 plus sequence parallelism (world 4):
     every rank embeds, attends (around the ring) and scores only its 2 of 2*cp chunks,
     yet losses, first-step gradients (summed over the dp-cp group) and weights after 3
     steps equal the whole-model reference's within the correctness suite's tolerances."""
-    _check(cp_runs[plan], plan)
+    _check(launched[plan], plan)
 
 
-def test_cp_bytes_and_time_recorded(cp_runs):
+def test_cp_bytes_and_time_recorded(launched):
     """Each cp=2 rank sends, per layer and microbatch, its K/V block once forward and
     its gradient once backward: 2 x (2 x mbs x seq/cp x kv_hidden x 4 B) x layers x
-    microbatches = 2 x 2 x 1 x 32 x 128 x 4 x 4 x 16 = 2 MiB per step (cp=2 with dp=2:
-    8 microbatches, 1 MiB); the exchange's time is in the record's ``cp`` phase and its
-    in-flight segments on the ``cp`` stream."""
+    microbatches = 2 x (2 x 4 x 32 x 128 x 4) x 4 x 4 = 4 MiB per step for cp=2 with
+    mbs=4 (4 microbatches), half that with dp=2 (2 per replica); the exchange's time is
+    in the record's ``cp`` phase and its in-flight segments on the ``cp`` stream."""
     m = MODEL
-    block = 2 * 1 * (m.seq_length // 2) * m.kv_hidden * 4
-    for plan, mbs in (("cp=2", 16), ("cp=2,dp=2", 8)):
-        for w in cp_runs[plan]:
+    block = 2 * 4 * (m.seq_length // 2) * m.kv_hidden * 4
+    for plan, mbs in (("cp=2,mbs=4", 4), ("cp=2,dp=2,mbs=4", 2)):
+        for w in launched[plan]:
             assert w["steps"][-1]["bytes_sent"]["cp"] == 2 * block * m.num_layers * mbs
             assert w["steps"][-1]["phases_s"]["cp"] > 0
             assert any(s["stream"] == "cp" for s in w["segments"])
+    assert 2 * block * m.num_layers * 4 == 4 * 2 ** 20
 
 
-def test_cp_in_run_record_and_trace(cp_runs):
+def test_cp_in_run_record_and_trace(launched):
     """The run record of a cp=2 run carries the exchange as its own phase and bytes kind,
     and its Chrome trace (the simulator's layout, reports/trace.py) puts the in-flight
     exchanges on each rank's 'cp' thread and the posting/waiting spans in category cp."""
     from reports.trace import STREAM_TID, trace_events
     from validate.record import RunRecord, timeline
-    rec = RunRecord.from_workers(cp_runs["cp=2"], model="tiny", plan="cp=2", backend="gloo", device="cpu",
+    rec = RunRecord.from_workers(launched["cp=2,mbs=4"], model="tiny", plan="cp=2,mbs=4", backend="gloo", device="cpu",
                                  steps=3, warmup=0, seed=0)
     assert rec.phases_s["cp"] > 0 and all(r["bytes_sent"]["cp"] > 0 for r in rec.per_rank)
     assert [r["cp_rank"] for r in rec.per_rank] == [0, 1]
