@@ -16,27 +16,40 @@ torch = pytest.importorskip("torch")
 from test_validate_correctness import MODEL, _cfg, _check, one_thread  # noqa: E402,F401
 from specs.plan import resolve_plan  # noqa: E402
 from validate.gpt import all_params  # noqa: E402
-from validate.runner import check_supported, run_workers_many  # noqa: E402
+from validate.runner import check_supported  # noqa: E402
 
 # mbs=8: one microbatch per replica and step, so a step is one forward and one backward.
 PLANS = ["dp=2,mbs=8,zero=3", "cp=2,zero=3"]
 
 
+def _freed_then_runs(rank, world, runs):
+    """One launch for the buffer check and the runner's plans (process start-up costs
+    seconds here)."""
+    from validate.runner import _worker_many
+    return {"freed": _freed_after_use(rank, world), "runs": _worker_many(rank, world, runs)}
+
+
 @pytest.fixture(scope="module")
-def runs(one_thread):
-    out = run_workers_many([(MODEL, resolve_plan(p, MODEL, 2), _cfg()) for p in PLANS], timeout_s=240)
-    return dict(zip(PLANS, out))
+def launched(one_thread):
+    from validate.launch import launch
+    runs = [(MODEL, resolve_plan(p, MODEL, 2), _cfg()) for p in PLANS]
+    for model, plan, cfg in runs:
+        check_supported(model, plan, cfg.backend)
+    per_rank = launch(_freed_then_runs, 2, (runs,), timeout_s=240)
+    out = {p: [r["runs"][i] for r in per_rank] for i, p in enumerate(PLANS)}
+    out["freed"] = [r["freed"] for r in per_rank]
+    return out
 
 
 @pytest.mark.parametrize("plan", PLANS)
-def test_fsdp_matches_reference(runs, plan):
+def test_fsdp_matches_reference(launched, plan):
     """dp=2 with ZeRO-3, and ZeRO-3 over the dp-cp group of cp=2: losses, first-step
     gradients and the weights after 3 steps (each reassembled from the two ranks' shards)
     equal the single-process reference's."""
-    _check(runs[plan], plan)
+    _check(launched[plan], plan)
 
 
-def test_fsdp_bytes_by_closed_form(runs):
+def test_fsdp_bytes_by_closed_form(launched):
     """Per step and rank, ZeRO-3 sends 3 (n-1)/n x parameter bytes per microbatch (forward
     all-gather, backward all-gather, gradient reduce-scatter; Rajbhandari et al. 2020,
     Sec. 7.2.2: 1.5x the all-reduce's 2 (n-1)/n): tiny has 867,072 weights (counted from
@@ -48,7 +61,7 @@ def test_fsdp_bytes_by_closed_form(runs):
     per_mb = 3 * (2 - 1) / 2 * params * 4
     assert per_mb == 5_202_432
     for plan, m in (("dp=2,mbs=8,zero=3", 1), ("cp=2,zero=3", 16)):
-        for w in runs[plan]:
+        for w in launched[plan]:
             sent = w["steps"][-1]["bytes_sent"]
             assert sent["dp"] == m * per_mb, plan
             assert set(sent) <= {"dp", "cp"}
@@ -60,12 +73,12 @@ def _seg(w, label):
     return hits[0]
 
 
-def test_gathers_prefetched_while_layers_compute(runs):
+def test_gathers_prefetched_while_layers_compute(launched):
     """Forward: layer i+1's all-gather is launched before layer i starts computing and
     waited for after it ends (in flight over layer i). Backward: layer i-1's all-gather
     is launched before layer i's gradient reduce-scatter (so during layer i's backward).
     Times from the last step's segments, one microbatch."""
-    for w in runs["dp=2,mbs=8,zero=3"]:
+    for w in launched["dp=2,mbs=8,zero=3"]:
         for i in range(MODEL.num_layers - 1):
             launch = _seg(w, f"launch gather l{i + 1} (fwd)")
             layer = _seg(w, f"layer {i}")
@@ -123,24 +136,23 @@ def _freed_after_use(rank, world):
             "shard": shard, "params": [v for v in ch.params.values() if v is not None]}
 
 
-def test_gathered_weights_are_freed_after_use():
+def test_gathered_weights_are_freed_after_use(launched):
     """After a forward, no gathered layer (nor the outer unit) is alive any more: autograd
     holds references, not the buffers (they are re-gathered for backward, and freed again
     when their reduce-scatter starts). Each rank keeps exactly half of the 867,072 weights,
     and every unit has a shard-sized gradient after backward."""
-    from validate.launch import launch
-    for r in launch(_freed_after_use, 2, timeout_s=120):
+    for r in launched["freed"]:
         assert r["released"] == ["l0", "l1", "l2", "l3", "outer"]
         assert r["alive"] == [] and r["bwd_held"] == [] and r["params"] == []
         assert r["grads"] and r["shard"] == 867_072 // 2
 
 
-def test_fsdp_gathers_in_trace(runs):
+def test_fsdp_gathers_in_trace(launched):
     """The Chrome trace of a ZeRO-3 run shows each unit's all-gathers (forward and
     backward) and reduce-scatters in flight on the ranks' 'dp' thread."""
     from reports.trace import STREAM_TID, trace_events
     from validate.record import RunRecord, timeline
-    rec = RunRecord.from_workers(runs["dp=2,mbs=8,zero=3"], model="tiny", plan="dp=2,mbs=8,zero=3",
+    rec = RunRecord.from_workers(launched["dp=2,mbs=8,zero=3"], model="tiny", plan="dp=2,mbs=8,zero=3",
                                  backend="gloo", device="cpu", steps=3, warmup=0, seed=0)
     on_dp = {(e["pid"], e["name"]) for e in trace_events(timeline(rec))
              if e["ph"] == "X" and e["tid"] == STREAM_TID["dp"]}
