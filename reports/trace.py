@@ -1,7 +1,7 @@
 """Chrome trace-event JSON (opens in Perfetto / chrome://tracing).
 
 One process per simulated device, one thread per stream (compute, pipeline sends,
-data-parallel collectives, context-parallel K/V exchanges); timestamps and durations in microseconds. Link
+data-parallel collectives, context-parallel K/V exchange); timestamps and durations in microseconds. Link
 utilisation goes on counter tracks of a separate 'network' process, one counter per
 busy link, in GB/s.
 """
