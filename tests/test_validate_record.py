@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from reports.trace import STREAM_TID, trace_events
-from sim.result import CATEGORIES
 from validate.record import RunRecord, timeline
+from validate.timeline import RUN_CATEGORIES
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -48,12 +48,12 @@ def test_step_statistics_by_hand():
     assert rec.p90_step_time_s == pytest.approx(4.6)
     r0 = rec.per_rank[0]["phases_s"]
     assert r0["idle"] == pytest.approx(3.5 - 0.51)
-    assert set(rec.phases_s) == set(CATEGORIES)
+    assert set(rec.phases_s) == set(RUN_CATEGORIES)
     # mean over ranks of compute (0.5, 0.7) = 0.6 in every step
     assert rec.phases_s["compute"] == pytest.approx(0.6)
     assert rec.detail_s["forward"] == pytest.approx(0.2)
     assert rec.losses == pytest.approx([3.1, 2.1, 1.1, 0.6, 0.35, 0.225])
-    assert rec.per_rank[1]["bytes_sent"] == {"dp": 2000.0, "tp": 0.0, "pp": 0.0}
+    assert rec.per_rank[1]["bytes_sent"] == {"dp": 2000.0, "tp": 0.0, "pp": 0.0, "cp": 0.0}
 
 
 def test_json_round_trip(tmp_path):

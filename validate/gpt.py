@@ -108,9 +108,12 @@ class GPTChunk:
     and the final norm, logits and loss when ``last``; TP slices for ``tp_comm``."""
 
     def __init__(self, model: ModelSpec, layers: list[int], first: bool, last: bool, weights: dict,
-                 tp_comm: Comm | None, sp: bool, recompute: str, device):
+                 tp_comm: Comm | None, sp: bool, recompute: str, device, ring=None):
         import torch
         self.model, self.layers, self.first, self.last = model, list(layers), first, last
+        # Context parallelism (validate/cp.py Ring): this rank holds ring.positions() of
+        # every sequence, and attention runs around the ring; None: the whole sequence.
+        self.ring = ring if ring is not None and ring.size > 1 else None
         self.comm, self.sp, self.recompute = tp_comm, sp and tp_comm is not None and tp_comm.size > 1, recompute
         tp = tp_comm.size if tp_comm else 1
         ti = tp_comm.index if tp_comm else 0
@@ -132,7 +135,9 @@ class GPTChunk:
         P = self.params
         x = inp
         if self.first:
-            x = F.embedding(inp, P["wte"]) + P["wpe"][: inp.shape[1]]
+            pos = (self.ring.positions(self.model.seq_length).to(inp.device) if self.ring
+                   else slice(0, inp.shape[1]))
+            x = F.embedding(inp, P["wte"]) + P["wpe"][pos]
             x = scatter_seq(x, self.comm, self.sp)
         for i in self.layers:
             if self.recompute == "full":
@@ -165,7 +170,9 @@ class GPTChunk:
         q = F.linear(h, P[p + "q.w"], P[p + "q.b"]).view(b, s, self.heads, d).transpose(1, 2)
         k = F.linear(h, P[p + "k.w"], P[p + "k.b"]).view(b, s, self.groups, d).transpose(1, 2)
         v = F.linear(h, P[p + "v.w"], P[p + "v.b"]).view(b, s, self.groups, d).transpose(1, 2)
-        if self.recompute == "selective":
+        if self.ring is not None:  # checkpoints its own pieces, not the exchange
+            a = self.ring.attend(q, k, v, self.heads // self.groups, checkpoint=self.recompute == "selective")
+        elif self.recompute == "selective":
             # Korthikanti et al. 2022, Sec. 5: recompute only the attention core (scores,
             # softmax, weighted sum), whose activations grow with s^2.
             a = checkpoint(self._core, q, k, v, use_reentrant=False)

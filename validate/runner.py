@@ -19,9 +19,11 @@ matmul, and fp32 makes the correctness checks exact to roundoff); simulate the p
 precision=fp32 to compare like with like. ``allreduce=`` is left to the backend (gloo and
 NCCL pick their own algorithms).
 
-Process layout (README "Placement"; specs/plan.py): rank = tp_index + tp * (stage + pp *
-dp_index) for the default tp-pp-dp placement; every TP, DP and embedding group is created
-with new_group by every rank in the same order.
+Process layout (README "Placement"; specs/plan.py): rank = tp_index + tp * (cp_index + cp *
+(stage + pp * dp_index)) for the default tp-pp-dp placement; every TP, DP(-CP), CP and
+embedding group is created with new_group by every rank in the same order. Context
+parallelism (cp=N) runs ring attention (validate/cp.py); zero=3 runs FSDP
+(validate/fsdp.py); docs/validate-cp-fsdp.md.
 """
 from __future__ import annotations
 
@@ -50,11 +52,17 @@ class RunConfig:
 
 def coords(plan: Plan, rank: int) -> tuple[int, int, int]:
     """(dp_index, stage, tp_index) of a global rank: the inverse of Plan.rank."""
+    return coords_cp(plan, rank)[:3]
+
+
+def coords_cp(plan: Plan, rank: int) -> tuple[int, int, int, int]:
+    """(dp_index, stage, tp_index, cp_index) of a global rank: the inverse of Plan.rank."""
     for d in range(plan.dp):
         for s in range(plan.pp):
-            for t in range(plan.tp):
-                if plan.rank(d, s, t) == rank:
-                    return d, s, t
+            for c in range(plan.cp):
+                for t in range(plan.tp):
+                    if plan.rank(d, s, t, c) == rank:
+                        return d, s, t, c
     raise ValueError(f"rank {rank} is outside the plan's {plan.num_devices} devices")
 
 
@@ -69,12 +77,18 @@ def vstage_layers(plan: Plan) -> list[list[int]]:
 
 
 def _groups(plan: Plan, rank: int, rec):
-    """Create every TP, DP and embedding group (all ranks, same order); return this
-    rank's Comm objects."""
+    """Create every TP, DP, CP and embedding group (all ranks, same order); return this
+    rank's Comm objects and its cp Ring.
+
+    Gradients of replicated weights are summed over the DP and CP ranks together (each
+    CP rank saw part of every sequence): the 'dp' group is Megatron-Core's dp-cp group
+    (megatron/core/distributed/finalize_model_grads.py reduces over
+    get_data_parallel_group(with_context_parallel=True)); with cp=1 it is the DP group."""
     import torch.distributed as dist
     from validate.comm import Comm
-    d, s, t = coords(plan, rank)
-    tp = dp = emb = None
+    from validate.cp import Ring
+    d, s, t, c = coords_cp(plan, rank)
+    tp = dp = emb = ring = None
 
     def group(kind: str, ranks: list[int], mine: bool):
         # new_group is collective over the whole world: every rank creates every group.
@@ -83,18 +97,29 @@ def _groups(plan: Plan, rank: int, rec):
 
     for dd in range(plan.dp):
         for ss in range(plan.pp):
-            tp = group("tp", plan.tp_group(dd, ss), (dd, ss) == (d, s)) or tp
+            for cc in range(plan.cp):
+                tp = group("tp", plan.tp_group(dd, ss, cc), (dd, ss, cc) == (d, s, c)) or tp
     for ss in range(plan.pp):
         for tt in range(plan.tp):
-            dp = group("dp", plan.dp_group(ss, tt), (ss, tt) == (s, t)) or dp
+            ranks = [plan.rank(dd, ss, tt, cc) for dd in range(plan.dp) for cc in range(plan.cp)]
+            dp = group("dp", ranks, (ss, tt) == (s, t)) or dp
+    if plan.cp > 1:
+        for dd in range(plan.dp):
+            for ss in range(plan.pp):
+                for tt in range(plan.tp):
+                    ranks = plan.cp_group(dd, ss, tt)
+                    g = dist.new_group(ranks)
+                    if rank in ranks:
+                        ring = Ring(ranks, rank, rec, g)
     if plan.pp > 1:  # first and last stage both hold the tied token embedding
         for dd in range(plan.dp):
-            for tt in range(plan.tp):
-                ranks = [plan.rank(dd, 0, tt), plan.rank(dd, plan.pp - 1, tt)]
-                g = dist.new_group(ranks)
-                if rank in ranks:
-                    emb = Comm("dp", ranks, rank, rec, g, name="embedding")
-    return tp, dp, emb
+            for cc in range(plan.cp):
+                for tt in range(plan.tp):
+                    ranks = [plan.rank(dd, 0, tt, cc), plan.rank(dd, plan.pp - 1, tt, cc)]
+                    g = dist.new_group(ranks)
+                    if rank in ranks:
+                        emb = Comm("dp", ranks, rank, rec, g, name="embedding")
+    return tp, dp, emb, ring
 
 
 def _peak_memory_bytes(kind: str, device) -> int:
@@ -109,6 +134,7 @@ def _worker(rank: int, world: int, model: ModelSpec, plan: Plan, cfg: RunConfig)
     import torch
     import torch.distributed as dist
     from validate.dp import GradReducer
+    from validate.fsdp import FSDP, ShardedChunk
     from validate.gpt import GPTChunk, all_params, batch_tokens, full_weights
     from validate.pp import PipelineStage
     from validate.timeline import Recorder
@@ -117,34 +143,42 @@ def _worker(rank: int, world: int, model: ModelSpec, plan: Plan, cfg: RunConfig)
     be = pick_backend(cfg.backend)
     device = be.device_for(local_rank())
     rec = Recorder(cuda=be.kind == "cuda")
-    d, s, t = coords(plan, rank)
-    tp_comm, dp_comm, emb_comm = _groups(plan, rank, rec)
+    d, s, t, c_idx = coords_cp(plan, rank)
+    tp_comm, dp_comm, emb_comm, ring = _groups(plan, rank, rec)
     p, v = plan.pp, plan.vpp
     layers = vstage_layers(plan)
     weights = full_weights(model, cfg.seed)
-    chunks = {c: GPTChunk(model, layers[c * p + s], c * p + s == 0, c * p + s == p * v - 1, weights,
-                          tp_comm, plan.sp, plan.recompute, device) for c in range(v)}
+    chunk_cls = ShardedChunk if plan.zero >= 3 else GPTChunk
+    chunks = {c: chunk_cls(model, layers[c * p + s], c * p + s == 0, c * p + s == p * v - 1, weights,
+                           tp_comm, plan.sp, plan.recompute, device, ring) for c in range(v)}
     del weights
     sp = plan.sp and plan.tp > 1
     late = {ps.name for ps in all_params(model) if sp and ps.sp_partial}
     if emb_comm is not None:
         late.add("wte")
-    reducer = GradReducer([(c, ch.params) for c, ch in chunks.items()], dp_comm,
-                          bucket_bytes=cfg.bucket_bytes, overlap=plan.overlap_grad_reduce,
-                          zero=plan.zero, topk=plan.topk_fraction, late=late)
-    seq = model.seq_length // plan.tp if sp else model.seq_length
-    stage = PipelineStage(s, p, v, chunks, lambda st: plan.rank(d, st, t),
+    if plan.zero >= 3:  # validate/fsdp.py: weights sharded, gathered layer by layer
+        reducer = FSDP(chunks, dp_comm)
+    else:
+        reducer = GradReducer([(c, ch.params) for c, ch in chunks.items()], dp_comm,
+                              bucket_bytes=cfg.bucket_bytes, overlap=plan.overlap_grad_reduce,
+                              zero=plan.zero, topk=plan.topk_fraction, late=late)
+    seq = model.seq_length // plan.cp
+    seq = seq // plan.tp if sp else seq
+    stage = PipelineStage(s, p, v, chunks, lambda st: plan.rank(d, st, t, c_idx),
                           (plan.mbs, seq, model.hidden_size), rec, reducer, device)
     m = plan.mb_shares[d]
     acts = stage.actions(plan.schedule, m)
     row0 = sum(plan.mb_shares[:d]) * plan.mbs
-    loss_scale = plan.mbs / model.global_batch_size
+    # Each CP rank's loss is the mean over its 1/cp of the tokens: scaled by 1/cp, the sum
+    # over the cp group (and the replicas) is the global mean loss.
+    loss_scale = plan.mbs / model.global_batch_size / plan.cp
     holds_loss = s == p - 1 and t == 0
+    split = ring.split if ring is not None else (lambda x: x)
     steps, losses, grads = [], [], None
     for step in range(cfg.warmup + cfg.steps):
         tokens = batch_tokens(model, step, cfg.seed).to(device)
-        mbs = [(tokens[row0 + i * plan.mbs: row0 + (i + 1) * plan.mbs, :-1],
-                tokens[row0 + i * plan.mbs: row0 + (i + 1) * plan.mbs, 1:]) for i in range(m)]
+        mbs = [(split(tokens[row0 + i * plan.mbs: row0 + (i + 1) * plan.mbs, :-1]),
+                split(tokens[row0 + i * plan.mbs: row0 + (i + 1) * plan.mbs, 1:])) for i in range(m)]
         dist.barrier()  # every rank starts the step together: step time = slowest rank's
         rec.begin_step()
         reducer.begin_step()
@@ -162,7 +196,9 @@ def _worker(rank: int, world: int, model: ModelSpec, plan: Plan, cfg: RunConfig)
             emb_comm.all_reduce(reducer.grad_view("wte").reshape(-1), "embedding grads")
         reducer.mark_late_ready()
         reducer.finish()
-        if cfg.capture and step == 0 and plan.zero == 0 and plan.topk_fraction is None:
+        if cfg.capture and step == 0 and plan.zero >= 3:
+            grads = reducer.gathered_grads()
+        elif cfg.capture and step == 0 and plan.zero == 0 and plan.topk_fraction is None:
             grads = {n: reducer.grad_view(n).detach().cpu().numpy().copy()
                      for ch in chunks.values() for n in ch.params}
         reducer.step(step + 1)
@@ -172,13 +208,13 @@ def _worker(rank: int, world: int, model: ModelSpec, plan: Plan, cfg: RunConfig)
         segments = meas["segments"] if last else None
         if holds_loss:
             losses.append(loss)
-    out = {"rank": rank, "stage": s, "tp_rank": t, "dp_rank": d, "steps": steps,
+    out = {"rank": rank, "stage": s, "tp_rank": t, "dp_rank": d, "cp_rank": c_idx, "steps": steps,
            "segments": segments, "losses": losses,
            "peak_memory_bytes": _peak_memory_bytes(be.kind, device)}
     if cfg.capture:
         out["grads"] = grads
-        out["weights"] = {n: prm.detach().cpu().numpy().copy()
-                          for ch in chunks.values() for n, prm in ch.params.items()}
+        out["weights"] = reducer.gathered_weights() if plan.zero >= 3 else {
+            n: prm.detach().cpu().numpy().copy() for ch in chunks.values() for n, prm in ch.params.items()}
     return out
 
 
@@ -194,9 +230,20 @@ def check_supported(model: ModelSpec, plan: Plan, backend: str | None = None) ->
         # yet. Refuse rather than hang.
         raise InputError("--plan", "pp", "pipeline parallelism runs on gloo only for now "
                          "(NCCL point-to-point needs batched send/recv); set PLANSIM_BACKEND=gloo")
+    if plan.cp > 1 and plan.cp_comm != "ring":
+        raise InputError("--plan", "cp_comm", f"the runner implements cp_comm=ring (validate/cp.py), "
+                         f"not {plan.cp_comm}")
     if plan.zero >= 3:
-        raise InputError("--plan", "zero", f"the runner implements zero=0, 1 and 2 (as 1: reduce-scattered "
-                         f"gradients, sharded Adam state), not zero={plan.zero}")
+        # validate/fsdp.py shards each rank's weights over its dp-cp group. The gradient
+        # fix-ups that run after backward on whole gradients (the tied embedding across
+        # pipeline ends, sequence-parallel norms) and checkpointed layers that re-read
+        # their weights are not written for sharded weights.
+        for what, bad in (("pp", plan.pp > 1), ("sp", plan.sp and plan.tp > 1),
+                          ("recompute", plan.recompute == "full"), ("compress", plan.topk_fraction is not None)):
+            if bad:
+                raise InputError("--plan", what, f"the runner's zero=3 (FSDP) runs with dp, cp, tp without "
+                                 f"sp, and recompute=none|selective; not with {what}="
+                                 f"{getattr(plan, what)}")
 
 
 def _worker_many(rank: int, world: int, runs: list[tuple[ModelSpec, Plan, RunConfig]]) -> list[dict]:
