@@ -94,30 +94,40 @@ def stage_speed(plan, speed: dict[int, float], d: int, s: int) -> float:
     return min(speed.get(r, 1.0) for r in plan.tp_group(d, s))
 
 
-def apply_speeds(prog: Program, speed: dict[int, float]) -> Program:
-    """``prog`` with replica classes split by their stages' speed factors and the slowed
-    stages' compute stretched (forward, backward and optimizer time divided by the factor).
-    Returns ``prog`` itself when no device is slowed."""
-    if not speed:
+def stage_stall(plan, stalls: dict[int, float], d: int, s: int) -> float:
+    """Stall (seconds) of replica ``d``'s stage ``s`` at the step's start: its TP group
+    waits for its longest-stalled member."""
+    if not stalls:
+        return 0.0
+    return max(stalls.get(r, 0.0) for r in plan.tp_group(d, s))
+
+
+def apply_conditions(prog: Program, speed: dict[int, float], stalls: dict[int, float] | None = None) -> Program:
+    """``prog`` with replica classes split by their stages' speed factors and stalls, and
+    the slowed stages' compute stretched (forward, backward and optimizer time divided by
+    the factor). Returns ``prog`` itself when no device is slowed or stalled."""
+    stalls = stalls or {}
+    if not speed and not stalls:
         return prog
     plan = prog.plan
     pipelines: list[PipelineProgram] = []
     for pipe in prog.pipelines:
-        by_sig: dict[tuple[float, ...], list[int]] = {}
+        by_sig: dict[tuple, list[int]] = {}
         for d in pipe.dp_indices:
-            sig = tuple(stage_speed(plan, speed, d, s) for s in range(plan.pp))
+            sig = tuple((stage_speed(plan, speed, d, s), stage_stall(plan, stalls, d, s)) for s in range(plan.pp))
             by_sig.setdefault(sig, []).append(d)
         for sig, members in by_sig.items():
-            if all(f == 1.0 for f in sig):
-                pipelines.append(replace(pipe, dp_indices=tuple(members),
-                                         ranks=tuple(plan.rank(members[0], s, 0) for s in range(plan.pp))))
+            ranks = tuple(plan.rank(members[0], s, 0) for s in range(plan.pp))
+            if all(f == 1.0 for f, _ in sig):
+                name = pipe.name if len(by_sig) == 1 else f"{pipe.name} r{members[0]}"
+                pipelines.append(replace(pipe, name=name, dp_indices=tuple(members), ranks=ranks))
                 continue
-            chunks = {(s, c): (w if sig[s] == 1.0 else replace(w, fwd_s=w.fwd_s / sig[s], bwd_s=w.bwd_s / sig[s]))
+            chunks = {(s, c): (w if sig[s][0] == 1.0 else
+                               replace(w, fwd_s=w.fwd_s / sig[s][0], bwd_s=w.bwd_s / sig[s][0]))
                       for (s, c), w in pipe.chunks.items()}
-            slow = ",".join(f"s{s}@{f:.0%}" for s, f in enumerate(sig) if f != 1.0)
+            slow = ",".join(f"s{s}@{f:.0%}" for s, (f, _) in enumerate(sig) if f != 1.0)
             pipelines.append(replace(
-                pipe, name=f"{pipe.name} {slow}", dp_indices=tuple(members),
-                ranks=tuple(plan.rank(members[0], s, 0) for s in range(plan.pp)), chunks=chunks,
-                optimizer_s=tuple(t / f for t, f in zip(pipe.optimizer_s, sig))))
+                pipe, name=f"{pipe.name} r{members[0]} {slow}", dp_indices=tuple(members), ranks=ranks,
+                chunks=chunks, optimizer_s=tuple(t / f for t, (f, _) in zip(pipe.optimizer_s, sig))))
     pipelines.sort(key=lambda p: p.dp_indices[0])
     return replace(prog, pipelines=pipelines)
