@@ -38,8 +38,7 @@ class ControllerSettings:
     # Weight of history in the per-unit EWMA: 0.3 follows a change within ~2 steps and
     # leaves 0.73 of one measurement's noise (sqrt((1-a)/(1+a))).
     smoothing: float = 0.3
-    # A move must promise 5 % of the step: the largest of 16 replicas' timings with 2 %
-    # noise sits ~2 sd = 4 % above their mean, so a smaller threshold chases noise.
+    # A move must promise at least 5 % of the step (see gain_threshold).
     min_gain_frac: float = 0.05
     settle_steps: int = 1  # steps observed under the current allocation before a decision
 
@@ -64,12 +63,22 @@ def layer_move_s(model, plan, cluster, profile) -> float:
     return layer_state_bytes(model, plan) / bw if bw > 0 else math.inf
 
 
+def gain_threshold(settings: ControllerSettings) -> float:
+    """The smallest predicted gain (fraction of the step) worth a move: the larger of
+    ``min_gain_frac`` and 4 standard deviations of a smoothed per-unit estimate, the
+    timer noise times sqrt((1-a)/(1+a)) for EWMA weight a (a loop knows its timers' jitter
+    from warm-up; it does not know the cluster's speeds). Below it, noise alone would
+    move units back and forth."""
+    sd = settings.noise * math.sqrt((1.0 - settings.smoothing) / (1.0 + settings.smoothing))
+    return min(0.5, max(settings.min_gain_frac, 4.0 * sd))
+
+
 class SimController:
     def __init__(self, model, plan, cluster, profile, settings: ControllerSettings = ControllerSettings()):
         self.settings = settings
         self.rng = random.Random(settings.seed)
         common = dict(horizon_steps=settings.horizon_steps, smoothing=settings.smoothing,
-                      min_gain_frac=settings.min_gain_frac)
+                      min_gain_frac=gain_threshold(settings))
         self._common = common
         self.dp = self._dp_lever(plan) if plan.dp > 1 and plan.schedule != "interleaved" else None
         self.move_s = layer_move_s(model, plan, cluster, profile)

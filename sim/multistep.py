@@ -97,7 +97,10 @@ class _Step:
 
 class MultiStepEngine:
     def __init__(self, model, plan, cluster, profile, steps: int, scenario: Scenario | None = None,
-                 controller: SimController | None = None, symmetric_dp: bool = True):
+                 controller: SimController | None = None, symmetric_dp: bool = True, program_fn=None):
+        """``program_fn(plan) -> Program``, if given, replaces build_program (tests set
+        per-chunk work by hand)."""
+        self.program_fn = program_fn or (lambda p: build_program(model, p, cluster, profile))
         self.model, self.plan0, self.cluster, self.profile = model, plan, cluster, profile
         self.n_steps = steps
         self.scenario = scenario or empty_scenario()
@@ -119,7 +122,7 @@ class MultiStepEngine:
         key = (plan.mb_shares, plan.layers)
         base = self._programs.get(key)
         if base is None:
-            base = self._programs[key] = build_program(self.model, plan, self.cluster, self.profile)
+            base = self._programs[key] = self.program_fn(plan)
         return apply_conditions(base, cond.speed, cond.stalls)
 
     def _apply_links(self, scale: dict) -> None:
@@ -288,9 +291,11 @@ def lost_report(cluster, plan, lost, step: int) -> str:
 
 
 def simulate_steps(model, plan, cluster, profile, steps: int, scenario: Scenario | None = None,
-                   controller: SimController | None = None, symmetric_dp: bool = True) -> RunResult:
+                   controller: SimController | None = None, symmetric_dp: bool = True,
+                   program_fn=None) -> RunResult:
     """Simulate ``steps`` consecutive training steps (see the module docstring)."""
-    return MultiStepEngine(model, plan, cluster, profile, steps, scenario, controller, symmetric_dp).run()
+    return MultiStepEngine(model, plan, cluster, profile, steps, scenario, controller, symmetric_dp,
+                           program_fn).run()
 
 
 @dataclass
