@@ -181,20 +181,26 @@ class MultiStepEngine:
                 stall = stage_stall(plan, cond.stalls, pipe.dp_indices[0], s)
                 self.env.process(self._rank(st, pi, s, deps, stall))
 
-    def _deps(self, prev: _Step | None, members: tuple[int, ...], s: int) -> list[simpy.Event]:
+    def _deps(self, prev: _Step | None, members: tuple[int, ...], s: int) -> list[RankKey]:
+        """The ranks of the previous step that rank (members, stage s) continues from."""
         if prev is None:
             return []
         want = set(members)
-        return [prev.done[RankKey(qi, s)] for qi, q in enumerate(prev.prog.pipelines) if want & set(q.dp_indices)]
+        return [RankKey(qi, s) for qi, q in enumerate(prev.prog.pipelines) if want & set(q.dp_indices)]
 
-    def _rank(self, st: _Step, pi: int, s: int, deps: list[simpy.Event], stall_s: float):
+    def _rank(self, st: _Step, pi: int, s: int, deps: list[RankKey], stall_s: float):
         key = RankKey(pi, s)
         t0 = self.env.now
-        waits = [d for d in deps if not d.triggered]
+        prev = self.steps[st.index - 2] if st.index > 1 else None
+        waits = [prev.done[k] for k in deps if not prev.done[k].triggered]
         if st.migration is not None:
             waits.append(st.migration)
         if waits:
             yield self.env.all_of(waits)
+        if deps:
+            # Waiting starts when this device's own previous step ended (its first
+            # dependency); the time before that is booked in the previous step.
+            t0 = max(t0, min(prev.acct.done_at[k] for k in deps))
         st.acct.seg(key, "compute", "idle", t0, self.env.now, "wait previous step")
         if stall_s > 0:
             t1 = self.env.now
@@ -334,3 +340,54 @@ def compare_runs(adaptive: RunResult, fixed: RunResult, unslowed: RunResult, sce
     lost = ref - fx
     rec = (ad - fx) / lost if lost > 1e-9 * ref else None
     return Comparison(first, ref, fx, ad, rec, [s.tokens_per_s for s in fixed.steps])
+
+
+# ---------------------------------------------------------------- one plan's steady step
+# Steps simulated to price a plan with cross-step overlap: step 1 has no previous step to
+# overlap with and the last drains, so the middle step of three is the steady state.
+STEADY_STEPS = 3
+
+
+def steady_state_result(model, plan, cluster, profile, record: bool = False, symmetric_dp: bool = True):
+    """StepResult of a plan with ``overlap_step`` != none: the steady step of a
+    STEADY_STEPS-step run (what the overlap changes), with the single-step simulation's
+    memory, links and timeline (a synchronous step's) around it. The breakdown is the
+    middle step's per-device accounting, scaled to sum to its step time. With ``delayed``
+    a device also holds the reduced gradients of the previous step beside the buffer the
+    current step accumulates into: its gradient memory doubles."""
+    from dataclasses import replace as _replace
+
+    from sim.engine import Engine
+    from sim.metrics import summarize
+
+    sync = _replace(plan, overlap_step="none")
+    prog = build_program(model, sync, cluster, profile)
+    eng = Engine(prog, record=record, symmetric_dp=symmetric_dp)
+    res = summarize(prog, eng, eng.run())
+    run = simulate_steps(model, plan, cluster, profile, STEADY_STEPS, symmetric_dp=symmetric_dp)
+    mid = run.steps[STEADY_STEPS // 2]
+    step = mid.step_time_s
+    ratio = res.step_time_s / step
+    weights = sum(d.represents for d in mid.devices)
+    bd = {k: sum(d.breakdown_s[k] * d.represents for d in mid.devices) / weights for k in CATEGORIES}
+    total = sum(bd.values())
+    if total < step:
+        bd["idle"] += step - total
+    elif total > 0:
+        bd = {k: v * step / total for k, v in bd.items()}
+    devices = res.devices
+    if plan.overlap_step == "delayed":
+        devices = []
+        for d in res.devices:
+            mem = dict(d.memory_gib)
+            mem["grads"] = round(2 * mem.get("grads", 0.0), 4)
+            peak = d.peak_memory_gib + d.memory_gib.get("grads", 0.0)
+            devices.append(_replace(d, memory_gib=mem, peak_memory_gib=peak, fits_memory=peak <= d.capacity_gib))
+    shortfall = max(0.0, max(d.peak_memory_gib - d.capacity_gib for d in devices))
+    return _replace(
+        res, plan=plan.to_string(), step_time_s=step, tokens_per_s=res.tokens_per_s * ratio,
+        model_tflops_per_gpu=res.model_tflops_per_gpu * ratio,
+        hardware_tflops_per_gpu=res.hardware_tflops_per_gpu * ratio, mfu=res.mfu * ratio, hfu=res.hfu * ratio,
+        peak_memory_gib=max(d.peak_memory_gib for d in devices), fits_memory=all(d.fits_memory for d in devices),
+        memory_shortfall_gib=shortfall, bubble_fraction=bd["bubble"] / step,
+        exposed_comm_s={k: bd[k] for k in ("tp", "pp", "dp")}, breakdown=bd, devices=devices)
