@@ -42,6 +42,7 @@ class DeviceStep:
     represents: int  # devices it stands for
     busy_s: float  # compute + TP collectives in this step
     breakdown_s: dict[str, float]  # CATEGORIES -> seconds of this step's compute stream
+    replicas: list[int] = field(default_factory=list)  # DP indices of the replicas it stands for
 
 
 @dataclass
@@ -268,7 +269,8 @@ class MultiStepEngine:
                 for s in range(st.plan.pp):
                     tot = st.acct.totals[RankKey(pi, s)]
                     devices.append(DeviceStep(pipe.ranks[s], s, pipe.name, st.plan.tp * len(pipe.dp_indices),
-                                              tot["compute"] + tot["tp"], {k: tot[k] for k in CATEGORIES}))
+                                              tot["compute"] + tot["tp"], {k: tot[k] for k in CATEGORIES},
+                                              list(pipe.dp_indices)))
             dt = end - prev_end
             records.append(StepRecord(
                 st.index, prev_end, end, dt, tokens / dt if dt > 0 else 0.0, list(st.plan.mb_shares),
