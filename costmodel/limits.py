@@ -63,3 +63,14 @@ def number_problem(value: object, lo: float, hi: float, *, integer: bool = False
 # a larger grid is a mistake (a range written out by a script gone wrong).
 MAX_SWEEP_AXIS = 64
 MAX_SWEEP_CELLS = 4_096
+
+# Multi-step simulation (plansim simulate --steps, specs/scenario.py). A simulated step of
+# a 1,024-GPU plan costs ~0.2 s of CPU here, so 10,000 steps is already a half-hour run;
+# events per scenario are bounded the same way.
+MAX_SIM_STEPS = 10_000
+MAX_SCENARIO_EVENTS = 10_000
+# A compute-speed or bandwidth scale: 0.001x (a part throttled to a crawl) to 1000x; 0 is
+# not a speed (a device that stops is `stall` or `node_lost`).
+SCALE_FACTOR_RANGE = (1e-3, 1e3)
+# A stall or an event time: up to one day of simulated seconds.
+MAX_SCENARIO_S = 86_400.0

@@ -114,6 +114,11 @@ class GradientReducer(EnginePart):
                                                       f"param all-gather c{chunk}b{j}")
         return got
 
+    def param_gather(self, stage: int, nbytes: float, label: str) -> simpy.Process:
+        """All-gather ``nbytes`` of updated weights over ``stage``'s DP groups (one
+        call; the multi-step engine's layer-by-layer gathers use it)."""
+        return self._run(stage, self._phases(stage, nbytes, "all_gather"), label)
+
     def zero3_gather_layer(self, stage: int, w: ChunkWork, fraction: float, label: str) -> simpy.Process:
         """ZeRO-3 / FSDP: all-gather ``fraction`` of chunk ``w``'s weights (one layer)."""
         nbytes = w.params * fraction * param_gather_bytes(self.plan.precision, self.prog.profile.runtime)

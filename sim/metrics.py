@@ -22,6 +22,11 @@ def simulate(model: ModelSpec, plan: Plan, cluster: Cluster, profile: Profile,
     """Simulate one training step of `model` under `plan` on `cluster` (``symmetric_dp``:
     see Engine)."""
     t_wall = time.perf_counter()
+    if plan.overlap_step != "none":  # cross-step overlap: priced over consecutive steps
+        from sim.multistep import steady_state_result
+        res = steady_state_result(model, plan, cluster, profile, record, symmetric_dp)
+        res.sim_wall_s = time.perf_counter() - t_wall
+        return res
     # The cluster (16k-100k devices and their routes), the program and the run's caches
     # all live through the call: the cyclic collector's passes, triggered by the run's
     # many short-lived objects, would walk them again and again (a fifth of a 16k-GPU

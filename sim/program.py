@@ -439,7 +439,10 @@ def build_program(model: ModelSpec, plan: Plan, cluster: Cluster, profile: Profi
     rt = profile.runtime
     return Program(model, plan, cluster, profile, pipelines, algos,
                    p2p_blocking=rt.p2p_blocking, zero_grad_all_reduce=rt.zero1_grad_all_reduce,
-                   overlap_param_gather=rt.overlap_param_gather and plan.zero in (1, 2) and plan.grad_degree > 1)
+                   # the plan's cross-step overlap (overlap_step, sim/multistep_executor.py)
+                   # replaces Megatron-Core's within-step version: both move the same gather
+                   overlap_param_gather=rt.overlap_param_gather and plan.zero in (1, 2) and plan.grad_degree > 1
+                   and plan.overlap_step == "none")
 
 
 class ReplicaClass(NamedTuple):

@@ -54,6 +54,10 @@ class PlanFile(Strict):
     # layers per pipeline stage (non-uniform split); microbatches per data-parallel replica
     layers: list[Int(1, MAX_LAYERS)] | None = Field(default=None, max_length=MAX_DEVICES)
     mb_shares: list[Int(1, MAX_GLOBAL_BATCH)] | None = Field(default=None, max_length=MAX_DEVICES)
+    # cross-step overlap (sim/multistep_executor.py, docs/scenarios.md): none, the optimizer
+    # update and parameter gather overlapped with the next forward layer by layer, or
+    # one-step-delayed gradient application (weights one step stale)
+    overlap_step: Literal["none", "layerwise", "delayed"] = "none"
 
     @field_validator("compress")
     @classmethod
@@ -105,6 +109,7 @@ class Plan:
     # was printed without layers=, and resolving it raised InputError).
     explicit_layers: bool = False
     explicit_shares: bool = False
+    overlap_step: str = "none"  # 'none' | 'layerwise' | 'delayed' (cross-step overlap)
 
     def __post_init__(self) -> None:
         layers_default = (len(set(self.layers)) <= 1
@@ -185,6 +190,8 @@ class Plan:
             parts.append(f"precision={self.precision}")
         if self.placement != "tp-pp-dp":
             parts.append(f"placement={self.placement}")
+        if self.overlap_step != "none":
+            parts.append(f"overlap_step={self.overlap_step}")
         if self.explicit_layers:
             parts.append("layers=" + ":".join(map(str, self.layers)))
         if self.explicit_shares:
@@ -304,6 +311,9 @@ def resolve_plan(plan: str | Path | dict, model: ModelSpec, num_devices: int,
     # zero=3 combines with tp, cp and pp (TorchTitan's FSDP2 + TP + PP): the engine gathers
     # each layer's weights before every forward and backward, prefetching the next layer
     # (sim/pipeline_executor._LayerGathers; docs/context-parallelism.md).
+    if pf.overlap_step != "none" and pf.zero == 3:
+        raise InputError(src, "overlap_step", f"{pf.overlap_step} needs zero < 3 (ZeRO-3 gathers and "
+                         "reduce-scatters per microbatch, inside the step)")
 
     return Plan(
         tp=tp, pp=pp, dp=dp, mbs=pf.mbs, vpp=vpp, schedule=schedule, sp=pf.sp,
@@ -312,6 +322,7 @@ def resolve_plan(plan: str | Path | dict, model: ModelSpec, num_devices: int,
         placement=pf.placement, layers=layers, mb_shares=shares, cp=cp,
         cp_comm=pf.cp_comm if cp > 1 else "ring",  # meaningless without cp; keeps to_string exact
         explicit_layers=pf.layers is not None, explicit_shares=pf.mb_shares is not None,
+        overlap_step=pf.overlap_step,
     )
 
 

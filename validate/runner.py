@@ -244,6 +244,9 @@ def check_supported(model: ModelSpec, plan: Plan, backend: str | None = None) ->
                 raise InputError("--plan", what, f"the runner's zero=3 (FSDP) runs with dp, cp, tp without "
                                  f"sp, and recompute=none|selective; not with {what}="
                                  f"{getattr(plan, what)}")
+    if plan.overlap_step != "none":
+        raise InputError("--plan", "overlap_step", f"{plan.overlap_step}: cross-step overlap is simulated "
+                         "only (sim/multistep_executor.py); the runner runs overlap_step=none")
 
 
 def _worker_many(rank: int, world: int, runs: list[tuple[ModelSpec, Plan, RunConfig]]) -> list[dict]:

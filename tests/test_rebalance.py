@@ -1,0 +1,180 @@
+"""The adaptive controller (costmodel/rebalance.py) against allocations worked out by hand."""
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+
+from costmodel.errors import InputError
+from costmodel.rebalance import Rebalancer, balance, step_time_s, units_moved
+
+
+def test_balance_hand_worked():
+    """Per-unit times (1, 2), 12 units: rank 0 twice as fast gets twice the units, (8, 4),
+    both ranks busy 8 s; with (1, 1, 2) and 10 units: (4, 4, 2), max 4 s."""
+    assert balance((1.0, 2.0), 12) == (8, 4)
+    assert balance((1.0, 1.0, 2.0), 10) == (4, 4, 2)
+
+
+def test_balance_half_speed_is_four_thirds():
+    """One of two ranks at half speed (per-unit 2 vs 1): the equal split of 16 units takes
+    16 s (2x the 8 s of an unslowed equal split); the balanced split (11, 5) takes
+    max(11, 10) = 11 s, the integer optimum next to the continuous 16*2/3 = 10.67 s (4/3 of 8)."""
+    units = balance((1.0, 2.0), 16)
+    assert units == (11, 5)
+    assert step_time_s((8, 8), (1.0, 2.0)) == 16.0
+    assert step_time_s(units, (1.0, 2.0)) == 11.0
+
+
+def test_balance_is_min_max_optimal_by_brute_force():
+    """For small cases the greedy allocation's max equals the brute-force minimum over every
+    integer allocation with at least min_units per rank (an independent computation)."""
+    rng = random.Random(1)
+    for _ in range(200):
+        n = rng.randint(1, 3)
+        times = [rng.choice([0.5, 1.0, 1.5, 2.0, 3.0, 0.7]) for _ in range(n)]
+        m = rng.randint(0, 2)
+        total = rng.randint(n * m, n * m + 9)
+        got = balance(times, total, m)
+        assert sum(got) == total and min(got) >= m
+        best = min(step_time_s(a, times)
+                   for a in itertools.product(range(m, total + 1), repeat=n) if sum(a) == total)
+        assert step_time_s(got, times) == pytest.approx(best)
+
+
+def test_balance_tie_breaks_to_lowest_rank():
+    """Equal speeds and an odd total: the spare unit goes to rank 0, every time."""
+    assert balance((1.0, 1.0), 3) == (2, 1)
+    assert balance((1.0, 1.0, 1.0), 5) == (2, 2, 1)
+    assert balance((2.0, 1.0, 2.0), 4, min_units=1) == (1, 2, 1)
+
+
+def test_balance_respects_min_units():
+    """A rank 100x slower still keeps min_units (a pipeline stage keeps at least one layer)."""
+    assert balance((1.0, 100.0), 8, min_units=1) == (7, 1)
+    assert balance((1.0, 100.0), 8, min_units=0) == (8, 0)
+
+
+def test_balance_bad_input():
+    """Zero/negative/non-finite per-unit times and too few units raise InputError naming the field."""
+    with pytest.raises(InputError, match=r"per_unit_s\[1\]"):
+        balance((1.0, 0.0), 4)
+    with pytest.raises(InputError, match="total"):
+        balance((1.0, 1.0), 1, min_units=1)
+    with pytest.raises(InputError, match="per_unit_s"):
+        balance((), 4)
+
+
+def test_units_moved_free_and_contiguous():
+    """Free placement moves only the surplus ((8,8)->(11,5): 3 samples); contiguous stages
+    move every unit crossing a boundary ((1,1,2)->(2,1,1): one layer crosses each of the two
+    boundaries, so 2 layers move, where free placement would count 1)."""
+    assert units_moved((8, 8), (11, 5)) == 3
+    assert units_moved((1, 1, 2), (2, 1, 1)) == 1
+    assert units_moved((1, 1, 2), (2, 1, 1), contiguous=True) == 2
+    assert units_moved((2, 2), (3, 1), contiguous=True) == 1
+
+
+def test_rebalancer_acts_on_half_speed_rank():
+    """Observed busy (8 s, 16 s) on (8, 8) units: per-unit (1, 2); the controller moves to
+    (11, 5), predicting 11 s from 16 s, and adopts it."""
+    r = Rebalancer((8, 8), smoothing=0.5)
+    assert r.decide().act is False  # nothing observed yet
+    r.observe((8.0, 16.0))
+    d = r.decide()
+    assert d.act and d.units == (11, 5) and r.units == (11, 5)
+    assert d.current_step_s == 16.0 and d.predicted_step_s == 11.0
+    # Next step measures exactly the prediction: the allocation is kept.
+    r.observe((11.0, 10.0))
+    d2 = r.decide()
+    assert d2.act is False and r.units == (11, 5)
+
+
+def test_rebalancer_hysteresis_migration_cost():
+    """Gain 5 s/step (16 -> 11) with 3 units moved at 2 s each (6 s): horizon 1 gives 5 <= 6,
+    no action; horizon 2 gives 10 > 6, action. Exactly at the boundary (cost 5/3 per unit,
+    horizon 1: 5 <= 5) it does not act."""
+    for horizon, cost, act in ((1, 2.0, False), (2, 2.0, True), (1, 5.0 / 3.0, False)):
+        r = Rebalancer((8, 8), horizon_steps=horizon, cost_per_unit_moved_s=cost)
+        r.observe((8.0, 16.0))
+        d = r.decide()
+        assert d.act is act, (horizon, cost, d.reason)
+        assert d.migration_cost_s == pytest.approx(3 * cost)
+        assert r.units == ((11, 5) if act else (8, 8))
+
+
+def test_rebalancer_min_gain_fraction():
+    """Per-unit (1, 1.1) on (8, 8): 8.8 s now, and (9, 7) would take 9 s, so (8, 8) is kept.
+    Per-unit (1, 1.3): 10.4 s now, (9, 7) takes max(9, 9.1) = 9.1 s, a gain of 1.3 s = 12.5 %:
+    it acts at min_gain_frac 0.1, not at 0.2."""
+    r = Rebalancer((8, 8))
+    r.observe((8.0, 8.8))
+    assert r.decide().act is False
+    for frac, act in ((0.1, True), (0.2, False)):
+        r = Rebalancer((8, 8), min_gain_frac=frac)
+        r.observe((8.0, 10.4))
+        d = r.decide()
+        assert d.act is act and d.units == (9, 7)
+        assert d.predicted_step_s == pytest.approx(9.1)
+
+
+def test_rebalancer_ewma():
+    """smoothing 0.5: per-unit estimates go 1 -> (1 + 3)/2 = 2 -> (2 + 2)/2 = 2 for rank 1
+    observing 8, 24, 16 s on 8 units; rank 0 stays 1. smoothing 0 tracks the latest only."""
+    r = Rebalancer((8, 8), smoothing=0.5, min_gain_frac=0.99)  # never act: units stay (8, 8)
+    for busy1, expect in ((8.0, 1.0), (24.0, 2.0), (16.0, 2.0)):
+        r.observe((8.0, busy1))
+        r.decide()
+        assert r.per_unit_s == pytest.approx((1.0, expect))
+    r0 = Rebalancer((8, 8), smoothing=0.0)
+    r0.observe((8.0, 8.0))
+    r0.observe((8.0, 24.0))
+    assert r0.per_unit_s == pytest.approx((1.0, 3.0))
+
+
+def test_rebalancer_no_oscillation_under_noise():
+    """Rank 1 truly at half speed, timings with +-5 % uniform noise (seeded): the controller
+    settles on (11, 5) and makes no further move in 200 noisy steps (hysteresis 2 % plus EWMA)."""
+    rng = random.Random(0)
+    true = (1.0, 2.0)
+    r = Rebalancer((8, 8), smoothing=0.5, min_gain_frac=0.1)
+    moves = []
+    for step in range(200):
+        r.observe(tuple(u * t * (1 + rng.uniform(-0.05, 0.05)) for u, t in zip(r.units, true)))
+        if r.decide().act:
+            moves.append((step, r.units))
+    assert moves == [(0, (11, 5))]
+
+
+def test_rebalancer_deterministic():
+    """Two controllers fed the same observations make the same decisions (no hidden randomness)."""
+    obs = [(8.0, 16.0), (11.0, 10.5), (11.2, 9.8)]
+    a, b = Rebalancer((8, 8)), Rebalancer((8, 8))
+    for o in obs:
+        a.observe(o)
+        b.observe(o)
+        assert a.decide() == b.decide()
+
+
+def test_rebalancer_pipeline_layers():
+    """Layers per stage: 4 layers (2, 2), stage 1 busy 3x stage 0 per layer -> (3, 1)
+    (max(3, 3) = 3 vs 6), min_units=1 keeps a layer on each stage."""
+    r = Rebalancer((2, 2), min_units=1, contiguous=True, cost_per_unit_moved_s=0.1)
+    r.observe((2.0, 6.0))
+    d = r.decide()
+    assert d.act and d.units == (3, 1) and d.predicted_step_s == 3.0
+    assert d.migration_cost_s == pytest.approx(0.1)
+
+
+def test_rebalancer_bad_input():
+    """Wrong length or negative busy times, and bad settings, raise InputError naming the field."""
+    r = Rebalancer((8, 8))
+    with pytest.raises(InputError, match="busy_s"):
+        r.observe((1.0,))
+    with pytest.raises(InputError, match=r"busy_s\[0\]"):
+        r.observe((-1.0, 1.0))
+    with pytest.raises(InputError, match="smoothing"):
+        Rebalancer((8, 8), smoothing=1.0)
+    with pytest.raises(InputError, match=r"units\[1\]"):
+        Rebalancer((8, 0))
