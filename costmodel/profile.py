@@ -76,6 +76,9 @@ class RuntimeSettings:
     launch_blocking: bool = False  # CUDA_LAUNCH_BLOCKING=1: each op waits for the previous one
     p2p_scatter_gather: bool = True  # pipeline sends b*s*h/t per TP rank (Megatron-LM), else b*s*h
     p2p_blocking: bool = False  # the sender waits for its pipeline send before computing on
+    # A pipeline send's bytes leave only once the receiver has posted its receive: gloo's
+    # TCP transport (gloo/transport/tcp/pair.cc, Pair::send waits for NOTIFY_RECV_READY).
+    p2p_rendezvous: bool = False
     tp_bwd_overlap: bool = True  # backward TP collective overlaps the weight-gradient GEMM
     fused_bias_dropout_add: bool = True  # bias + dropout + residual add in one kernel
     grad_accumulation_fusion: bool = True  # weight-gradient GEMMs accumulate into the grad buffer

@@ -228,6 +228,7 @@ def runtime_facts(kind: str) -> dict:
         "launch_blocking": kind == "cpu",
         "p2p_scatter_gather": False,
         "p2p_blocking": False,
+        "p2p_rendezvous": kind != "cuda",  # gloo's TCP pairs (costmodel/profile.RuntimeSettings)
         "tp_bwd_overlap": False,
         "fused_bias_dropout_add": True,
         "grad_accumulation_fusion": False,
