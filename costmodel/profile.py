@@ -86,6 +86,10 @@ class RuntimeSettings:
     grad_reduce_dtype: str = "auto"  # auto (fp32 for bf16, else the precision) | fp32 | bf16 | fp16
     zero1_grad_all_reduce: bool = False  # ZeRO-1 all-reduces gradients (not reduce-scatter)
     eager_adam: bool = False  # Adam as separate element-wise ops (validate/dp.adam_update), not fused kernels
+    # Cores of one host that its devices' processes share (CPU devices: each device is a
+    # worker process computing in its own thread); 0: every device has its own processor.
+    # More processes than cores time-share them (sim/core_sharing.py).
+    host_cores: int = 0
     source: str = "built-in default"
 
 

@@ -261,8 +261,12 @@ def profile_mapping(fit: FitResult, res: MicrobenchResult, gpu_name: str, link_k
             "source": gpu_src,
         }},
         "runtime": {"host_overhead_us": round(fit.host_overhead_us, 3), **runtime_facts(device_kind),
+                    # CPU workers share the host's cores (sim/core_sharing.py); GPUs do not.
+                    "host_cores": res.host_cores if device_kind == "cpu" else 0,
                     "source": (f"host_overhead_us FIT by plansim calibrate ({where}): per cost-model op, "
                                f"forward+backward of tiny-op chains under autograd minus the plain per-op cost. "
+                               f"host_cores: the cores the worker processes share (affinity mask), compute "
+                               f"measured in {res.compute_world or res.world} process(es) at once. "
                                f"Other fields: how validate/'s eager torch runner drives the device.")},
     }
     if fit.fabric is not None and link_kind:

@@ -110,6 +110,11 @@ class MicrobenchResult:
     collectives: list[CollectiveSample] = field(default_factory=list)
     topk: list[TopkSample] = field(default_factory=list)
     wall_s: float = 0.0
+    # Processes the compute families (a)-(c') ran in at once: min(world, host cores) on
+    # a CPU (time-sharing beyond the cores is the simulator's, sim/core_sharing.py),
+    # world on GPUs; 0 in records written before this field (then: world).
+    compute_world: int = 0
+    host_cores: int = 0  # cores this process may run on (0: not recorded)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -123,7 +128,8 @@ class MicrobenchResult:
                    overhead=[OverheadSample(**x) for x in d.get("overhead", [])],
                    collectives=[CollectiveSample(**x) for x in d.get("collectives", [])],
                    topk=[TopkSample(**x) for x in d.get("topk", [])],
-                   wall_s=d.get("wall_s", 0.0))
+                   wall_s=d.get("wall_s", 0.0), compute_world=d.get("compute_world", 0),
+                   host_cores=d.get("host_cores", 0))
 
 
 # ------------------------------------------------------------------------ shapes
@@ -391,6 +397,25 @@ def compute_worker(rank: int, world: int, cfg: ComputeConfig) -> dict:
     return out
 
 
+def host_cores() -> int:
+    """Cores this process may run on (its affinity mask; os.cpu_count where the platform
+    has no affinity call): what the host's worker processes share."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def compute_processes(world: int, kind: str) -> int:
+    """Processes the compute microbenchmarks run at once. GPUs: ``world`` (one device
+    each). CPU: at most one per core. Up to the cores, concurrent processes contend for
+    the shared cache and memory bandwidth, which the figures must include; beyond them
+    they only take turns on the cores, and how much depends on how often a plan's
+    processes block in communication, which the simulator models from the plan
+    (sim/core_sharing.py, runtime.host_cores), not a benchmark that never blocks."""
+    return world if kind == "cuda" else max(1, min(world, host_cores()))
+
+
 THREADS_ENV = "OMP_NUM_THREADS"
 
 
@@ -446,11 +471,13 @@ def run_microbenchmarks(world: int, gemm_shapes, mem_sizes, coll_sizes, *, attn_
     shown = threads
     say = progress or (lambda msg: None)
     say(f"compute microbenchmarks: {len(gemm_shapes)} GEMM shapes, {len(mem_sizes)} sizes x "
-        f"{len(MEMORY_OPS)} memory ops, {world} concurrent processes, {shown} thread(s) each")
+        f"{len(MEMORY_OPS)} memory ops, {compute_processes(world, 'cuda' if be_name == 'nccl' else 'cpu')} "
+        f"concurrent processes ({host_cores()} cores), {shown} thread(s) each")
     ccfg = ComputeConfig(tuple(gemm_shapes), tuple(mem_sizes), tuple(attn_shapes), tuple(topk), repeats, threads, be_name)
+    cw = compute_processes(world, "cuda" if be_name == "nccl" else "cpu")
     with worker_threads_env(world):
-        per_rank = launch(compute_worker, world, (ccfg,), timeout_s=timeout_s, backend=be_name)
-    res = MicrobenchResult(world=world, backend=be_name, threads=shown)
+        per_rank = launch(compute_worker, cw, (ccfg,), timeout_s=timeout_s, backend=be_name)
+    res = MicrobenchResult(world=world, backend=be_name, threads=shown, compute_world=cw, host_cores=host_cores())
     for i, row in enumerate(per_rank[0]["gemm"]):
         m, n, k, b, _ = row
         res.gemm.append(GemmSample(m, n, k, b, statistics.median(r["gemm"][i][4] for r in per_rank)))
@@ -485,7 +512,7 @@ def run_microbenchmarks(world: int, gemm_shapes, mem_sizes, coll_sizes, *, attn_
 
 def format_compute(res: MicrobenchResult) -> str:
     """GEMM GFLOP/s per shape, memory-op GB/s per size, per-op overheads."""
-    lines = [f"# GEMM ({res.world} concurrent processes, {res.threads} thread(s) each)",
+    lines = [f"# GEMM ({res.compute_world or res.world} concurrent processes, {res.threads} thread(s) each)",
              f"{'m':>6} {'n':>6} {'k':>6} {'batch':>5} {'time (us)':>10} {'GFLOP/s':>9}"]
     for g in res.gemm:
         lines.append(f"{g.m:>6} {g.n:>6} {g.k:>6} {g.batch:>5} {g.seconds * 1e6:>10.1f} {g.flops / g.seconds / 1e9:>9.2f}")
