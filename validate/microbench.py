@@ -416,6 +416,11 @@ def compute_processes(world: int, kind: str) -> int:
     return world if kind == "cuda" else max(1, min(world, host_cores()))
 
 
+# Sizes of the collectives timed right after compute (collective_bench.after_compute_rows):
+# from a small tensor-parallel activation to a gradient bucket of a small model.
+AFTER_COMPUTE_SIZES = (4 * KIB, 32 * KIB, 256 * KIB, 2 * MIB)
+
+
 THREADS_ENV = "OMP_NUM_THREADS"
 
 
@@ -502,7 +507,9 @@ def run_microbenchmarks(world: int, gemm_shapes, mem_sizes, coll_sizes, *, attn_
         ns = tuple(n for n in range(2, world + 1) if world % n == 0)
         say(f"collectives: {', '.join(ops)} in groups of {', '.join(map(str, ns))} of {world} processes, "
             f"{len(coll_sizes)} sizes {coll_sizes[0]} B .. {coll_sizes[-1]} B")
-        kcfg = CollectiveConfig(tuple(coll_sizes), ops, ns, repeats=repeats, threads=threads, backend=be_name)
+        after = tuple(sz for sz in AFTER_COMPUTE_SIZES if coll_sizes[0] <= sz <= coll_sizes[-1])
+        kcfg = CollectiveConfig(tuple(coll_sizes), ops, ns, repeats=repeats, threads=threads, backend=be_name,
+                                after_compute_sizes=after)
         with worker_threads_env(world):
             rows = launch(collective_worker, world, (kcfg,), timeout_s=timeout_s, backend=be_name)[0]
         res.collectives = [CollectiveSample(op, nbytes, n, s) for op, n, nbytes, s in rows]
