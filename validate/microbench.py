@@ -167,7 +167,11 @@ def sweep_gemm_shapes(max_dim: int = 1024) -> list[tuple[int, int, int, int]]:
 
 def memory_sizes(model: ModelSpec | None, tps: list[int], lo: int = 4 * KIB, hi: int = MIB) -> list[int]:
     """Element counts for the memory-bound sweep: powers of 4 from lo to hi plus the
-    model's activation sizes (b*s*h and b*s*ffn/t per TP degree, microbatch 1)."""
+    sizes a step streams: the model's activations (b*s*h and b*s*ffn/t per TP degree,
+    microbatch 1) and the optimizer's parameter-sized operands (its parameters per TP
+    rank, rounded down to whole 128-wide rows): eager Adam's element-wise ops run over the
+    whole flat parameter and gradient buffers, larger than a core's L2 cache, where the
+    activations stay inside it."""
     out, s = set(), lo
     while s <= hi:
         out.add(s)
@@ -176,6 +180,7 @@ def memory_sizes(model: ModelSpec | None, tps: list[int], lo: int = 4 * KIB, hi:
         for tp in tps:
             out.add(model.seq_length * model.hidden_size)
             out.add(model.seq_length * model.ffn // tp)
+            out.add(max(128, model.total_params // tp // 128 * 128))
     return sorted(out)
 
 
