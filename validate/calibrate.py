@@ -134,7 +134,9 @@ def collective_time_s(op: str, nbytes: float, n: int, bw_Bps: float, latency_s: 
                       fab: FabricEfficiency) -> float:
     """Seconds the cost model gives one collective call on a single node's fabric of
     ``bw_Bps`` per rank and ``latency_s`` per hop, with the fabric's efficiency and call
-    latency (as sim/program.py's TP collectives: ring formulas, plus the call)."""
+    latency (as sim/program.py's TP collectives: ring formulas, plus the call). An op
+    timed right after compute (AFTER_COMPUTE_SUFFIX) has the op's formula."""
+    op = op.removesuffix(AFTER_COMPUTE_SUFFIX)
     bw = bw_Bps * fab.bw_eff
     call = fab.call_latency_us * 1e-6
     latency_s = fab.hop_latency_s(latency_s)  # the fitted per-step latency replaces the topology's
@@ -173,8 +175,7 @@ def fit_call_latency(samples: list[CollectiveSample], bw_Bps: float, latency_s: 
     issued right after compute (thread wake-ups on busy cores included)."""
     def resid(x):
         f = replace(fab, call_latency_us=x[0])
-        return [math.log(collective_time_s(s.op[:-len(AFTER_COMPUTE_SUFFIX)], s.nbytes, s.n, bw_Bps, latency_s, f)
-                         / s.seconds) for s in samples]
+        return [math.log(collective_time_s(s.op, s.nbytes, s.n, bw_Bps, latency_s, f) / s.seconds) for s in samples]
     return float(_least_squares(resid, [max(fab.call_latency_us, 1.0)], [0.0], [1e5])[0])
 
 
@@ -210,8 +211,8 @@ def fit_profile(res: MicrobenchResult, gpu: GpuSpec, base_gpu: GpuEfficiency,
         if after:
             fab = replace(fab, call_latency_us=fit_call_latency(after, bw, lat, fab))
             out.residuals["collectives after compute"] = [
-                (f"{s.op} {s.nbytes}", s.seconds,
-                 collective_time_s(s.op[:-len(AFTER_COMPUTE_SUFFIX)], s.nbytes, s.n, bw, lat, fab)) for s in after]
+                (f"{s.op} {s.nbytes}", s.seconds, collective_time_s(s.op, s.nbytes, s.n, bw, lat, fab))
+                for s in after]
         out.fabric = fab
         out.residuals["collectives"] = [
             (f"{s.op} {s.nbytes}", s.seconds, collective_time_s(s.op, s.nbytes, s.n, bw, lat, fab))
