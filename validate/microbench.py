@@ -9,8 +9,9 @@ process achieves while its peers compute is what a plan's rank gets.
     sweep of square and skinny sizes.
 (b) Memory-bound ops (add, gelu, layernorm, softmax) over sizes, with bytes counted as
     costmodel/flops.py counts them (each operand read once, each result written once).
-(c) Per-op overhead: chains of tiny ops, plain (no autograd) and as training runs them
-    (forward under autograd, then backward), per op as the cost model counts ops.
+(c) Per-op overhead: the runner's GPT at width 8, plain (no autograd) and as a plan's rank
+    trains it (validate/pp.PipelineStage over a one-stage schedule, autograd, gradient
+    hooks), per op as the cost model counts ops.
 (c') Top-k compression: validate/topk.select (error feedback and top-k selection, the
     runner's own function) over bucket sizes and kept fractions.
 (d) Collectives (all-reduce, all-gather, reduce-scatter, broadcast, send/recv) from 4 KiB
@@ -212,52 +213,67 @@ def topk_sizes(model: ModelSpec | None, tps: list[int], lo: int = 64 * KIB, hi: 
     return sorted(out)
 
 
-# The overhead chain: the runner's pre-LayerNorm GPT layers (validate/gpt.py, the
-# architecture costmodel/flops.py lists) at a width where their arithmetic is negligible,
-# so their time is the per-op cost of issuing them, forward and backward under autograd
-# with the runner's gradient hooks (validate/dp.py: one per parameter tensor and microbatch,
-# each adding into the bucket; on this host they cost about as much as the layer's own ops). It is divided by the number of ops the cost
-# model lists for that layer (chain_op_counts), so the per-op figure is per cost-model op.
+# The overhead chain: the runner's whole GPT (validate/gpt.py, the architecture
+# costmodel/flops.py lists: embedding, pre-LayerNorm layers, final norm, logits, loss) at a
+# width where its arithmetic is negligible, so its time is the cost of issuing its ops.
+# 'train' runs it exactly as a plan's rank does: validate/pp.PipelineStage executing a
+# one-stage schedule over CHAIN_MICROBATCHES microbatches (its per-action bookkeeping and
+# timing spans), forward and backward under autograd with validate/dp.GradReducer's
+# per-parameter gradient hooks (each adds into the bucket; on this host they cost about as
+# much as the layer's own ops). Each time is divided by the number of ops the cost model
+# lists for the same work (chain_op_counts), so the per-op figure is per cost-model op.
 CHAIN_MODEL = ModelSpec("overhead-chain", num_layers=4, hidden_size=8, num_attention_heads=2, seq_length=4,
-                        vocab_size=8, global_batch_size=1)
+                        vocab_size=8, global_batch_size=2)
+CHAIN_MICROBATCHES = 2
 
 
 def chain_op_counts(runtime) -> tuple[int, int]:
-    """(forward ops, forward + backward ops) the cost model counts for CHAIN_MODEL's layers
-    under ``runtime`` (its op transforms, e.g. fused attention, and the separate gradient
-    accumulation pass)."""
+    """(forward ops of one microbatch, forward + backward ops of CHAIN_MICROBATCHES) the
+    cost model counts for CHAIN_MODEL on one device (every layer, embedding and output
+    layer) under ``runtime`` (its op transforms, e.g. fused attention, and the separate
+    gradient accumulation pass)."""
     from costmodel.efficiency import transform_ops
     from sim.program import grad_accumulation_ops
-    m = CHAIN_MODEL
-    f = transform_ops(fl.layer_forward_ops(m, 1, 1, False, 4), runtime)
-    b = transform_ops(fl.layer_backward_ops(m, 1, 1, False, 4)
-                      + grad_accumulation_ops(m, 1, 1, False, False, "fp32", runtime), runtime)
-    return m.num_layers * len(f), m.num_layers * (len(f) + len(b))
+    m, L = CHAIN_MODEL, CHAIN_MODEL.num_layers
+    f = (len(transform_ops(fl.layer_forward_ops(m, 1, 1, False, 4), runtime)) * L
+         + len(transform_ops(fl.embedding_ops(m, 1, 1, 4), runtime))
+         + len(transform_ops(fl.head_forward_ops(m, 1, 1, 4), runtime)))
+    b = (len(transform_ops(fl.layer_backward_ops(m, 1, 1, False, 4), runtime)) * L
+         + len(transform_ops(fl.embedding_backward_ops(m, 1, 1, 4), runtime))
+         + len(transform_ops(fl.head_backward_ops(m, 1, 1, 4), runtime))
+         + len(transform_ops(grad_accumulation_ops(m, L, 1, True, True, "fp32", runtime), runtime)))
+    return f, CHAIN_MICROBATCHES * (f + b)
 
 
 def _chain(torch, dev):
-    """CHAIN_MODEL's layers as the runner trains them: validate/gpt.GPTChunk (its own
-    layer code) with validate/dp.GradReducer's per-parameter gradient hooks (one group
-    member, so no communication). Returns (plain forward, forward + backward)."""
+    """CHAIN_MODEL as the runner trains it on one rank (see above). Returns (plain forward
+    of one microbatch, one step of CHAIN_MICROBATCHES microbatches)."""
     from validate.comm import Comm
     from validate.dp import GradReducer
-    from validate.gpt import GPTChunk, full_weights
+    from validate.gpt import GPTChunk, batch_tokens, full_weights
+    from validate.pp import PipelineStage
     from validate.timeline import Recorder
     m = CHAIN_MODEL
-    chunk = GPTChunk(m, list(range(m.num_layers)), False, False, full_weights(m, 0), None, False, "none", dev)
-    reducer = GradReducer([(0, chunk.params)], Comm("dp", [0], 0, Recorder()), bucket_bytes=25e6,
+    rec = Recorder()
+    chunk = GPTChunk(m, list(range(m.num_layers)), True, True, full_weights(m, 0), None, False, "none", dev)
+    reducer = GradReducer([(0, chunk.params)], Comm("dp", [0], 0, rec), bucket_bytes=25e6,
                           overlap=True, zero=0, topk=None, late=set())
-    x0 = torch.randn(1, m.seq_length, m.hidden_size, device=dev)
+    stage = PipelineStage(0, 1, 1, {0: chunk}, lambda st: 0, (1, m.seq_length, m.hidden_size), rec, reducer, dev)
+    acts = stage.actions("1f1b", CHAIN_MICROBATCHES)
+    tokens = batch_tokens(m, 0, 0).to(dev)
+    mbs = [(tokens[i:i + 1, :-1], tokens[i:i + 1, 1:]) for i in range(CHAIN_MICROBATCHES)]
 
     def plain():
         with torch.no_grad():
-            chunk.forward(x0)
+            chunk.forward(*mbs[0])
 
     def train():
+        rec.begin_step()
         reducer.begin_step()
-        reducer.final.add(0)
-        chunk.forward(x0).sum().backward()
+        stage.run(acts, mbs, 1.0 / CHAIN_MICROBATCHES)
+        reducer.mark_late_ready()
         reducer.finish()
+        rec.end_step()
     return plain, train
 
 
