@@ -2,7 +2,7 @@
 # Reproduce the CPU validation table of the README in one command (run from the repository
 # root; needs torch, e.g. pip install 'plansim[validate]'):
 #
-#   benchmarks/validate_cpu.sh [OUT_DIR]        (default: validate-cpu)
+#   benchmarks/validate_cpu.sh [OUT_DIR]        (default: results/validate-cpu-<UTC date>)
 #
 # 1. Calibrate the localhost-cpu profile from microbenchmarks only, once at 2 and once at 4
 #    concurrent worker processes (GEMMs at the tiny model's TP shapes, memory-bound ops,
@@ -10,11 +10,15 @@
 # 2. Run six plans of the tiny model for real and predict each with the profile calibrated
 #    at its process count: measured vs predicted median step time, error, Spearman rank
 #    correlation. Writes OUT_DIR/{cpu-w2,cpu-w4}.yaml (+ .bench.json), calibrate-w*.txt,
-#    validation.txt, validation.json and OUT_DIR/report/ (HTML, Markdown, Chrome traces).
-# Prints the wall time of the whole; the target is at most 5 minutes on a 2-core host.
+#    validation.txt, validation.json, summary.txt and OUT_DIR/report/ (HTML, Markdown,
+#    Chrome traces).
+# Ends with the table (plan, processes, measured and predicted median step time, error,
+# the measured spread p10..p90 around the median), the Spearman rank correlation, and the
+# wall time of the whole; the target is at most 5 minutes on a 2-core host.
+# STEPS (default 20) measured steps per plan after 2 warm-up steps.
 set -euo pipefail
-OUT="${1:-validate-cpu}"
-STEPS="${STEPS:-10}"
+OUT="${1:-results/validate-cpu-$(date -u +%Y%m%d-%H%M)}"
+STEPS="${STEPS:-20}"
 mkdir -p "$OUT"
 PY="${PYTHON:-python3}"
 start=$(date +%s)
@@ -27,10 +31,25 @@ PLANS=("dp=2" "tp=2" "pp=2,schedule=1f1b" "pp=2,schedule=gpipe" "dp=2,compress=t
 "$PY" -m plansim validate localhost-cpu --model tiny --plans "${PLANS[@]}" \
     --profile "2=$OUT/cpu-w2.yaml" --profile "4=$OUT/cpu-w4.yaml" --steps "$STEPS" \
     --report "$OUT/report" | tee "$OUT/validation.txt"
-"$PY" - "$OUT" <<'PYEOF'
+wall=$(( $(date +%s) - start ))
+"$PY" - "$OUT" "$wall" <<'PYEOF' | tee "$OUT/summary.txt"
 import json, sys, pathlib
-out = pathlib.Path(sys.argv[1])
+out, wall = pathlib.Path(sys.argv[1]), int(sys.argv[2])
 d = json.loads((out / "report" / "validation.json").read_text())
+d["wall_s"] = wall
 (out / "validation.json").write_text(json.dumps(d, indent=2))
+print()
+print(f"{'plan':34s} {'procs':>5} {'measured ms':>11} {'predicted ms':>12} {'error':>8} {'spread p10..p90':>17}")
+for p in d["plans"]:
+    m = p["measured_step_time_s"]
+    short = ",".join(x for x in p["plan"].split(",") if not x.startswith(("mbs=1", "precision=", "tp=1", "pp=1", "dp=1"))
+                     and not (x == "schedule=1f1b" and "pp=2" not in p["plan"]))
+    spread = f"{100 * (p['measured_p10_s'] / m - 1):+.0f}..{100 * (p['measured_p90_s'] / m - 1):+.0f} %"
+    print(f"{short:34s} {p['world']:>5} {m * 1e3:>11.1f} {p['predicted_step_time_s'] * 1e3:>12.1f} "
+          f"{p['error_pct']:>+7.1f}% {spread:>17}")
+rho = d["spearman"]
+print(f"Spearman {rho:.3f}; same order: {'yes' if d['same_order'] else 'no'}; "
+      f"largest |error| {d['max_abs_error_pct']:.1f} %; within 15 %: "
+      f"{sum(abs(p['error_pct']) <= 15 for p in d['plans'])}/{len(d['plans'])}")
+print(f"calibrate + validate wall time: {wall} s; results in {out}/")
 PYEOF
-echo "calibrate + validate wall time: $(( $(date +%s) - start )) s"

@@ -85,6 +85,9 @@ class RuntimeSettings:
     launch_blocking: bool = False  # CUDA_LAUNCH_BLOCKING=1: each op waits for the previous one
     p2p_scatter_gather: bool = True  # pipeline sends b*s*h/t per TP rank (Megatron-LM), else b*s*h
     p2p_blocking: bool = False  # the sender waits for its pipeline send before computing on
+    # A pipeline send's bytes leave only once the receiver has posted its receive: gloo's
+    # TCP transport (gloo/transport/tcp/pair.cc, Pair::send waits for NOTIFY_RECV_READY).
+    p2p_rendezvous: bool = False
     tp_bwd_overlap: bool = True  # backward TP collective overlaps the weight-gradient GEMM
     fused_bias_dropout_add: bool = True  # bias + dropout + residual add in one kernel
     grad_accumulation_fusion: bool = True  # weight-gradient GEMMs accumulate into the grad buffer
@@ -99,6 +102,10 @@ class RuntimeSettings:
     fp8_weight_copies: int = 2  # fp8 copies of each weight Transformer Engine keeps (weight and its transpose)
     fsdp_reshard_after_forward: str = "always"  # ZeRO-3/FSDP frees gathered weights after forward: always | never | default (not with pp)
     fsdp_prefetch_layers: int = 1  # ZeRO-3/FSDP gathers this many units ahead of the compute
+    # Cores of one host that its devices' processes share (CPU devices: each device is a
+    # worker process computing in its own thread); 0: every device has its own processor.
+    # More processes than cores time-share them (sim/core_sharing.py).
+    host_cores: int = 0
     source: str = "built-in default"
 
 

@@ -26,6 +26,10 @@ def register(subparsers) -> None:
                    help="processes for the simulations (default 1; with --executor ray: a local instance's CPUs)")
     from plansim.cmd_sweep import add_executor_args
     add_executor_args(p)
+    p.add_argument("--validate", type=int, default=0, metavar="K",
+                   help="run the top K plans for real on this host (plansim validate, in fp32) and report "
+                        "the rank correlation of predicted and measured step times")
+    p.add_argument("--validate-steps", type=int, default=10, metavar="N", help="measured steps per validated plan")
     p.set_defaults(func=cmd_search)
 
 
@@ -136,12 +140,62 @@ def cmd_search(args) -> int:
     if args.report:
         from reports.report import write_report
         written = write_report(args.report, result, result.ranked[0])
+    ranking, skipped = validate_top(args, result) if args.validate else (None, [])
     if args.json:
         out = result.to_dict()
         out["ranked"] = out["ranked"][:args.top]
+        if ranking is not None:
+            out["validation"] = ranking.to_dict()
+            out["validation"]["skipped"] = [{"plan": p, "reason": why} for p, why in skipped]
         print(json.dumps(out, indent=2))
     else:
         print(search_text(result, args.top))
         if written:
             print(f"\nreport written to {args.report}/index.html")
+        if ranking is not None:
+            from validate.compare import format_ranking
+            print(f"\nvalidated the top {len(ranking.comparisons)} plans the runner implements, for real (fp32):")
+            for plan, why in skipped:
+                print(f"  skipped {plan}: {why}")
+            print(format_ranking(ranking))
     return 0
+
+
+def validate_top(args, result):
+    """Run the search's top K plans that the runner implements for real (plansim
+    validate's path) and rank them; plans it cannot run (e.g. zero=3) are skipped and
+    named. The runner computes in fp32 (plansim/cmd_validate.RUNNER_PRECISION), so each
+    plan is validated, and re-simulated for its prediction, at that precision.
+    Returns (Ranking, [(plan, why skipped)])."""
+    import sys
+    from plansim.cmd_validate import RUNNER_PRECISION, profile_for, validate_plans
+    from specs.model import DEFAULT_MODEL, load_model
+    from specs.plan import resolve_plan
+    from validate.compare import Ranking
+    from validate.runner import check_supported
+
+    if not 1 <= args.validate <= len(result.ranked):
+        raise InputError("--validate", None, f"{args.validate}: must be in [1, {len(result.ranked)}] "
+                         f"(the plans the search simulated)")
+    if args.validate_steps < 1:
+        raise InputError("--validate-steps", None, f"{args.validate_steps}: must be a positive integer")
+    model_name = args.model or DEFAULT_MODEL
+    model = load_model(model_name)
+    plans, skipped = [], []
+    for r in result.ranked:
+        if len(plans) == args.validate:
+            break
+        text = ",".join(kv if not kv.startswith("precision=") else f"precision={RUNNER_PRECISION}"
+                        for kv in r.plan.split(","))
+        try:
+            check_supported(model, resolve_plan(text, model, result.num_devices))
+        except InputError as err:
+            skipped.append((r.plan, str(err)))
+            continue
+        plans.append(text)
+    if not plans:
+        raise InputError("--validate", None, "the runner implements none of the plans the search simulated")
+    say = None if args.json else (lambda m: print(m, file=sys.stderr, flush=True))
+    comps = validate_plans(args.topology, model_name, plans, profile_for([args.profile] if args.profile else []),
+                           steps=args.validate_steps, warmup=2, seed=0, timeout_s=300.0, record=False, progress=say)
+    return Ranking(comps), skipped

@@ -20,7 +20,17 @@ GIB = 2.0 ** 30
 def simulate(model: ModelSpec, plan: Plan, cluster: Cluster, profile: Profile,
              record: bool = False, symmetric_dp: bool = True) -> StepResult:
     """Simulate one training step of `model` under `plan` on `cluster` (``symmetric_dp``:
-    see Engine)."""
+    see Engine). Host processes sharing fewer cores: sim/core_sharing.py."""
+    from sim.core_sharing import processes_per_core, simulate_shared
+    ratio = processes_per_core(cluster, profile)
+    if ratio > 1.0:
+        return simulate_shared(lambda prof: _simulate(model, plan, cluster, prof, record, symmetric_dp),
+                               profile, ratio)
+    return _simulate(model, plan, cluster, profile, record, symmetric_dp)
+
+
+def _simulate(model: ModelSpec, plan: Plan, cluster: Cluster, profile: Profile,
+              record: bool, symmetric_dp: bool) -> StepResult:
     t_wall = time.perf_counter()
     if plan.overlap_step != "none":  # cross-step overlap: priced over consecutive steps
         from sim.multistep import steady_state_result

@@ -49,6 +49,12 @@ class PipelineExecutor(EnginePart):
         # multiplicity map (the TP peers and identical replicas that send alongside) and
         # the call latency, built once and reused for every microbatch.
         self._p2p_routes: dict[tuple[int, int, int], tuple] = {}
+        # Rendezvous transfers (Program.p2p_rendezvous): the send was posted (event) with
+        # (bytes, route, label); the receiver starts the transfer when it posts its receive.
+        self._posted: dict[Handoff, simpy.Event] = {}
+        self._pending: dict[Handoff, tuple] = {}
+        # (pipeline, stage) -> backward finished, for the tied-embedding all-reduce.
+        self._emb_done: dict[tuple[int, int], simpy.Event] = {}
         # Share of compute speed lost per second a stage's gradient collectives overlap
         # it (profile fabrics.<kind>.compute_slowdown of the DP group's fabric).
         self._dp_slowdown = [program.profile.fabric(group_kind(self.cluster, self.plan.grad_group(s, 0))).compute_slowdown
@@ -91,6 +97,9 @@ class PipelineExecutor(EnginePart):
     def _wait_dep(self, key: RankKey, k: Handoff, label: str):
         """Wait for an arrival; split the wait into bubble (producer still computing)
         and exposed pipeline communication (data in flight)."""
+        if self.prog.p2p_rendezvous:
+            yield from self._rendezvous_recv(key, k, label)
+            return
         ev = self._event(k)
         t0 = self.env.now
         if not ev.triggered:
@@ -101,13 +110,52 @@ class PipelineExecutor(EnginePart):
         self.acct.seg(key, "compute", "bubble", t0, split, f"wait {label}")
         self.acct.seg(key, "compute", "pp", split, t1, f"recv {label}")
 
+    def _rendezvous_recv(self, key: RankKey, k: Handoff, label: str):
+        """Receive under rendezvous semantics (Program.p2p_rendezvous): the sender's bytes
+        leave only once the receiver has posted its receive. gloo's TCP transport does
+        this (gloo/transport/tcp/pair.cc: Pair::send queues an unbound-buffer send in
+        localPendingSend_ until the peer's NOTIFY_RECV_READY arrives, and
+        Pair::handleRemotePendingRecv then writes it), so a receive posted after the send
+        pays a notification hop plus the data hop; one posted before it, the data hop
+        only. The wait for the sender to post is bubble, the transfer exposed 'pp'."""
+        t0 = self.env.now
+        posted = self._posted_event(k)
+        if not posted.triggered:
+            yield posted
+        t1 = self.env.now
+        self.acct.seg(key, "compute", "bubble", t0, t1, f"wait {label}")
+        ev = self._event(k)
+        if not ev.triggered:
+            nbytes, route, lbl = self._pending[k]
+            if route is None:
+                ev.succeed()
+            else:
+                path, mult, call_s = route
+                steps = 1 if t1 > t0 else 2  # receive posted first: the notification is already there
+                self.net.transfer(path, nbytes, mult, latency_steps=steps, label=lbl, delay_s=call_s, event=ev)
+                if self.acct.record:
+                    src = RankKey(k.pipeline, k.vstage % self.p)
+                    ev.callbacks.append(lambda _e: self.acct.seg(src, "pp", "send", t1, self.env.now, lbl))
+            yield ev
+        self.acct.seg(key, "compute", "pp", t1, self.env.now, f"recv {label}")
+
+    def _posted_event(self, k: Handoff) -> simpy.Event:
+        ev = self._posted.get(k)
+        if ev is None:
+            ev = self._posted[k] = self.env.event()
+        return ev
+
     def _send(self, pi: int, src_stage: int, dst_stage: int, nbytes: float, k: Handoff, label: str) -> None:
         """Point-to-point of one microbatch's activations (or gradients); the TP peers
         and identical replicas send alongside, so their flows share the links."""
         ev = self._event(k)
         self._produced[k] = self.env.now
         if src_stage == dst_stage or nbytes <= 0:
-            ev.succeed()
+            if self.prog.p2p_rendezvous:
+                self._pending[k] = (0.0, None, label)
+                self._posted_event(k).succeed()
+            else:
+                ev.succeed()
             return
         route = self._p2p_routes.get((pi, src_stage, dst_stage))
         if route is None:
@@ -121,6 +169,10 @@ class PipelineExecutor(EnginePart):
                 *cf.p2p_route(self.net, self.cluster.route, src, dst, replicas), self.call_latency_s([src, dst]))
         # One flow: the call's software cost and the path latency in one timeout, then
         # the bytes; the arrival event is the flow's own (no process, no forwarding).
+        if self.prog.p2p_rendezvous:  # the receiver starts the transfer (_rendezvous_recv)
+            self._pending[k] = (nbytes, route, label)
+            self._posted_event(k).succeed()
+            return
         path, mult, call_s = route
         self.net.transfer(path, nbytes, mult, latency_steps=1, label=label, delay_s=call_s, event=ev)
         if self.acct.record:
@@ -182,6 +234,16 @@ class PipelineExecutor(EnginePart):
             yield from self._busy(key, "compute", block, f"attn{i} {label}")
             if ex is not None:
                 yield from self._wait(key, ex, "cp", f"cp kv{i + 1} {label}")
+
+    def _embedding_sync(self, key: RankKey, pi: int, s: int, dt: float):
+        """The tied embedding's gradient all-reduce between the first and the last stage
+        (sim/program.embedding_grad_sync_s): it starts once both have finished backward;
+        waiting for the other is idle, the call 'dp'."""
+        ev = self._emb_done.setdefault((pi, s), self.env.event())
+        ev.succeed()
+        other = self._emb_done.setdefault((pi, self.p - 1 if s == 0 else 0), self.env.event())
+        yield from self._wait(key, other, "idle", "wait embedding peer")
+        yield from self._busy(key, "dp", dt, "embedding grads all-reduce")
 
     # ------------------------------------------------------------ the compute stream
     def compute_stream(self, pi: int, s: int):
@@ -248,6 +310,8 @@ class PipelineExecutor(EnginePart):
                     self._send(pi, s, (vs - 1) % self.p, w.p2p_bytes, out, f"grad {label}")
                     if self.prog.p2p_blocking:
                         yield from self._wait_sent(key, out, f"grad {label}")
+        if pipe.embedding_sync_s > 0 and s in (0, self.p - 1):
+            yield from self._embedding_sync(key, pi, s, pipe.embedding_sync_s)
         if not overlap and not zero3:
             for c in range(self.v):
                 for j in range(len(pipe.chunks[(s, c)].grad_buckets)):

@@ -73,6 +73,9 @@ class PipelineProgram:
     chunks: dict[tuple[int, int], ChunkWork]  # (stage, chunk) -> work
     optimizer_s: tuple[float, ...]  # per stage
     memory: tuple[dict, ...]  # per stage: bytes by kind
+    # Seconds of the tied word embedding's gradient all-reduce between the first and the
+    # last stage after backward (embedding_grad_sync_s); 0 without pipeline parallelism.
+    embedding_sync_s: float = 0.0
 
 
 @dataclass
@@ -92,6 +95,9 @@ class Program:
     # ZeRO-1/2's all-gather of the updated weights runs bucket by bucket beside the next
     # step's first forward (Megatron-Core --overlap-param-gather), not after the optimizer.
     overlap_param_gather: bool = False
+    # The sender's bytes leave only once the receiver posted its receive (gloo's TCP
+    # transport; runtime.p2p_rendezvous).
+    p2p_rendezvous: bool = False
 
     @property
     def p(self) -> int:
@@ -315,6 +321,24 @@ def chunk_work(model: ModelSpec, plan: Plan, cluster: Cluster, profile: Profile,
     )
 
 
+def embedding_grad_sync_s(model: ModelSpec, plan: Plan, cluster: Cluster, profile: Profile, d: int) -> float:
+    """The tied word embedding's gradient all-reduce of replica ``d`` with pp > 1.
+
+    The model ties the output layer to the word embedding (costmodel/shapes.ModelSpec
+    counts one matrix; Megatron ties by default, --untie-embeddings-and-output-weights
+    opts out). With pp > 1 the first stage (embedding) and the last stage (output layer)
+    each hold a copy; after backward Megatron all-reduces the two copies' gradients over
+    the embedding group, first and last stage of each replica and TP rank, so both apply
+    the same update (megatron/core/distributed/finalize_model_grads.py,
+    _allreduce_embedding_grads). V*h/t elements in the gradient-reduction dtype, one
+    2-rank all-reduce on the critical path of both stages (analytic, as TP collectives)."""
+    if plan.pp == 1:
+        return 0.0
+    ranks = [plan.rank(d, 0, 0), plan.rank(d, plan.pp - 1, 0)]
+    nbytes = model.vocab_size * model.hidden_size / plan.tp * grad_reduce_bytes(plan.precision, profile.runtime)
+    return _tp_call_s(cluster, profile, ranks, nbytes)
+
+
 def grad_accumulation_ops(model: ModelSpec, layers: int, tp: int, first: bool, last: bool,
                           precision: str, runtime: RuntimeSettings) -> list[fl.Op]:
     """Accumulating one microbatch's weight gradients into the gradient buffer, when the
@@ -433,7 +457,8 @@ def build_program(model: ModelSpec, plan: Plan, cluster: Cluster, profile: Profi
             opt.append(optimizer_time_s(opt_params, gpu, profile.gpu(gpu.name), plan.precision, profile.runtime))
             memory.append(stage_memory(model, plan, profile.runtime, s, m))
         name = "+".join(sorted(set(gpus))) + f" x{m}mb"
-        pipelines.append(PipelineProgram(name, members, ranks, m, actions, chunks, tuple(opt), tuple(memory)))
+        pipelines.append(PipelineProgram(name, members, ranks, m, actions, chunks, tuple(opt), tuple(memory),
+                                         embedding_grad_sync_s(model, plan, cluster, profile, d0)))
 
     algos = tuple(choose_allreduce(plan, cluster, profile, s, _first_bucket(pipelines[0], s, v)) for s in range(p))
     rt = profile.runtime
@@ -442,7 +467,8 @@ def build_program(model: ModelSpec, plan: Plan, cluster: Cluster, profile: Profi
                    # the plan's cross-step overlap (overlap_step, sim/multistep_executor.py)
                    # replaces Megatron-Core's within-step version: both move the same gather
                    overlap_param_gather=rt.overlap_param_gather and plan.zero in (1, 2) and plan.grad_degree > 1
-                   and plan.overlap_step == "none")
+                   and plan.overlap_step == "none",
+                   p2p_rendezvous=rt.p2p_rendezvous)
 
 
 class ReplicaClass(NamedTuple):

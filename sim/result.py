@@ -58,6 +58,8 @@ class StepResult:
     segments: list[Segment] = field(default_factory=list)
     link_samples: list[tuple] = field(default_factory=list)
     sim_wall_s: float = 0.0
+    # Compute slowdown of host processes time-sharing fewer cores (sim/core_sharing.py); 1: none.
+    core_slowdown: float = 1.0
 
     def to_dict(self) -> dict:
         d = asdict(self)

@@ -17,7 +17,8 @@ IDEAL = Profile(gpus={"default": GpuEfficiency()},
 
 def fixed_program(cluster, model, plan_text, f, b, grad_bytes=(), p2p=0.0, params=None):
     """A real program whose chunks take f / b seconds forward / backward per microbatch,
-    send p2p bytes, reduce the given gradient buckets, and have no TP or optimizer time."""
+    send p2p bytes, reduce the given gradient buckets, and have no TP, optimizer or
+    tied-embedding gradient time."""
     plan = resolve_plan(plan_text, model, cluster.num_devices)
     prog = build_program(model, plan, cluster, IDEAL)
     for pipe in prog.pipelines:
@@ -26,6 +27,7 @@ def fixed_program(cluster, model, plan_text, f, b, grad_bytes=(), p2p=0.0, param
                                        grad_buckets=tuple(grad_bytes),
                                        params=w.params if params is None else params)
         pipe.optimizer_s = (0.0,) * plan.pp
+        pipe.embedding_sync_s = 0.0
     return prog
 
 

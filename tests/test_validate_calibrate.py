@@ -70,6 +70,25 @@ def test_fit_recovers_the_parameters_that_generated_the_data():
     assert fit.rms_pct("gemm") < 1 and fit.rms_pct("collectives") < 1
 
 
+def test_call_latency_comes_from_collectives_after_compute():
+    """Back-to-back collectives fix the bandwidth share; the per-call cost is fitted to
+    the calls issued right after compute (as a plan's are). Synthetic data: back to back
+    with call 150 us, after compute with call 1200 us (a woken thread waiting for a core):
+    the profile gets bw_eff 0.2 and call_latency_us 1200."""
+    from dataclasses import replace
+    from validate.collective_bench import AFTER_COMPUTE_SUFFIX
+    res = synthetic_bench()
+    slow = replace(TRUE_FAB, call_latency_us=1200.0)
+    for op in ("all_reduce", "send_recv"):
+        for nbytes in (4096, 32768, 262144, 2 << 20):
+            t = collective_time_s(op, nbytes, 2, LINK[0], LINK[1], slow)
+            res.collectives.append(CollectiveSample(op + AFTER_COMPUTE_SUFFIX, nbytes, 2, t))
+    fit = fit_profile(res, CPU, GpuEfficiency(), LINK, FabricEfficiency())
+    assert fit.fabric.bw_eff == pytest.approx(0.2, rel=1e-2)
+    assert fit.fabric.call_latency_us == pytest.approx(1200.0, rel=1e-2)
+    assert fit.rms_pct("collectives after compute") < 1
+
+
 def test_collective_formula_by_hand():
     """Ring all-reduce of 8 MB over 2 ranks on 10 GB/s at bw_eff 0.2 (2 GB/s), 10 us per hop,
     150 us per call: 2*(1/2)*8e6/2e9 + 2*1*10e-6 + 150e-6 = 4.0 ms + 20 us + 150 us = 4.17 ms."""

@@ -167,3 +167,43 @@ def test_runner_precision_reaches_plan_files(tmp_path):
     with pytest.raises(InputError):
         with_runner_precision("dp=2,precision=bf16")
     assert plan_world(with_runner_precision(str(path))) == 2
+
+
+def test_search_validate_top_plans(capsys):
+    """`plansim search --validate 2` on a 2-process host runs the search's two best plans
+    that the runner implements for real: the JSON carries both, in the search's order
+    after the skipped ones (each named with its reason), each predicted at the runner's
+    precision (fp32) exactly as `plansim simulate` of that plan gives, with a Spearman
+    correlation in [-1, 1] over the two."""
+    pytest.importorskip("torch")
+    pytest.importorskip("validate.runner")
+    from pathlib import Path
+    from costmodel.profile import load_profile
+    from sim.metrics import simulate
+    from specs.model import load_model
+    from specs.plan import resolve_plan
+    from specs.topology import load_topology
+    topo = str(Path(__file__).parent / "data" / "localhost-cpu-2.yaml")
+    assert main(["search", topo, "--model", "tiny", "--top", "10", "--validate", "2",
+                 "--validate-steps", "2", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    got = d["validation"]["plans"]
+    skipped = [x["plan"] for x in d["validation"]["skipped"]]
+    assert all("zero=3" in x for x in skipped)  # the runner implements zero 0..2
+    wanted = [r["plan"] for r in d["ranked"] if r["plan"] not in skipped][:2]
+    assert [p["plan"].replace(",precision=fp32", "") for p in got] == wanted  # search plans are bf16, the default
+    assert [r["plan"] for r in d["ranked"]].index(wanted[-1]) == len(skipped) + 1
+    model, cluster = load_model("tiny"), load_topology(topo)
+    for p in got:
+        sim = simulate(model, resolve_plan(p["plan"], model, 2), cluster, load_profile(None, bundled=cluster.profiles))
+        assert p["predicted_step_time_s"] == pytest.approx(sim.step_time_s, rel=1e-9)
+        assert p["measured_step_time_s"] > 0
+    assert -1.0 <= d["validation"]["spearman"] <= 1.0
+
+
+def test_search_validate_out_of_range(capsys):
+    """--validate K beyond the simulated plans is an input error (exit 2) before any run."""
+    from pathlib import Path
+    topo = str(Path(__file__).parent / "data" / "localhost-cpu-2.yaml")
+    assert main(["search", topo, "--model", "tiny", "--top", "1", "--validate", "999"]) == 2
+    assert "--validate" in capsys.readouterr().err

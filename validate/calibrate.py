@@ -14,9 +14,13 @@ Parameters and what fixes each (few, global, physical):
   kernel overhead.
 - ``gemm_eff_max``, ``gemm_k_half``, ``gemm_dim_half``: least squares over the GEMM shapes
   (the model's TP-sliced ones and a sweep), t = op_time_s(gemm) (roofline + overhead).
-- ``bw_eff``, ``call_latency_us`` of the topology's intra-node link class: least squares
-  over all-reduce, all-gather, reduce-scatter and send/recv at every size, with the
-  topology's bandwidth and per-hop latency and costmodel/collectives.py's ring formulas.
+- ``bw_eff``, ``hop_latency_us`` of the topology's intra-node link class: least squares
+  over all-reduce, all-gather, reduce-scatter and send/recv at every size, back to back,
+  with the topology's bandwidth and costmodel/collectives.py's ring formulas.
+- ``call_latency_us``: then, with those two fixed, least squares over all-reduce and
+  send/recv each issued right after about 1 ms of compute on every rank
+  (validate/collective_bench.after_compute_rows), as every collective of a plan is: on a
+  host whose cores were all computing, the threads that carry the call wait for a core.
 
 Residuals are relative (log of predicted / measured), so small and large sizes weigh the
 same. Efficiencies are fractions of the GPU catalog's peaks (costmodel/gpus.py); for the
@@ -38,7 +42,7 @@ from costmodel.efficiency import causal_fraction, op_time_s, topk_compress_time_
 from costmodel.flops import Op
 from costmodel.gpus import GpuSpec
 from costmodel.profile import FabricEfficiency, GpuEfficiency
-from validate.collective_bench import CollectiveSample
+from validate.collective_bench import AFTER_COMPUTE_SUFFIX, CollectiveSample
 from validate.microbench import AttentionSample, GemmSample, MemorySample, MicrobenchResult, TopkSample
 
 FIT_PRECISION = "fp32"  # the microbenchmarks run fp32 tensors
@@ -136,7 +140,9 @@ def collective_time_s(op: str, nbytes: float, n: int, bw_Bps: float, latency_s: 
                       fab: FabricEfficiency) -> float:
     """Seconds the cost model gives one collective call on a single node's fabric of
     ``bw_Bps`` per rank and ``latency_s`` per hop, with the fabric's efficiency and call
-    latency (as sim/program.py's TP collectives: ring formulas, plus the call)."""
+    latency (as sim/program.py's TP collectives: ring formulas, plus the call). An op
+    timed right after compute (AFTER_COMPUTE_SUFFIX) has the op's formula."""
+    op = op.removesuffix(AFTER_COMPUTE_SUFFIX)
     bw = bw_Bps * fab.bw_eff
     call = fab.call_latency_us * 1e-6
     latency_s = fab.hop_latency_s(latency_s)  # the fitted per-step latency replaces the topology's
@@ -167,6 +173,18 @@ def fit_collectives(samples: list[CollectiveSample], bw_Bps: float, latency_s: f
     return replace(base, bw_eff=float(x[0]), call_latency_us=float(x[1]), hop_latency_us=float(x[2]))
 
 
+def fit_call_latency(samples: list[CollectiveSample], bw_Bps: float, latency_s: float,
+                     fab: FabricEfficiency) -> float:
+    """call_latency_us from the collectives timed right after compute
+    (validate/collective_bench.after_compute_rows), bw_eff and hop_latency_us fixed from
+    the back-to-back sweep: the per-call cost a plan's collectives pay, all of which are
+    issued right after compute (thread wake-ups on busy cores included)."""
+    def resid(x):
+        f = replace(fab, call_latency_us=x[0])
+        return [math.log(collective_time_s(s.op, s.nbytes, s.n, bw_Bps, latency_s, f) / s.seconds) for s in samples]
+    return float(_least_squares(resid, [max(fab.call_latency_us, 1.0)], [0.0], [1e5])[0])
+
+
 def fit_profile(res: MicrobenchResult, gpu: GpuSpec, base_gpu: GpuEfficiency,
                 link: tuple[float, float, str] | None, base_fabric: FabricEfficiency | None) -> FitResult:
     """Fit every parameter (module doc) in order: overheads, memory, GEMMs, collectives."""
@@ -195,6 +213,12 @@ def fit_profile(res: MicrobenchResult, gpu: GpuSpec, base_gpu: GpuEfficiency,
     if link is not None and res.collectives:
         bw, lat, _ = link
         fab = fit_collectives(res.collectives, bw, lat, base_fabric or FabricEfficiency())
+        after = [c for c in res.collectives if c.op.endswith(AFTER_COMPUTE_SUFFIX)]
+        if after:
+            fab = replace(fab, call_latency_us=fit_call_latency(after, bw, lat, fab))
+            out.residuals["collectives after compute"] = [
+                (f"{s.op} {s.nbytes}", s.seconds, collective_time_s(s.op, s.nbytes, s.n, bw, lat, fab))
+                for s in after]
         out.fabric = fab
         out.residuals["collectives"] = [
             (f"{s.op} {s.nbytes}", s.seconds, collective_time_s(s.op, s.nbytes, s.n, bw, lat, fab))
@@ -234,6 +258,7 @@ def runtime_facts(kind: str) -> dict:
         "launch_blocking": kind == "cpu",
         "p2p_scatter_gather": False,
         "p2p_blocking": False,
+        "p2p_rendezvous": kind != "cuda",  # gloo's TCP pairs (costmodel/profile.RuntimeSettings)
         "tp_bwd_overlap": False,
         "fused_bias_dropout_add": True,
         "grad_accumulation_fusion": False,
@@ -267,8 +292,12 @@ def profile_mapping(fit: FitResult, res: MicrobenchResult, gpu_name: str, link_k
             "source": gpu_src,
         }},
         "runtime": {"host_overhead_us": round(fit.host_overhead_us, 3), **runtime_facts(device_kind),
+                    # CPU workers share the host's cores (sim/core_sharing.py); GPUs do not.
+                    "host_cores": res.host_cores if device_kind == "cpu" else 0,
                     "source": (f"host_overhead_us FIT by plansim calibrate ({where}): per cost-model op, "
                                f"forward+backward of tiny-op chains under autograd minus the plain per-op cost. "
+                               f"host_cores: the cores the worker processes share (affinity mask), compute "
+                               f"measured in {res.compute_world or res.world} process(es) at once. "
                                f"Other fields: how validate/'s eager torch runner drives the device.")},
     }
     if fit.fabric is not None and link_kind:
@@ -279,7 +308,9 @@ def profile_mapping(fit: FitResult, res: MicrobenchResult, gpu_name: str, link_k
             "source": (f"FIT by plansim calibrate, {where}: {', '.join(FITTED_COLLECTIVES)} over "
                        f"{res.world} processes, {len(fit.residuals.get('collectives', []))} sizes x ops "
                        f"(RMS {fit.rms_pct('collectives'):.1f} %), against the topology's link bandwidth; "
-                       f"call_latency_us per call, hop_latency_us per ring step (replaces the topology's latency)."),
+                       f"hop_latency_us per ring step (replaces the topology's latency); call_latency_us per "
+                       f"call, fitted to all-reduce and send/recv issued right after compute as a plan issues "
+                       f"them (RMS {fit.rms_pct('collectives after compute'):.1f} %)."),
         }}
     return out
 

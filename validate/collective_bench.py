@@ -27,7 +27,9 @@ _SENDRECV_FACTOR = 1.0
 
 
 def bus_factor(op: str, n: int) -> float:
-    """busbw / algbw of ``op`` over n ranks (nccl-tests' definition)."""
+    """busbw / algbw of ``op`` over n ranks (nccl-tests' definition); an op timed after
+    compute (AFTER_COMPUTE_SUFFIX) moves the same bytes as the op."""
+    op = op.removesuffix(AFTER_COMPUTE_SUFFIX)
     return _SENDRECV_FACTOR if op == "send_recv" else busbw_factor(op, n)
 
 
@@ -73,6 +75,11 @@ class CollectiveConfig:
     max_inner: int = 20
     threads: int = 0
     backend: str = "gloo"
+    # Collectives issued right after compute (AFTER_COMPUTE_OPS at these sizes), as every
+    # collective of a plan is: see after_compute_rows.
+    after_compute_sizes: tuple = ()
+    compute_gap_s: float = 1e-3
+    after_compute_calls: int = 40
 
 
 def collective_worker(rank: int, world: int, cfg: CollectiveConfig) -> list:
@@ -147,6 +154,67 @@ def collective_worker(rank: int, world: int, cfg: CollectiveConfig) -> list:
                     if spent > cfg.budget_s and len(times) >= 3:
                         break
                 rows.append([op, n, count * 4, statistics.median(times)])
+        if cfg.after_compute_sizes:
+            rows += after_compute_rows(cfg, n, group, nxt, prv, dev, dsync)
+    return rows
+
+
+# In a plan every collective follows compute: the ranks' main threads were busy on the
+# cores a moment before, so the threads that carry the collective (gloo's worker and TCP
+# loop threads; kernel and proxy threads elsewhere) are woken while cores may still be
+# computing, and on a host whose cores all compute a woken thread can wait for the running
+# one's time slice (Linux EEVDF runs the current task to its slice before a waking one,
+# the RUN_TO_PARITY feature, kernel/sched/features.h). Back-to-back calls never meet that.
+AFTER_COMPUTE_OPS = ("all_reduce", "send_recv")
+AFTER_COMPUTE_SUFFIX = "_after_compute"
+
+
+def after_compute_rows(cfg: CollectiveConfig, n: int, group, nxt: int, prv: int, dev, dsync) -> list:
+    """[op + '_after_compute', n, nbytes, seconds] for AFTER_COMPUTE_OPS at each size:
+    every rank computes GEMMs for about cfg.compute_gap_s, then calls the collective;
+    per call the time of the rank that arrived last (its call is the collective's own cost,
+    without waiting for a peer), median over the calls."""
+    import torch
+    import torch.distributed as dist
+
+    a, w = torch.randn(64, 512, device=dev), torch.randn(128, 512, device=dev)
+    t0 = time.perf_counter()
+    for _ in range(20):
+        torch.nn.functional.linear(a, w)
+    if dsync:
+        dsync()
+    per = (time.perf_counter() - t0) / 20
+    gemms = torch.tensor([max(1, int(cfg.compute_gap_s / max(per, 1e-7)))], dtype=torch.float64, device=dev)
+    dist.all_reduce(gemms, op=dist.ReduceOp.MIN)  # every rank computes the same amount
+    k = int(gemms[0])
+    rows = []
+    for op in AFTER_COMPUTE_OPS:
+        for nbytes in cfg.after_compute_sizes:
+            count = nbytes // 4 // n * n
+            sbuf, rbuf = torch.ones(count, device=dev), torch.empty(count, device=dev)
+            if op == "all_reduce":
+                call = lambda: dist.all_reduce(sbuf, group=group)  # noqa: E731
+            else:
+                def call():
+                    reqs = dist.batch_isend_irecv([dist.P2POp(dist.isend, sbuf, nxt, group),
+                                                   dist.P2POp(dist.irecv, rbuf, prv, group)])
+                    for r in reqs:
+                        r.wait()
+            call()
+            times = torch.zeros(cfg.after_compute_calls, dtype=torch.float64, device=dev)
+            dist.barrier()
+            for i in range(cfg.after_compute_calls):
+                for _ in range(k):
+                    torch.nn.functional.linear(a, w)
+                if dsync:
+                    dsync()
+                t0 = time.perf_counter()
+                call()
+                if dsync:
+                    dsync()
+                times[i] = time.perf_counter() - t0
+            dist.all_reduce(times, op=dist.ReduceOp.MIN, group=group)  # the last arriver's
+            rows.append([op + AFTER_COMPUTE_SUFFIX, n, count * 4, float(times.median())])
     return rows
 
 

@@ -9,8 +9,9 @@ process achieves while its peers compute is what a plan's rank gets.
     sweep of square and skinny sizes.
 (b) Memory-bound ops (add, gelu, layernorm, softmax) over sizes, with bytes counted as
     costmodel/flops.py counts them (each operand read once, each result written once).
-(c) Per-op overhead: chains of tiny ops, plain (no autograd) and as training runs them
-    (forward under autograd, then backward), per op as the cost model counts ops.
+(c) Per-op overhead: the runner's GPT at width 8, plain (no autograd) and as a plan's rank
+    trains it (validate/pp.PipelineStage over a one-stage schedule, autograd, gradient
+    hooks), per op as the cost model counts ops.
 (c') Top-k compression: validate/topk.select (error feedback and top-k selection, the
     runner's own function) over bucket sizes and kept fractions.
 (d) Collectives (all-reduce, all-gather, reduce-scatter, broadcast, send/recv) from 4 KiB
@@ -110,6 +111,11 @@ class MicrobenchResult:
     collectives: list[CollectiveSample] = field(default_factory=list)
     topk: list[TopkSample] = field(default_factory=list)
     wall_s: float = 0.0
+    # Processes the compute families (a)-(c') ran in at once: min(world, host cores) on
+    # a CPU (time-sharing beyond the cores is the simulator's, sim/core_sharing.py),
+    # world on GPUs; 0 in records written before this field (then: world).
+    compute_world: int = 0
+    host_cores: int = 0  # cores this process may run on (0: not recorded)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -123,7 +129,8 @@ class MicrobenchResult:
                    overhead=[OverheadSample(**x) for x in d.get("overhead", [])],
                    collectives=[CollectiveSample(**x) for x in d.get("collectives", [])],
                    topk=[TopkSample(**x) for x in d.get("topk", [])],
-                   wall_s=d.get("wall_s", 0.0))
+                   wall_s=d.get("wall_s", 0.0), compute_world=d.get("compute_world", 0),
+                   host_cores=d.get("host_cores", 0))
 
 
 # ------------------------------------------------------------------------ shapes
@@ -161,7 +168,11 @@ def sweep_gemm_shapes(max_dim: int = 1024) -> list[tuple[int, int, int, int]]:
 
 def memory_sizes(model: ModelSpec | None, tps: list[int], lo: int = 4 * KIB, hi: int = MIB) -> list[int]:
     """Element counts for the memory-bound sweep: powers of 4 from lo to hi plus the
-    model's activation sizes (b*s*h and b*s*ffn/t per TP degree, microbatch 1)."""
+    sizes a step streams: the model's activations (b*s*h and b*s*ffn/t per TP degree,
+    microbatch 1) and the optimizer's parameter-sized operands (its parameters per TP
+    rank, rounded down to whole 128-wide rows): eager Adam's element-wise ops run over the
+    whole flat parameter and gradient buffers, larger than a core's L2 cache, where the
+    activations stay inside it."""
     out, s = set(), lo
     while s <= hi:
         out.add(s)
@@ -170,6 +181,7 @@ def memory_sizes(model: ModelSpec | None, tps: list[int], lo: int = 4 * KIB, hi:
         for tp in tps:
             out.add(model.seq_length * model.hidden_size)
             out.add(model.seq_length * model.ffn // tp)
+            out.add(max(128, model.total_params // tp // 128 * 128))
     return sorted(out)
 
 
@@ -201,52 +213,67 @@ def topk_sizes(model: ModelSpec | None, tps: list[int], lo: int = 64 * KIB, hi: 
     return sorted(out)
 
 
-# The overhead chain: the runner's pre-LayerNorm GPT layers (validate/gpt.py, the
-# architecture costmodel/flops.py lists) at a width where their arithmetic is negligible,
-# so their time is the per-op cost of issuing them, forward and backward under autograd
-# with the runner's gradient hooks (validate/dp.py: one per parameter tensor and microbatch,
-# each adding into the bucket; on this host they cost about as much as the layer's own ops). It is divided by the number of ops the cost
-# model lists for that layer (chain_op_counts), so the per-op figure is per cost-model op.
+# The overhead chain: the runner's whole GPT (validate/gpt.py, the architecture
+# costmodel/flops.py lists: embedding, pre-LayerNorm layers, final norm, logits, loss) at a
+# width where its arithmetic is negligible, so its time is the cost of issuing its ops.
+# 'train' runs it exactly as a plan's rank does: validate/pp.PipelineStage executing a
+# one-stage schedule over CHAIN_MICROBATCHES microbatches (its per-action bookkeeping and
+# timing spans), forward and backward under autograd with validate/dp.GradReducer's
+# per-parameter gradient hooks (each adds into the bucket; on this host they cost about as
+# much as the layer's own ops). Each time is divided by the number of ops the cost model
+# lists for the same work (chain_op_counts), so the per-op figure is per cost-model op.
 CHAIN_MODEL = ModelSpec("overhead-chain", num_layers=4, hidden_size=8, num_attention_heads=2, seq_length=4,
-                        vocab_size=8, global_batch_size=1)
+                        vocab_size=8, global_batch_size=2)
+CHAIN_MICROBATCHES = 2
 
 
 def chain_op_counts(runtime) -> tuple[int, int]:
-    """(forward ops, forward + backward ops) the cost model counts for CHAIN_MODEL's layers
-    under ``runtime`` (its op transforms, e.g. fused attention, and the separate gradient
-    accumulation pass)."""
+    """(forward ops of one microbatch, forward + backward ops of CHAIN_MICROBATCHES) the
+    cost model counts for CHAIN_MODEL on one device (every layer, embedding and output
+    layer) under ``runtime`` (its op transforms, e.g. fused attention, and the separate
+    gradient accumulation pass)."""
     from costmodel.efficiency import transform_ops
     from sim.program import grad_accumulation_ops
-    m = CHAIN_MODEL
-    f = transform_ops(fl.layer_forward_ops(m, 1, 1, False, 4), runtime)
-    b = transform_ops(fl.layer_backward_ops(m, 1, 1, False, 4)
-                      + grad_accumulation_ops(m, 1, 1, False, False, "fp32", runtime), runtime)
-    return m.num_layers * len(f), m.num_layers * (len(f) + len(b))
+    m, L = CHAIN_MODEL, CHAIN_MODEL.num_layers
+    f = (len(transform_ops(fl.layer_forward_ops(m, 1, 1, False, 4), runtime)) * L
+         + len(transform_ops(fl.embedding_ops(m, 1, 1, 4), runtime))
+         + len(transform_ops(fl.head_forward_ops(m, 1, 1, 4), runtime)))
+    b = (len(transform_ops(fl.layer_backward_ops(m, 1, 1, False, 4), runtime)) * L
+         + len(transform_ops(fl.embedding_backward_ops(m, 1, 1, 4), runtime))
+         + len(transform_ops(fl.head_backward_ops(m, 1, 1, 4), runtime))
+         + len(transform_ops(grad_accumulation_ops(m, L, 1, True, True, "fp32", runtime), runtime)))
+    return f, CHAIN_MICROBATCHES * (f + b)
 
 
 def _chain(torch, dev):
-    """CHAIN_MODEL's layers as the runner trains them: validate/gpt.GPTChunk (its own
-    layer code) with validate/dp.GradReducer's per-parameter gradient hooks (one group
-    member, so no communication). Returns (plain forward, forward + backward)."""
+    """CHAIN_MODEL as the runner trains it on one rank (see above). Returns (plain forward
+    of one microbatch, one step of CHAIN_MICROBATCHES microbatches)."""
     from validate.comm import Comm
     from validate.dp import GradReducer
-    from validate.gpt import GPTChunk, full_weights
+    from validate.gpt import GPTChunk, batch_tokens, full_weights
+    from validate.pp import PipelineStage
     from validate.timeline import Recorder
     m = CHAIN_MODEL
-    chunk = GPTChunk(m, list(range(m.num_layers)), False, False, full_weights(m, 0), None, False, "none", dev)
-    reducer = GradReducer([(0, chunk.params)], Comm("dp", [0], 0, Recorder()), bucket_bytes=25e6,
+    rec = Recorder()
+    chunk = GPTChunk(m, list(range(m.num_layers)), True, True, full_weights(m, 0), None, False, "none", dev)
+    reducer = GradReducer([(0, chunk.params)], Comm("dp", [0], 0, rec), bucket_bytes=25e6,
                           overlap=True, zero=0, topk=None, late=set())
-    x0 = torch.randn(1, m.seq_length, m.hidden_size, device=dev)
+    stage = PipelineStage(0, 1, 1, {0: chunk}, lambda st: 0, (1, m.seq_length, m.hidden_size), rec, reducer, dev)
+    acts = stage.actions("1f1b", CHAIN_MICROBATCHES)
+    tokens = batch_tokens(m, 0, 0).to(dev)
+    mbs = [(tokens[i:i + 1, :-1], tokens[i:i + 1, 1:]) for i in range(CHAIN_MICROBATCHES)]
 
     def plain():
         with torch.no_grad():
-            chunk.forward(x0)
+            chunk.forward(*mbs[0])
 
     def train():
+        rec.begin_step()
         reducer.begin_step()
-        reducer.final.add(0)
-        chunk.forward(x0).sum().backward()
+        stage.run(acts, mbs, 1.0 / CHAIN_MICROBATCHES)
+        reducer.mark_late_ready()
         reducer.finish()
+        rec.end_step()
     return plain, train
 
 
@@ -391,6 +418,30 @@ def compute_worker(rank: int, world: int, cfg: ComputeConfig) -> dict:
     return out
 
 
+def host_cores() -> int:
+    """Cores this process may run on (its affinity mask; os.cpu_count where the platform
+    has no affinity call): what the host's worker processes share."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def compute_processes(world: int, kind: str) -> int:
+    """Processes the compute microbenchmarks run at once. GPUs: ``world`` (one device
+    each). CPU: at most one per core. Up to the cores, concurrent processes contend for
+    the shared cache and memory bandwidth, which the figures must include; beyond them
+    they only take turns on the cores, and how much depends on how often a plan's
+    processes block in communication, which the simulator models from the plan
+    (sim/core_sharing.py, runtime.host_cores), not a benchmark that never blocks."""
+    return world if kind == "cuda" else max(1, min(world, host_cores()))
+
+
+# Sizes of the collectives timed right after compute (collective_bench.after_compute_rows):
+# from a small tensor-parallel activation to a gradient bucket of a small model.
+AFTER_COMPUTE_SIZES = (4 * KIB, 32 * KIB, 256 * KIB, 2 * MIB)
+
+
 THREADS_ENV = "OMP_NUM_THREADS"
 
 
@@ -446,11 +497,13 @@ def run_microbenchmarks(world: int, gemm_shapes, mem_sizes, coll_sizes, *, attn_
     shown = threads
     say = progress or (lambda msg: None)
     say(f"compute microbenchmarks: {len(gemm_shapes)} GEMM shapes, {len(mem_sizes)} sizes x "
-        f"{len(MEMORY_OPS)} memory ops, {world} concurrent processes, {shown} thread(s) each")
+        f"{len(MEMORY_OPS)} memory ops, {compute_processes(world, 'cuda' if be_name == 'nccl' else 'cpu')} "
+        f"concurrent processes ({host_cores()} cores), {shown} thread(s) each")
     ccfg = ComputeConfig(tuple(gemm_shapes), tuple(mem_sizes), tuple(attn_shapes), tuple(topk), repeats, threads, be_name)
+    cw = compute_processes(world, "cuda" if be_name == "nccl" else "cpu")
     with worker_threads_env(world):
-        per_rank = launch(compute_worker, world, (ccfg,), timeout_s=timeout_s, backend=be_name)
-    res = MicrobenchResult(world=world, backend=be_name, threads=shown)
+        per_rank = launch(compute_worker, cw, (ccfg,), timeout_s=timeout_s, backend=be_name)
+    res = MicrobenchResult(world=world, backend=be_name, threads=shown, compute_world=cw, host_cores=host_cores())
     for i, row in enumerate(per_rank[0]["gemm"]):
         m, n, k, b, _ = row
         res.gemm.append(GemmSample(m, n, k, b, statistics.median(r["gemm"][i][4] for r in per_rank)))
@@ -475,7 +528,9 @@ def run_microbenchmarks(world: int, gemm_shapes, mem_sizes, coll_sizes, *, attn_
         ns = tuple(n for n in range(2, world + 1) if world % n == 0)
         say(f"collectives: {', '.join(ops)} in groups of {', '.join(map(str, ns))} of {world} processes, "
             f"{len(coll_sizes)} sizes {coll_sizes[0]} B .. {coll_sizes[-1]} B")
-        kcfg = CollectiveConfig(tuple(coll_sizes), ops, ns, repeats=repeats, threads=threads, backend=be_name)
+        after = tuple(sz for sz in AFTER_COMPUTE_SIZES if coll_sizes[0] <= sz <= coll_sizes[-1])
+        kcfg = CollectiveConfig(tuple(coll_sizes), ops, ns, repeats=repeats, threads=threads, backend=be_name,
+                                after_compute_sizes=after)
         with worker_threads_env(world):
             rows = launch(collective_worker, world, (kcfg,), timeout_s=timeout_s, backend=be_name)[0]
         res.collectives = [CollectiveSample(op, nbytes, n, s) for op, n, nbytes, s in rows]
@@ -485,7 +540,7 @@ def run_microbenchmarks(world: int, gemm_shapes, mem_sizes, coll_sizes, *, attn_
 
 def format_compute(res: MicrobenchResult) -> str:
     """GEMM GFLOP/s per shape, memory-op GB/s per size, per-op overheads."""
-    lines = [f"# GEMM ({res.world} concurrent processes, {res.threads} thread(s) each)",
+    lines = [f"# GEMM ({res.compute_world or res.world} concurrent processes, {res.threads} thread(s) each)",
              f"{'m':>6} {'n':>6} {'k':>6} {'batch':>5} {'time (us)':>10} {'GFLOP/s':>9}"]
     for g in res.gemm:
         lines.append(f"{g.m:>6} {g.n:>6} {g.k:>6} {g.batch:>5} {g.seconds * 1e6:>10.1f} {g.flops / g.seconds / 1e9:>9.2f}")

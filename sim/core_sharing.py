@@ -1,0 +1,84 @@
+"""Devices that share a host's cores: more worker processes than cores on one machine
+(the CPU validator's 4 processes on a 2-core host).
+
+Where every device is a process computing on the host's CPU (runtime.launch_blocking: the
+op runs in the issuing thread) and a node runs more such processes than it has cores
+(runtime.host_cores), the scheduler time-shares the cores: while more processes are
+runnable than there are cores, each computes at cores/runnable of its own speed
+(processor sharing; Linux's fair scheduler gives runnable tasks of equal weight equal
+shares, kernel/sched/fair.c). A process blocked in a collective or a pipeline receive is
+not runnable, so the cores it leaves go to the others.
+
+The model, per node of n processes on c cores: a process computes C seconds of work at
+full speed per step and waits W seconds (communication, pipeline neighbours); averaged
+over the step, n * f*C / (f*C + W) processes want a core, and when that exceeds c each
+one's compute is slowed by f = n*f*C/((f*C + W)*c), i.e.
+
+    f = max(1, n/c - W/C)
+
+(all n computing all the time: f = n/c; waits free the cores for the others). W itself
+depends on f (a process waits for slowed peers), so the slowdown is the fixed point of
+f <- max(1, n/c - W(f)/C), found by a few damped iterations over full simulations.
+
+The slowdown applies to compute only (the profile's device rates and per-op overheads);
+collectives keep the figures calibrated at that process count (plansim calibrate
+--world N measures them with N processes at once, their wake-ups included).
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from costmodel.profile import Profile
+
+ITERATIONS = 6
+DAMPING = 0.5  # share of the new estimate taken per iteration (the map can overshoot)
+
+
+def processes_per_core(cluster, profile: Profile) -> float:
+    """Largest processes-per-core ratio over the cluster's nodes (0 when the profile
+    says nothing about the host's cores, or devices are not host processes)."""
+    rt = profile.runtime
+    if rt.host_cores <= 0 or not rt.launch_blocking:
+        return 0.0
+    return max(len(node.ranks) for node in cluster.nodes) / rt.host_cores
+
+
+def slowed_profile(profile: Profile, f: float) -> Profile:
+    """The profile of a device computing at 1/f of its speed: every rate divided by f,
+    every per-op cost (device and host side) multiplied by f."""
+    if f == 1.0:
+        return profile
+    gpus = {k: replace(g, gemm_eff_max=g.gemm_eff_max / f, attention_eff=g.attention_eff / f,
+                       hbm_eff=g.hbm_eff / f, kernel_overhead_us=g.kernel_overhead_us * f,
+                       topk_select_ns_per_elem=g.topk_select_ns_per_elem * f)
+            for k, g in profile.gpus.items()}
+    rt = replace(profile.runtime, host_overhead_us=profile.runtime.host_overhead_us * f)
+    return replace(profile, gpus=gpus, runtime=rt)
+
+
+def next_slowdown(ratio: float, compute_s: float, wait_s: float) -> float:
+    """max(1, n/c - W/C) for one process: ``compute_s`` at full speed, ``wait_s`` not
+    runnable (module doc)."""
+    if compute_s <= 0:
+        return 1.0
+    return max(1.0, ratio - wait_s / compute_s)
+
+
+def simulate_shared(run, profile: Profile, ratio: float):
+    """Run ``run(profile) -> StepResult`` at the fixed-point slowdown, which the result
+    carries as ``core_slowdown``."""
+    f = ratio  # start from the fully loaded case
+    res = None
+    for _ in range(ITERATIONS):
+        res = run(slowed_profile(profile, f))
+        step = res.step_time_s
+        compute = res.breakdown["compute"] / f  # at full speed
+        wait = max(0.0, step - res.breakdown["compute"])
+        f_new = next_slowdown(ratio, compute, wait)
+        if abs(f_new - f) < 1e-3 * f:
+            f = f_new
+            break
+        f = f + DAMPING * (f_new - f)
+    res = run(slowed_profile(profile, f))
+    res.core_slowdown = f
+    return res

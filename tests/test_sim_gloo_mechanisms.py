@@ -1,0 +1,79 @@
+"""Two simulator mechanisms the CPU validator needs: rendezvous pipeline sends (gloo's
+TCP transport) and the tied-embedding gradient all-reduce between first and last stage."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from costmodel.profile import FabricEfficiency, GpuEfficiency, Profile, RuntimeSettings
+from costmodel.shapes import ModelSpec
+from engine_fixtures import fixed_program, run_engine
+from sim.program import build_program
+from specs.plan import resolve_plan
+from specs.topology import load_topology
+
+DATA = Path(__file__).parent / "data"
+CALL_S = 50e-6
+
+
+def _prog(m: int, rendezvous: bool, p2p: float = 1e8):
+    # two-nodes.yaml: pp=2 puts one stage per node; 1e8 B over a 10 GB/s NIC path.
+    cluster = load_topology(str(DATA / "two-nodes.yaml"))
+    model = ModelSpec("t", 4, 1024, 16, 512, 32000, 2 * m)
+    prog = fixed_program(cluster, model, "tp=2,pp=2,mbs=2,schedule=gpipe", 0.02, 0.04, p2p=p2p)
+    prog.p2p_rendezvous = rendezvous
+    # Full line rate, a per-call cost, so c = call + latency + bytes/bw.
+    prog.profile = Profile(gpus={"default": GpuEfficiency()},
+                           fabrics={"default": FabricEfficiency(bw_eff=1.0, call_latency_us=CALL_S * 1e6)})
+    return prog, cluster
+
+
+def test_rendezvous_send_waits_for_the_receive():
+    """GPipe, p=2, m=2, forward f, backward b, transfer c (call + one path latency L +
+    bytes/bw). Eager sends: step 3f + 3b + 2c. Rendezvous: stage 1 posts its receive of
+    F1's activation at 2f + c, after stage 0 sent it at 2f, so the bytes leave only then
+    and pay a notification hop first (c + L), F1 runs 2f+2c+L .. 3f+2c+L; stage 0 posted
+    B0's receive long before, B0's gradient arrives one c after it is sent, B0 ends at
+    3f+3c+L+2b, after stage 1 sent B1's gradient (3f+2c+L+2b): again c + L. The step
+    grows by exactly 2(c + L); with m = 1 (every receive posted first) not at all."""
+    base1, _ = run_engine(_prog(1, False)[0])
+    rdv1, _ = run_engine(_prog(1, True)[0])
+    assert rdv1 == pytest.approx(base1, rel=1e-12)
+    f, b = 0.02, 0.04
+    c = (base1 - 2 * f - 2 * b) / 2  # m = 1: step = 2f + 2b + 2c
+    assert c > 0.01 + CALL_S * 0.999  # the 1e8 B / 10 GB/s and the call
+    prog, cluster = _prog(2, False)
+    base2, _ = run_engine(prog)
+    rdv2, res = run_engine(_prog(2, True)[0])
+    path = cluster.route(prog.pipelines[0].ranks[0], prog.pipelines[0].ranks[1])
+    L = cluster.path_latency_s(path)
+    assert rdv2 - base2 == pytest.approx(2 * (c + L), rel=1e-9)
+    assert res.breakdown["pp"] > 0
+
+
+def test_tied_embedding_allreduce_on_first_and_last_stage():
+    """pp=2: after backward the first and last stages all-reduce the tied embedding's
+    gradient, V*h/t fp32 values over 2 ranks: by the ring formula S/bw + 2 alpha + call
+    (worked by hand on localhost-cpu: 512*128*4 B = 262144 B at 10 GB/s x bw_eff 0.5,
+    alpha 10 us, call 50 us). In a GPipe step with m = 1 the last stage finishes first
+    and waits; both then spend that time, so the step grows by it."""
+    cluster2 = load_topology("localhost-cpu", gpus_per_node=2)
+    prof = Profile(gpus={"default": GpuEfficiency()},
+                   fabrics={"default": FabricEfficiency(bw_eff=0.5, call_latency_us=CALL_S * 1e6)},
+                   runtime=RuntimeSettings(grad_reduce_dtype="fp32"))
+    model = ModelSpec("tiny", 4, 128, 4, 64, 512, 16)
+    plan = resolve_plan("pp=2,precision=fp32", model, 2)
+    prog = build_program(model, plan, cluster2, prof)
+    expected = 512 * 128 * 4 / (10e9 * 0.5) + 2 * 10e-6 + CALL_S
+    assert prog.pipelines[0].embedding_sync_s == pytest.approx(expected, rel=1e-9)
+    assert build_program(model, resolve_plan("dp=2,precision=fp32", model, 2), cluster2,
+                         prof).pipelines[0].embedding_sync_s == 0.0
+    # In the engine: fixed compute, then the sync added by hand.
+    fixed, _ = _prog(1, False)
+    step0, _ = run_engine(fixed)
+    e = 0.003
+    fixed.pipelines[0].embedding_sync_s = e
+    step1, res = run_engine(fixed)
+    assert step1 - step0 == pytest.approx(e, rel=1e-9)
+    assert res.exposed_comm_s["dp"] >= e * (1 - 1e-9)
