@@ -36,6 +36,10 @@ class MemoryConfig(NamedTuple):
     # Engine under precision=fp8: runtime.fp8_weight_copies x 1 B; 0 otherwise).
     fp8_weight_bytes: float = 0.0
     cp: int = 1  # context parallelism: each device keeps the activations of seq/cp tokens
+    # ZeRO-3/FSDP keeps every gathered layer until the step's backward is done instead of
+    # freeing it after forward (runtime fsdp_reshard_after_forward; TorchTitan with pp > 1,
+    # costmodel/profile.reshard_after_forward): the whole unsharded weights stay resident.
+    zero3_keep_gathered: bool = False
 
 
 class ChunkSpec(NamedTuple):
@@ -68,6 +72,7 @@ def device_memory(model: ModelSpec, cfg: MemoryConfig, chunks: tuple[ChunkSpec, 
         "logits": mem.logits_bytes(cp_local(model, cfg.cp), cfg.mbs, cfg.tp) if any(c.last for c in chunks) else 0.0,
         "topk_residual": mem.topk_residual_bytes(params) if cfg.topk else 0.0,
         "fp8_weights": params * cfg.fp8_weight_bytes,
+        "fsdp_gathered": params * working_bytes(cfg.precision) if cfg.zero == 3 and cfg.zero3_keep_gathered else 0.0,
     }
 
 

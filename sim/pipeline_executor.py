@@ -11,6 +11,7 @@ other, slower replicas before the reduction can start is 'idle'.
 """
 from __future__ import annotations
 
+from collections import deque
 from typing import NamedTuple
 
 import simpy
@@ -19,6 +20,7 @@ from sim import collective_flows as cf
 from sim.accountant import RankKey, StepAccountant
 from sim.calls import EnginePart
 from sim.context_parallel import ContextParallelExchange
+from costmodel.profile import reshard_after_forward
 from sim.program import group_kind
 from sim.flownet import FlowNetwork
 from sim.gradient_reducer import GradientReducer
@@ -360,31 +362,58 @@ class _LayerGathers:
     only for what its own gather has left. The sequence of layers runs on across actions
     (the last layer of one action prefetches the first of the next). After each layer's
     backward its gradients are reduce-scattered. A chunk's embedding or output layer
-    weights are spread evenly over its layers' gathers."""
+    weights are spread evenly over its layers' gathers. The runtime says how far ahead it
+    gathers (fsdp_prefetch_layers, at least one unit) and whether a gathered layer is freed
+    after its forward (re-gathered for every use) or kept for the rest of the step (gathered
+    once per step: TorchTitan with pp > 1, costmodel/profile.reshard_after_forward)."""
 
     def __init__(self, ex: "PipelineExecutor", pi: int, s: int, actions, scatters: list):
         self.ex, self.pi, self.s, self.scatters = ex, pi, s, scatters
         pipe = ex.prog.pipelines[pi]
         # (chunk work, layer fraction) of every layer unit in the order the rank runs them
-        self.units = [(pipe.chunks[(s, a.chunk)], a.kind, a.mb) for a in actions
-                      for _ in range(pipe.chunks[(s, a.chunk)].layers)]
+        self.units = [(pipe.chunks[(s, a.chunk)], a.kind, a.mb, a.chunk, j) for a in actions
+                      for j in range(pipe.chunks[(s, a.chunk)].layers)]
+        rt = ex.prog.profile.runtime
+        self.keep = not reshard_after_forward(rt, ex.plan.pp)
+        self.held: set[tuple[int, int]] = set()  # (chunk, layer) gathered and kept this step
+        self.ahead = max(1, rt.fsdp_prefetch_layers)
         self.pos = 0
-        self.pending = self._gather(0)
+        self.last = None  # the latest gather issued
+        self.pending = deque(self._gather(u) for u in range(self.ahead))
 
     def _gather(self, u: int):
         if u >= len(self.units):
             return None
-        w, kind, mb = self.units[u]
-        return self.ex.reducer.zero3_gather_layer(self.s, w, 1.0 / w.layers, f"fsdp gather {kind}{mb}")
+        w, kind, mb, chunk, j = self.units[u]
+        if self.keep:
+            if (chunk, j) in self.held:
+                done = self.ex.env.event()
+                done.succeed()
+                return done
+            self.held.add((chunk, j))
+        label = f"fsdp gather {kind}{mb}"
+        prev, self.last = self.last, None
+        if prev is None or prev.triggered:
+            got = self.ex.reducer.zero3_gather_layer(self.s, w, 1.0 / w.layers, label)
+        else:
+            # Gathers further ahead queue behind the one in flight (one communication
+            # stream, NCCL runs its collectives in order) rather than sharing the links.
+            got = self.ex.env.process(self._after(prev, w, label))
+        self.last = got
+        return got
+
+    def _after(self, prev, w, label: str):
+        yield prev
+        yield self.ex.reducer.zero3_gather_layer(self.s, w, 1.0 / w.layers, label)
 
     def run(self, key: RankKey, w, backward: bool, label: str):
         """One action's compute, layer by layer, each after its weights are gathered."""
         ex, n = self.ex, w.layers
         dt = w.bwd_s if backward else w.fwd_s
         for j in range(n):
-            ready, self.pos = self.pending, self.pos + 1
+            ready, self.pos = self.pending.popleft(), self.pos + 1
             yield from ex._wait(key, ready, "dp", f"fsdp gather {label} l{j}")
-            self.pending = self._gather(self.pos)  # prefetch the next layer
+            self.pending.append(self._gather(self.pos + self.ahead - 1))  # prefetch ahead
             yield from ex._compute(key, self.pi, self.s, w, backward, dt / n, f"{label} l{j}", n)
             if backward:
                 self.scatters.append(ex.reducer.zero3_reduce_scatter(self.s, w, 1.0 / n))

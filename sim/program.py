@@ -22,7 +22,7 @@ from costmodel.context_parallel import cp_layer_work
 from costmodel.efficiency import op_time_s, ops_time_s, optimizer_time_s
 from costmodel.flops import matmul_flops
 from costmodel.errors import InputError
-from costmodel.profile import Profile, RuntimeSettings
+from costmodel.profile import Profile, RuntimeSettings, reshard_after_forward
 from costmodel.shapes import ModelSpec
 from specs.plan import Plan
 from sim.schedules import Action, inflight_peaks, make_schedule
@@ -392,7 +392,7 @@ def memory_config(plan: Plan, runtime: RuntimeSettings) -> MemoryConfig:
                         grad_bytes=grad_reduce_bytes(plan.precision, runtime),
                         topk=plan.topk_fraction is not None, flash_attention=runtime.flash_attention,
                         fp8_weight_bytes=fp8_weight_bytes(plan.precision, runtime),
-                        cp=plan.cp)
+                        cp=plan.cp, zero3_keep_gathered=not reshard_after_forward(runtime, plan.pp))
 
 
 def stage_chunks(plan: Plan, stage: int) -> tuple[ChunkSpec, ...]:

@@ -40,3 +40,56 @@ def test_fsdp_prefetch_closed_form(layer_s, gather_s):
     exposed = sum(sg.end_s - sg.start_s for sg in eng.segments
                   if sg.cat == "dp" and sg.label.startswith("fsdp gather F"))
     assert exposed == pytest.approx(gather_s + (n - 1) * max(0.0, gather_s - layer_s), rel=1e-9)
+
+
+def _with_runtime(prog, **settings):
+    """``prog`` with its profile's runtime fields replaced (the FSDP policy is read when
+    the engine runs)."""
+    from dataclasses import replace
+    prog.profile = replace(prog.profile, runtime=replace(prog.profile.runtime, **settings))
+    return prog
+
+
+@pytest.mark.parametrize("layer_s,gather_s", [(0.004, 0.001), (0.001, 0.003)])
+def test_fsdp_keep_gathered_gathers_once_per_step(layer_s, gather_s):
+    """fsdp_reshard_after_forward=never (TorchTitan's policy with pp > 1): a layer gathered
+    for the first microbatch's forward stays resident for the step, so only the first
+    forward's L layers are gathered: the forward phase ends at
+    m*L*c + g + (L - 1) * max(0, g - c), exposed gather g + (L - 1) * max(0, g - c), and no
+    backward gather is issued."""
+    cluster = load_topology(str(DATA / "two-nodes.yaml"))
+    model = ModelSpec("tiny", LAYERS, 1024, 16, 512, 32000, 8)
+    params = gather_s * NIC_BPS * LAYERS
+    prog = _with_runtime(fixed_program(cluster, model, "tp=2,dp=2,mbs=1,zero=3,schedule=gpipe",
+                                       LAYERS * layer_s, LAYERS * layer_s, params=params),
+                         fsdp_reshard_after_forward="never")
+    m = prog.pipelines[0].microbatches
+    assert m > 1
+    eng = Engine(prog, record=True)
+    eng.run()
+    fwd_end = max(sg.end_s for sg in eng.segments if sg.stream == "compute" and sg.label.startswith("F")
+                  and sg.cat == "compute")
+    exposed = gather_s + (LAYERS - 1) * max(0.0, gather_s - layer_s)
+    assert fwd_end == pytest.approx(m * LAYERS * layer_s + exposed, rel=1e-9)
+    got = sum(sg.end_s - sg.start_s for sg in eng.segments if sg.cat == "dp" and sg.label.startswith("fsdp gather"))
+    assert got == pytest.approx(exposed, rel=1e-9)
+
+
+@pytest.mark.parametrize("layer_s,gather_s", [(0.004, 0.001), (0.001, 0.003)])
+def test_fsdp_deeper_prefetch_queues_gathers(layer_s, gather_s):
+    """fsdp_prefetch_layers=3: gathers run one after another on the communication stream
+    (not side by side halving each other's bandwidth), so with equal layers the forward
+    phase ends exactly where one-layer prefetch ends: n*c + g + (n - 1) * max(0, g - c)."""
+    cluster = load_topology(str(DATA / "two-nodes.yaml"))
+    model = ModelSpec("tiny", LAYERS, 1024, 16, 512, 32000, 8)
+    params = gather_s * NIC_BPS * LAYERS
+    prog = _with_runtime(fixed_program(cluster, model, "tp=2,dp=2,mbs=1,zero=3,schedule=gpipe",
+                                       LAYERS * layer_s, LAYERS * layer_s, params=params),
+                         fsdp_prefetch_layers=3)
+    m = prog.pipelines[0].microbatches
+    eng = Engine(prog, record=True)
+    eng.run()
+    fwd_end = max(sg.end_s for sg in eng.segments if sg.stream == "compute" and sg.label.startswith("F")
+                  and sg.cat == "compute")
+    n = m * LAYERS
+    assert fwd_end == pytest.approx(n * layer_s + gather_s + (n - 1) * max(0.0, gather_s - layer_s), rel=1e-9)

@@ -144,3 +144,17 @@ def test_reshard_after_forward_policy():
     assert reshard_after_forward(titan, 1) and not reshard_after_forward(titan, 4)
     assert reshard_after_forward(replace(titan, fsdp_reshard_after_forward="always"), 4)
     assert not reshard_after_forward(replace(titan, fsdp_reshard_after_forward="never"), 1)
+
+
+def test_fsdp_kept_weights_in_memory():
+    """ZeRO-3 under torchtitan with pp > 1 keeps the gathered layers for the whole step
+    (reshard_after_forward is False): the device holds its unsharded bf16 weights, 2 B per
+    parameter, beside its 1/dp shard; with pp = 1 (resharded after forward) it does not."""
+    titan = load_profile(None, runtime="torchtitan").runtime
+    model = load_model("llama3-8b")
+    plan = resolve_plan("tp=1,pp=2,dp=4,mbs=1,zero=3", model, 8)
+    mem = stage_memory(model, plan, titan, 0, plan.mb_shares[0])
+    params = mem["weights"] * 4 / 2  # the shard is 1/dp of the bf16 weights
+    assert mem["fsdp_gathered"] == pytest.approx(2 * params)
+    flat = resolve_plan("tp=1,pp=1,dp=8,mbs=1,zero=3", model, 8)
+    assert stage_memory(model, flat, titan, 0, flat.mb_shares[0])["fsdp_gathered"] == 0.0
