@@ -61,6 +61,7 @@ class AdaptiveRecord:
     slow_rank: int | None
     speed: float
     adaptive: bool
+    mbs: int
     steps: int
     warmup: int
     step_times_s: list[float]
@@ -125,7 +126,8 @@ def _new_log() -> dict:
     return {"step_times_s": [], "busy_s": [], "units": [], "decisions": [], "migrations": [], "losses": []}
 
 
-def _dp_worker(rank: int, world: int, model, cfg: AdaptiveConfig) -> dict:
+def _dp_steps(rank: int, world: int, model, cfg: AdaptiveConfig):
+    """Generator: sets up, then runs one step per ``next``; returns the log."""
     import torch
     import torch.distributed as dist
     from sim.program import BUCKET_BYTES
@@ -173,12 +175,15 @@ def _dp_worker(rank: int, world: int, model, cfg: AdaptiveConfig) -> dict:
         wall = rec.end_step()["wall_s"]
         _step_log(cfg, step, units, _gather([busy, wall, loss], world), ctl, log)
         units = ctl.units
+        yield
     if cfg.capture:
         log["weights"] = {n: p.detach().cpu().numpy().copy() for n, p in chunk.params.items()}
     return log
 
 
-def _pp_worker(rank: int, world: int, model, cfg: AdaptiveConfig) -> dict:
+def _pp_steps(rank: int, world: int, model, cfg: AdaptiveConfig):
+    """Generator: sets up, then runs one step per ``next`` (moving layers after it when
+    the controller acts); returns the log."""
     import torch
     import torch.distributed as dist
     from sim.program import BUCKET_BYTES
@@ -250,23 +255,38 @@ def _pp_worker(rank: int, world: int, model, cfg: AdaptiveConfig) -> dict:
             log["migrations"].append({"step": step - cfg.warmup, "from": list(units), "to": list(ctl.units),
                                       "seconds": max(r[0] for r in moved), "bytes": sum(r[1] for r in moved)})
             units = ctl.units
+        yield
     if cfg.capture:
         log["weights"] = {n: p.detach().cpu().numpy().copy() for n, p in chunk.params.items()}
     return log
 
 
-def _worker_many(rank: int, world: int, model, cfgs: list[AdaptiveConfig]) -> list[dict]:
-    return [(_dp_worker if c.mode == "dp" else _pp_worker)(rank, world, model, c) for c in cfgs]
+def _worker_many(rank: int, world: int, model, cfgs: list[AdaptiveConfig], interleave: bool) -> list[dict]:
+    """Every config's steps; interleaved: step i of every run, then step i + 1 (the same
+    order on every rank, so their collectives pair up)."""
+    runs = [(_dp_steps if c.mode == "dp" else _pp_steps)(rank, world, model, c) for c in cfgs]
+    logs: list = [None] * len(runs)
+    live = list(range(len(runs)))
+    while live:
+        for i in list(live) if interleave else live[:1]:
+            try:
+                next(runs[i])
+            except StopIteration as done:
+                logs[i] = done.value
+                live.remove(i)
+    return logs
 
 
-def run_adaptive_many(model, cfgs: list[AdaptiveConfig], *, timeout_s: float = 600.0) -> list[AdaptiveRecord]:
-    """Run each config in turn in one set of ``world`` processes (one launch: the runs see
-    the same processes and the same host load, so their ratios are comparable)."""
+def run_adaptive_many(model, cfgs: list[AdaptiveConfig], *, timeout_s: float = 600.0,
+                      interleave: bool = True) -> list[AdaptiveRecord]:
+    """Run the configs in one set of ``world`` processes, by default step by step in turn
+    (step i of each, then step i + 1): the runs share the processes and, step for step,
+    the host's load, so ratios between them hold on a busy host too."""
     from validate.microbench import worker_threads_env
     check_configs(model, cfgs)
     world = cfgs[0].world
     with worker_threads_env(world):  # the intra-op threads calibration measured with
-        per_rank = launch(_worker_many, world, (model, cfgs), timeout_s=timeout_s, backend=cfgs[0].backend)
+        per_rank = launch(_worker_many, world, (model, cfgs, interleave), timeout_s=timeout_s, backend=cfgs[0].backend)
     out = []
     for i, cfg in enumerate(cfgs):
         logs = [r[i] for r in per_rank]
@@ -277,7 +297,7 @@ def run_adaptive_many(model, cfgs: list[AdaptiveConfig], *, timeout_s: float = 6
             for w in logs:
                 weights.update(w["weights"])
         out.append(AdaptiveRecord(mode=cfg.mode, world=world, slow_rank=cfg.slow_rank, speed=cfg.speed,
-                                  adaptive=cfg.adaptive, steps=cfg.steps, warmup=cfg.warmup,
+                                  adaptive=cfg.adaptive, mbs=cfg.mbs, steps=cfg.steps, warmup=cfg.warmup,
                                   step_times_s=log["step_times_s"], busy_s=log["busy_s"], units=log["units"],
                                   decisions=log["decisions"], migrations=log["migrations"],
                                   losses=log["losses"], weights=weights))

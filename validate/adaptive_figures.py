@@ -1,0 +1,132 @@
+"""The figures of a slow-rank experiment (issue 10's "done when") and the simulator's
+prediction of the same runs.
+
+Three runs of one launch (validate/adaptive_run.run_adaptive_many), so they share the
+processes and the host's load: ``unslowed`` (equal split, no slow rank), ``fixed`` (equal
+split, one rank at speed F) and ``adaptive`` (the controller re-allocates every step).
+With speeds s_i and the unslowed step T0 (every rank busy T0 on its equal share), the
+whole work is world * T0 at full speed, so a perfect split finishes in
+``ideal = T0 * world / sum(s_i)``: 4/3 T0 for one of two ranks at half speed. The fixed
+split takes T0 / F on the slow rank (2 T0 at half speed). Integer units make the best
+reachable split a little worse (16 samples at speeds (1, 0.5): (11, 5), 11/8 T0 = 1.375
+T0); both are reported. Step figures are medians over the measured steps after the first
+``settle`` (the controller's convergence), the same window in every run.
+"""
+from __future__ import annotations
+
+import statistics
+from dataclasses import asdict, dataclass
+
+from costmodel.rebalance import balance, step_time_s
+
+
+@dataclass(frozen=True)
+class Figures:
+    world: int
+    slow_rank: int
+    speed: float
+    settle: int
+    unslowed_s: float
+    fixed_s: float
+    ideal_s: float  # T0 * world / sum of speeds (4/3 T0 for one of two at half speed)
+    integer_ideal_s: float  # the best integer split of the units, same linear model
+    adaptive_s: float
+    best_units: tuple[int, ...]  # the best integer split under the true speeds
+    final_units: tuple[int, ...]  # the adaptive run's split at its last step
+
+    @property
+    def error_vs_ideal_pct(self) -> float:
+        return 100.0 * (self.adaptive_s / self.ideal_s - 1.0)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d.update(fixed_ratio=self.fixed_s / self.unslowed_s, ideal_ratio=self.ideal_s / self.unslowed_s,
+                 integer_ideal_ratio=self.integer_ideal_s / self.unslowed_s,
+                 adaptive_ratio=self.adaptive_s / self.unslowed_s, error_vs_ideal_pct=self.error_vs_ideal_pct)
+        return d
+
+
+def speeds_of(world: int, slow_rank: int, speed: float) -> list[float]:
+    out = [1.0] * world
+    out[slow_rank] = speed
+    return out
+
+
+def figures(unslowed, fixed, adaptive, settle: int) -> Figures:
+    """The done-when figures from the three runs' records (AdaptiveRecord)."""
+    t0 = unslowed.settled_median_s(settle)
+    speeds = speeds_of(adaptive.world, adaptive.slow_rank, adaptive.speed)
+    total = sum(adaptive.units[0])
+    per_unit = [1.0 / s for s in speeds]  # in units of the unslowed per-unit time
+    best = balance(per_unit, total)
+    integer_ideal = t0 * step_time_s(best, per_unit) / (total / adaptive.world)
+    return Figures(world=adaptive.world, slow_rank=adaptive.slow_rank, speed=adaptive.speed, settle=settle,
+                   unslowed_s=t0, fixed_s=fixed.settled_median_s(settle),
+                   ideal_s=t0 * adaptive.world / sum(speeds), integer_ideal_s=integer_ideal,
+                   adaptive_s=adaptive.settled_median_s(settle), best_units=best, final_units=tuple(adaptive.units[-1]))
+
+
+def format_figures(f: Figures) -> str:
+    t0 = f.unslowed_s
+    rows = [("unslowed (equal split)", f.unslowed_s), ("fixed equal split, slow rank", f.fixed_s),
+            ("ideal rebalanced (world/sum speeds)", f.ideal_s),
+            (f"best integer split {':'.join(map(str, f.best_units))}", f.integer_ideal_s),
+            (f"adaptive (measured; ends at {':'.join(map(str, f.final_units))})", f.adaptive_s)]
+    lines = [f"rank {f.slow_rank} at speed {f.speed:g} of {f.world}; medians over the steps after the first {f.settle}"]
+    lines += [f"  {name:38s} {t * 1e3:8.1f} ms  {t / t0:5.2f} x unslowed" for name, t in rows]
+    lines.append(f"  adaptive vs ideal: {f.error_vs_ideal_pct:+.1f} %")
+    return "\n".join(lines)
+
+
+def predict_steps_scaled(model, rec, cluster, profile) -> list[float]:
+    """Per measured step of ``rec`` (a dp AdaptiveRecord), the simulator's step time for the
+    allocation that step used, with the slow rank's compute scaled by 1/speed.
+
+    Single-step simulations (sim.metrics.simulate) of the plan ``dp=world, mbs,
+    mb_shares=units`` in fp32 without overlapped reduction, as the run does; the slow
+    rank's simulated compute time is divided by its speed and the step is the slowest
+    rank's compute plus the rest of the simulated step (reduction and optimizer tail).
+    The optimizer's share of compute is scaled too (the real slowdown spares it: a few
+    ms of a 100+ ms step here)."""
+    from sim.metrics import simulate
+    from specs.plan import resolve_plan
+    speeds = speeds_of(rec.world, rec.slow_rank, rec.speed) if rec.slow_rank is not None else [1.0] * rec.world
+    cache: dict[tuple[int, ...], float] = {}
+    out = []
+    for units in rec.units:
+        key = tuple(units)
+        if key not in cache:
+            plan = resolve_plan({"dp": rec.world, "mbs": rec.mbs, "mb_shares": list(key),
+                                 "overlap_grad_reduce": False, "precision": "fp32"}, model, rec.world)
+            res = simulate(model, plan, cluster, profile)
+            compute = _compute_by_rank(res, plan)
+            slowest = max(compute)
+            scaled = max(c / s for c, s in zip(compute, speeds))
+            cache[key] = res.step_time_s - slowest + scaled
+        out.append(cache[key])
+    return out
+
+
+def _compute_by_rank(res, plan) -> list[float]:
+    """Simulated compute seconds of each DP rank (a DeviceResult stands for ``represents``
+    identical replicas; the ranks of one class share its figure)."""
+    by_rank = {d.rank: d.breakdown_s.get("compute", 0.0) for d in res.devices}
+    out = []
+    for r in range(plan.dp):
+        rank = plan.rank(r, 0, 0)
+        if rank in by_rank:
+            out.append(by_rank[rank])
+        else:  # an identical replica represented by another rank: same shares, same time
+            same = [plan.rank(q, 0, 0) for q in range(plan.dp) if plan.mb_shares[q] == plan.mb_shares[r]]
+            out.append(next(by_rank[q] for q in same if q in by_rank))
+    return out
+
+
+def sim_agreement(measured: list[float], predicted: list[float], settle: int) -> dict:
+    """Median measured vs median predicted step over the steps after ``settle``, and the
+    median of the per-step relative errors (predicted / measured - 1), in %."""
+    m, p = measured[settle:], predicted[settle:]
+    per_step = [100.0 * (b / a - 1.0) for a, b in zip(m, p)]
+    med_m, med_p = statistics.median(m), statistics.median(p)
+    return {"measured_s": med_m, "predicted_s": med_p, "error_pct": 100.0 * (med_p / med_m - 1.0),
+            "median_step_error_pct": statistics.median(per_step)}
