@@ -99,3 +99,58 @@ def test_layer_owners():
     """Contiguous split (3, 1) gives layers 0-2 to stage 0 and layer 3 to stage 1."""
     assert owners((3, 1)) == [0, 0, 0, 1]
     assert owners((2, 2)) == [0, 0, 1, 1]
+
+
+def _rec(times, units=None, adaptive=False, slow_rank=1, speed=0.5):
+    from validate.adaptive_run import AdaptiveRecord
+    n = len(times)
+    return AdaptiveRecord(mode="dp", world=2, slow_rank=slow_rank, speed=speed, adaptive=adaptive, mbs=1,
+                          steps=n, warmup=0, step_times_s=list(times), busy_s=[[0.0, 0.0]] * n,
+                          units=units or [[8, 8]] * n, decisions=[], migrations=[], losses=[])
+
+
+def test_done_when_figures_hand_worked():
+    """Unslowed 100 ms, fixed 200 ms, adaptive 140 ms (medians after the first step, whose
+    500 ms are left out): ideal = 100 * 2 / (1 + 0.5) = 133.3 ms (4/3), adaptive +5.0 % above
+    it; the best integer split of 16 samples at speeds (1, 0.5) is 11:5, 11/8 x 100 = 137.5 ms."""
+    from validate.adaptive_figures import figures
+    f = figures(_rec([0.5, 0.1, 0.1, 0.1]), _rec([0.5, 0.2, 0.2, 0.2]),
+                _rec([0.5, 0.15, 0.14, 0.14], units=[[8, 8], [11, 5], [11, 5], [11, 5]], adaptive=True), settle=1)
+    assert f.unslowed_s == pytest.approx(0.1) and f.fixed_s == pytest.approx(0.2)
+    assert f.ideal_s == pytest.approx(0.4 / 3)
+    assert f.adaptive_s == pytest.approx(0.14)
+    assert f.error_vs_ideal_pct == pytest.approx(5.0)
+    assert f.best_units == (11, 5) and f.integer_ideal_s == pytest.approx(0.1375)
+    assert f.to_dict()["ideal_ratio"] == pytest.approx(4 / 3)
+
+
+def test_scaled_prediction_against_simulate():
+    """The per-step prediction of an unslowed equal split is simulate()'s step time itself;
+    with rank 1 at half speed it is that step plus one more of rank 1's simulated compute
+    (compute / 0.5 - compute), computed here from the same simulation independently."""
+    from costmodel.profile import load_profile
+    from plansim.cmd_calibrate import resolve_world
+    from sim.metrics import simulate
+    from specs.plan import resolve_plan
+    from validate.adaptive_figures import predict_steps_scaled
+    cluster, _ = resolve_world("localhost-cpu", 2)
+    profile = load_profile(None, bundled=cluster.profiles)
+    plan = resolve_plan({"dp": 2, "mbs": 1, "overlap_grad_reduce": False, "precision": "fp32"}, MODEL, 2)
+    res = simulate(MODEL, plan, cluster, profile)
+    compute = max(d.breakdown_s["compute"] for d in res.devices)
+    assert compute > 0
+    assert predict_steps_scaled(MODEL, _rec([1.0], slow_rank=None, speed=1.0), cluster, profile) == \
+        pytest.approx([res.step_time_s])
+    assert predict_steps_scaled(MODEL, _rec([1.0]), cluster, profile) == pytest.approx([res.step_time_s + compute])
+
+
+@pytest.mark.parametrize("argv", [["--slow-rank", "2:0.5"], ["--slow-rank", "1:2"], ["--settle", "16"],
+                                  ["--world", "5"]])
+def test_cli_bad_input_exits_2_before_running(argv, capsys):
+    """A slow rank outside the 2 processes, a speed above 1, a settle window as long as the
+    run, or more processes than the localhost-cpu node has (4): exit 2 with a one-line
+    message, before any process starts."""
+    from plansim.cli import main
+    assert main(["validate-adaptive", "localhost-cpu", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err and len(err.splitlines()) == 1
