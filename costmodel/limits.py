@@ -56,3 +56,14 @@ def number_problem(value: object, lo: float, hi: float, *, integer: bool = False
     if ok:
         ok = (lo < value if lo_open else lo <= value) and (value < hi if hi_open else value <= hi)
     return None if ok else "must be " + allowed_range(lo, hi, integer, lo_open, hi_open)
+
+# Multi-step simulation (plansim simulate --steps, specs/scenario.py). A simulated step of
+# a 1,024-GPU plan costs ~0.2 s of CPU here, so 10,000 steps is already a half-hour run;
+# events per scenario are bounded the same way.
+MAX_SIM_STEPS = 10_000
+MAX_SCENARIO_EVENTS = 10_000
+# A compute-speed or bandwidth scale: 0.001x (a part throttled to a crawl) to 1000x; 0 is
+# not a speed (a device that stops is `stall` or `node_lost`).
+SCALE_FACTOR_RANGE = (1e-3, 1e3)
+# A stall or an event time: up to one day of simulated seconds.
+MAX_SCENARIO_S = 86_400.0

@@ -43,6 +43,7 @@ def _load_inputs(args):
 
 
 def cmd_simulate(args) -> int:
+    from plansim import cmd_multistep
     from plansim.summary import summary_text
     from reports.files import output_dir, output_file
     from reports.trace import write_trace
@@ -61,6 +62,8 @@ def cmd_simulate(args) -> int:
     resolve_plan(args.plan or "", load_model(args.model or DEFAULT_MODEL), topology_devices(args.topology, args.nodes))
     cluster, model, profile = _load_inputs(args)
     plan = resolve_plan(args.plan or "", model, cluster.num_devices)
+    if cmd_multistep.wanted(args):  # --steps / --scenario / --adaptive: many steps in one run
+        return cmd_multistep.run(args, model, plan, cluster, profile)
     res = simulate(model, plan, cluster, profile, record=args.trace is not None or args.report is not None)
     if args.trace:
         write_trace(res, args.trace)
@@ -108,6 +111,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--json", action="store_true", help="print one JSON object")
     sp.add_argument("--trace", metavar="FILE", help="write a Chrome/Perfetto trace")
     sp.add_argument("--report", metavar="DIR", help="write index.html, report.md, plans.csv, trace.json")
+    from plansim import cmd_multistep
+    cmd_multistep.add_arguments(sp)
     sp.set_defaults(func=cmd_simulate)
     sub.add_parser("models", help="list model presets").set_defaults(func=cmd_models)
     sub.add_parser("topologies", help="list bundled topologies").set_defaults(func=cmd_topologies)

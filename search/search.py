@@ -9,7 +9,8 @@ are re-scored by the discrete-event simulation, which sets the final order.
 
 Lossy compression policy: top-k with error feedback changes the optimiser's trajectory,
 which a step-time model cannot price, so a compressed plan ranks above a dense one only if
-its step is at least ``compress_margin`` (default 5 %) shorter. Ties break on the plan string.
+its step is at least ``compress_margin`` (default 5 %) shorter; the same margin applies to
+one-step-delayed gradients (search/overlap.py). Ties break on the plan string.
 """
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ from specs.plan import Plan, resolve_plan
 from sim.result import SearchResult, StepResult
 from search.costs import CostTables
 from search.findings import compression_note, estimate_note, hetero_note
+from search.overlap import is_stale, overlap_note, overlap_variants
 from specs.topology import Cluster
 
 MIN_SIMULATED = 10
@@ -65,6 +67,7 @@ class SearchSpace:
     zero: tuple[int, ...] = (0, 1, 2, 3)
     compress: tuple[str, ...] = ("none", "topk:0.01", "topk:0.001")
     allreduce: tuple[str, ...] = ("ring", "tree", "hierarchical", "auto")
+    overlap_step: tuple[str, ...] = ("layerwise", "delayed")  # cross-step variants of the best plans
     tp: tuple[int, ...] | None = None  # None: divisors of the device count up to 2 nodes
     pp: tuple[int, ...] | None = None  # None: divisors of devices/tp up to the layer count
 
@@ -350,7 +353,8 @@ def simulate_plans(model: ModelSpec, cluster: Cluster, profile: Profile, plans: 
 
 
 def _rank_key(res: StepResult, compress_margin: float) -> tuple:
-    lossy = "compress=topk" in res.plan
+    # Top-k compression and one-step-stale gradients change the optimisation: margin.
+    lossy = "compress=topk" in res.plan or is_stale(res.plan)
     return (not res.fits_memory, res.step_time_s * (1 + compress_margin if lossy else 1.0), res.plan)
 
 
@@ -397,10 +401,15 @@ def search(model: ModelSpec, cluster: Cluster, profile: Profile, top: int = 10, 
         todo = [p for p in extra_plans if p not in have]
         extra = simulate_plans(model, cluster, profile, todo, workers, progress, "compression") if todo else []
         by_plan = {r.plan: r for r in results + extra}
+        variants = overlap_variants(results, model, n, space.overlap_step)
+        todo = [p for p in variants if p not in by_plan]
+        for r in simulate_plans(model, cluster, profile, todo, workers, progress, "overlap") if todo else []:
+            by_plan[r.plan] = r
         if tables.heterogeneous:
             notes.append(hetero_note(tables, results))
         notes.append(note_fn(by_plan))
         notes.append(estimate_note(results, estimates))
+        notes.append(overlap_note(by_plan, variants, compress_margin))
         results = sorted(by_plan.values(), key=lambda r: _rank_key(r, compress_margin))
         # Record the best two again with their segments, for the report's Gantt charts.
         for i in range(min(2, len(results)) if record_best else 0):

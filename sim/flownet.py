@@ -91,11 +91,13 @@ class FlowNetwork:
         self.flows_finished = 0
         self.resolves = 0           # number of component re-solves (for benchmarks)
         self._bw: dict[Edge, float] = {}
+        self._bw_base: dict[Edge, float] = {}     # edges scaled by scale_edge: their unscaled bw
         self._lat: dict[Edge, float] = {}
         self._on_edge: dict[Edge, dict[_Flow, float]] = {}   # active flows per edge
         self._last_sample: dict[Edge, float] = {}
         self._pending_add: list[_Flow] = []
         self._pending_done: list[_Flow] = []
+        self._pending_edges: list[Edge] = []   # edges whose bandwidth changed (scale_edge)
         self._flush_at: float | None = None
         self._next_id = 0
 
@@ -163,6 +165,19 @@ class FlowNetwork:
         return self._bw[e], self._lat[e]
 
 
+    def scale_edge(self, e: Edge, factor: float) -> None:
+        """From now on edge ``e`` carries ``factor`` times its usable bandwidth (relative
+        to the graph's figure after ``bw_scale``; factor 1 restores it). Flows crossing it
+        are re-solved at this instant. For time-varying clusters (sim/multistep.py)."""
+        if not factor > 0 or not math.isfinite(factor):
+            raise ValueError(f"scale_edge {e!r}: factor={factor!r} must be finite and > 0")
+        e = (e[0], e[1])
+        self._edge_info(e)
+        base = self._bw_base.setdefault(e, self._bw[e])
+        self._bw[e] = base * factor
+        self._pending_edges.append(e)
+        self._request_flush()
+
     # ----------------------------------------------------------------- internals
     def _edge_info(self, e: Edge) -> None:
         if e in self._bw:
@@ -217,6 +232,9 @@ class FlowNetwork:
                 seeds[e] = None
         for f in finished:
             seeds.update(dict.fromkeys(f.weights))
+        if self._pending_edges:
+            seeds.update(dict.fromkeys(self._pending_edges))
+            self._pending_edges = []
         flows, edges = self._component(seeds)
         # Bring every flow of the component to `now` at its old rate.
         for f in flows:

@@ -95,6 +95,11 @@ class GradientReducer(EnginePart):
             self.env.process(self._param_gather(stage))
         return self._gathered[stage]
 
+    def param_gather(self, stage: int, nbytes: float, label: str) -> simpy.Process:
+        """All-gather ``nbytes`` of updated weights over ``stage``'s DP groups (one
+        call; the multi-step engine's layer-by-layer gathers use it)."""
+        return self._run(stage, self._phases(stage, nbytes, "all_gather"), label)
+
     def zero3_gather(self, pi: int, stage: int, action) -> simpy.Process:
         """ZeRO-3: all-gather the weights of the chunk ``action`` runs."""
         w = self.prog.pipelines[pi].chunks[(stage, action.chunk)]

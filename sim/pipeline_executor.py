@@ -163,7 +163,7 @@ class PipelineExecutor(EnginePart):
             if a.kind == "F":
                 if vs > 0:
                     yield from self._wait_dep(key, Handoff(pi, "F", vs - 1, a.mb), label)
-                yield from self._busy(key, "compute", w.fwd_s, label)
+                yield from self._forward(key, a, w, label)
                 yield from self._busy(key, "tp", w.fwd_tp_s, f"tp {label}")
                 if vs < self.V - 1:
                     out = Handoff(pi, "F", vs, a.mb)
@@ -202,6 +202,18 @@ class PipelineExecutor(EnginePart):
             t0 = self.env.now
             yield self.env.all_of(scatters)
             self.acct.seg(key, "compute", "dp", t0, self.env.now, "zero3 reduce-scatter")
+        yield from self._finish_step(key, pi, s)
+
+    def _forward(self, key: RankKey, a, w, label: str):
+        """The forward compute of action ``a`` on chunk work ``w`` (a hook: the multi-step
+        engine, sim/multistep_executor.py, gates the next step's first forward layer by layer)."""
+        yield from self._busy(key, "compute", w.fwd_s, label)
+
+    def _finish_step(self, key: RankKey, pi: int, s: int):
+        """After the last backward: wait for the stage's gradient reduction, run the
+        optimizer (and ZeRO-1/2's parameter gather); the rank is then done with the step.
+        A hook: the multi-step engine's cross-step overlap replaces it."""
+        pipe = self.prog.pipelines[pi]
         # Wait for this stage's gradient reduction; time before the first bucket could
         # start (slower replicas) is idle, the rest is exposed DP communication.
         t0 = self.env.now

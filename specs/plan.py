@@ -47,6 +47,10 @@ class PlanFile(Strict):
     # layers per pipeline stage (non-uniform split); microbatches per data-parallel replica
     layers: list[Int(1, MAX_LAYERS)] | None = Field(default=None, max_length=MAX_DEVICES)
     mb_shares: list[Int(1, MAX_GLOBAL_BATCH)] | None = Field(default=None, max_length=MAX_DEVICES)
+    # cross-step overlap (sim/multistep_executor.py, docs/scenarios.md): none, the optimizer
+    # update and parameter gather overlapped with the next forward layer by layer, or
+    # one-step-delayed gradient application (weights one step stale)
+    overlap_step: Literal["none", "layerwise", "delayed"] = "none"
 
     @field_validator("compress")
     @classmethod
@@ -96,6 +100,7 @@ class Plan:
     # was printed without layers=, and resolving it raised InputError).
     explicit_layers: bool = False
     explicit_shares: bool = False
+    overlap_step: str = "none"  # 'none' | 'layerwise' | 'delayed' (cross-step overlap)
 
     def __post_init__(self) -> None:
         layers_default = (len(set(self.layers)) <= 1
@@ -153,6 +158,8 @@ class Plan:
             parts.append(f"precision={self.precision}")
         if self.placement != "tp-pp-dp":
             parts.append(f"placement={self.placement}")
+        if self.overlap_step != "none":
+            parts.append(f"overlap_step={self.overlap_step}")
         if self.explicit_layers:
             parts.append("layers=" + ":".join(map(str, self.layers)))
         if self.explicit_shares:
@@ -264,6 +271,9 @@ def resolve_plan(plan: str | Path | dict, model: ModelSpec, num_devices: int,
     if schedule == "interleaved" and any(m % pp for m in shares):
         raise InputError(src, "schedule", f"interleaved needs microbatches per replica "
                          f"({', '.join(map(str, sorted(set(shares))))}) divisible by pp={pp}")
+    if pf.overlap_step != "none" and pf.zero == 3:
+        raise InputError(src, "overlap_step", f"{pf.overlap_step} needs zero < 3 (ZeRO-3 gathers and "
+                         "reduce-scatters per microbatch, inside the step)")
     if pf.zero == 3 and pp > 1:
         # ZeRO-3 re-gathers weights per microbatch; with pipelining that is what no
         # framework we model does by default, but it is well defined, so we allow it.
@@ -275,4 +285,5 @@ def resolve_plan(plan: str | Path | dict, model: ModelSpec, num_devices: int,
         compress=pf.compress, allreduce=pf.allreduce, precision=pf.precision,
         placement=pf.placement, layers=layers, mb_shares=shares,
         explicit_layers=pf.layers is not None, explicit_shares=pf.mb_shares is not None,
+        overlap_step=pf.overlap_step,
     )
