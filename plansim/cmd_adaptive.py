@@ -49,12 +49,16 @@ def _cluster_profile(args):
 
 
 def _predict(args, model, runs: dict, cluster, profile) -> dict:
-    """Per-step simulated times of each dp run and their agreement with the measured ones."""
-    from validate.adaptive_figures import predict_steps_scaled, sim_agreement
+    """Per-step simulated times of each dp run (the allocation it used, under its
+    scenario) and the simulator's own adaptive run; their agreement with the measured."""
+    from validate.adaptive_figures import predict_adaptive, predict_replay, sim_agreement
     out = {}
     for name, rec in runs.items():
-        pred = predict_steps_scaled(model, rec, cluster, profile)
+        pred = predict_replay(model, rec, cluster, profile)
         out[name] = {"predicted_step_times_s": pred, **sim_agreement(rec.step_times_s, pred, args.settle)}
+    times, units = predict_adaptive(model, runs["adaptive"], cluster, profile)
+    out["simulated adaptive"] = {"predicted_step_times_s": times, "predicted_units": units,
+                                 **sim_agreement(runs["adaptive"].step_times_s, times, args.settle)}
     return out
 
 
@@ -114,7 +118,9 @@ def cmd_validate_adaptive(args) -> int:
     print(_step_table(runs["adaptive"]))
     print(format_figures(figs))
     for name, p in predicted.items():
-        print(f"  simulated {name:9s} {p['predicted_s'] * 1e3:8.1f} ms vs measured {p['measured_s'] * 1e3:8.1f} ms: "
+        what = ("simulator's adaptive run" if name == "simulated adaptive"
+                else f"{name} allocations replayed")
+        print(f"  {what:38s} {p['predicted_s'] * 1e3:8.1f} ms predicted vs {p['measured_s'] * 1e3:8.1f} ms measured: "
               f"{p['error_pct']:+.1f} % (median per-step error {p['median_step_error_pct']:+.1f} %)")
     if args.out:
         print(f"record written to {args.out}")

@@ -124,24 +124,31 @@ def test_done_when_figures_hand_worked():
     assert f.to_dict()["ideal_ratio"] == pytest.approx(4 / 3)
 
 
-def test_scaled_prediction_against_simulate():
-    """The per-step prediction of an unslowed equal split is simulate()'s step time itself;
-    with rank 1 at half speed it is that step plus one more of rank 1's simulated compute
-    (compute / 0.5 - compute), computed here from the same simulation independently."""
+def test_prediction_against_single_step_closed_form():
+    """Replayed allocations: an unslowed equal split is simulate()'s single step itself;
+    with rank 1 at half speed (the scenario's compute_speed event) the equal split takes
+    that step plus one more of rank 1's simulated compute (compute / 0.5 - compute, a
+    closed form from the independent single-step simulation), and 11:5 is faster than the
+    equal split. The simulator's adaptive
+    run of the same scenario ends at 11:5 (the best integer split of 16 at speeds 1, 0.5)."""
     from costmodel.profile import load_profile
     from plansim.cmd_calibrate import resolve_world
     from sim.metrics import simulate
     from specs.plan import resolve_plan
-    from validate.adaptive_figures import predict_steps_scaled
+    from validate.adaptive_figures import predict_adaptive, predict_replay
     cluster, _ = resolve_world("localhost-cpu", 2)
     profile = load_profile(None, bundled=cluster.profiles)
     plan = resolve_plan({"dp": 2, "mbs": 1, "overlap_grad_reduce": False, "precision": "fp32"}, MODEL, 2)
     res = simulate(MODEL, plan, cluster, profile)
     compute = max(d.breakdown_s["compute"] for d in res.devices)
     assert compute > 0
-    assert predict_steps_scaled(MODEL, _rec([1.0], slow_rank=None, speed=1.0), cluster, profile) == \
-        pytest.approx([res.step_time_s])
-    assert predict_steps_scaled(MODEL, _rec([1.0]), cluster, profile) == pytest.approx([res.step_time_s + compute])
+    assert predict_replay(MODEL, _rec([1.0], slow_rank=None, speed=1.0), cluster, profile) == \
+        pytest.approx([res.step_time_s], rel=1e-6)
+    slow = predict_replay(MODEL, _rec([1.0, 1.0], units=[[8, 8], [11, 5]]), cluster, profile)
+    assert slow[0] == pytest.approx(res.step_time_s + compute, rel=1e-3)
+    assert slow[1] < slow[0]
+    times, units = predict_adaptive(MODEL, _rec([1.0] * 8), cluster, profile)
+    assert len(times) == 8 and units[-1] == [11, 5] and times[-1] < times[0]
 
 
 @pytest.mark.parametrize("argv", [["--slow-rank", "2:0.5"], ["--slow-rank", "1:2"], ["--settle", "16"],

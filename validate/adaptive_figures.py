@@ -78,48 +78,52 @@ def format_figures(f: Figures) -> str:
     return "\n".join(lines)
 
 
-def predict_steps_scaled(model, rec, cluster, profile) -> list[float]:
-    """Per measured step of ``rec`` (a dp AdaptiveRecord), the simulator's step time for the
-    allocation that step used, with the slow rank's compute scaled by 1/speed.
-
-    Single-step simulations (sim.metrics.simulate) of the plan ``dp=world, mbs,
-    mb_shares=units`` in fp32 without overlapped reduction, as the run does; the slow
-    rank's simulated compute time is divided by its speed and the step is the slowest
-    rank's compute plus the rest of the simulated step (reduction and optimizer tail).
-    The optimizer's share of compute is scaled too (the real slowdown spares it: a few
-    ms of a 100+ ms step here)."""
-    from sim.metrics import simulate
+def _plan(model, world: int, mbs: int, shares=None):
+    """The plan a dp run executes: dp=world, mbs, the shares, fp32, reduction after backward."""
     from specs.plan import resolve_plan
-    speeds = speeds_of(rec.world, rec.slow_rank, rec.speed) if rec.slow_rank is not None else [1.0] * rec.world
+    d = {"dp": world, "mbs": mbs, "overlap_grad_reduce": False, "precision": "fp32"}
+    if shares is not None:
+        d["mb_shares"] = list(shares)
+    return resolve_plan(d, model, world)
+
+
+def slow_scenario(cluster, slow_rank: int | None, speed: float):
+    """The scenario of a run: device ``slow_rank`` computes at ``speed`` from the first step
+    (scenarios/dp2-half-speed.yaml for 1 at 0.5), validated like a scenario file."""
+    from specs.scenario import ScenarioFile, empty_scenario, resolve_scenario
+    from specs.validation import validate
+    if slow_rank is None or speed == 1.0:
+        return empty_scenario()
+    raw = {"name": f"rank {slow_rank} at speed {speed:g}",
+           "events": [{"kind": "compute_speed", "device": slow_rank, "factor": speed, "step": 1}]}
+    return resolve_scenario(validate(ScenarioFile, raw, "--slow-rank"), cluster, "--slow-rank")
+
+
+def predict_replay(model, rec, cluster, profile) -> list[float]:
+    """Per measured step of ``rec`` (a dp AdaptiveRecord), the simulated time of a step
+    with the allocation that step used, under the run's scenario (sim/multistep.py, one
+    step: the real run starts every step after a barrier, so nothing crosses steps)."""
+    from sim.multistep import simulate_steps
+    scenario = slow_scenario(cluster, rec.slow_rank, rec.speed)
     cache: dict[tuple[int, ...], float] = {}
-    out = []
     for units in rec.units:
         key = tuple(units)
         if key not in cache:
-            plan = resolve_plan({"dp": rec.world, "mbs": rec.mbs, "mb_shares": list(key),
-                                 "overlap_grad_reduce": False, "precision": "fp32"}, model, rec.world)
-            res = simulate(model, plan, cluster, profile)
-            compute = _compute_by_rank(res, plan)
-            slowest = max(compute)
-            scaled = max(c / s for c, s in zip(compute, speeds))
-            cache[key] = res.step_time_s - slowest + scaled
-        out.append(cache[key])
-    return out
+            res = simulate_steps(model, _plan(model, rec.world, rec.mbs, key), cluster, profile, 1, scenario)
+            cache[key] = res.steps[0].step_time_s
+    return [cache[tuple(u)] for u in rec.units]
 
 
-def _compute_by_rank(res, plan) -> list[float]:
-    """Simulated compute seconds of each DP rank (a DeviceResult stands for ``represents``
-    identical replicas; the ranks of one class share its figure)."""
-    by_rank = {d.rank: d.breakdown_s.get("compute", 0.0) for d in res.devices}
-    out = []
-    for r in range(plan.dp):
-        rank = plan.rank(r, 0, 0)
-        if rank in by_rank:
-            out.append(by_rank[rank])
-        else:  # an identical replica represented by another rank: same shares, same time
-            same = [plan.rank(q, 0, 0) for q in range(plan.dp) if plan.mb_shares[q] == plan.mb_shares[r]]
-            out.append(next(by_rank[q] for q in same if q in by_rank))
-    return out
+def predict_adaptive(model, rec, cluster, profile) -> tuple[list[float], list[list[int]]]:
+    """The simulator's own adaptive run of the same scenario (``plansim simulate --steps N
+    --scenario --adaptive``: its controller sees noisy simulated busy times, never the
+    speeds): per-step times and allocations, as many steps as ``rec`` measured."""
+    from sim.adaptive_control import SimController
+    from sim.multistep import simulate_steps
+    plan = _plan(model, rec.world, rec.mbs)
+    res = simulate_steps(model, plan, cluster, profile, rec.steps, slow_scenario(cluster, rec.slow_rank, rec.speed),
+                         SimController(model, plan, cluster, profile))
+    return [s.step_time_s for s in res.steps], [list(s.mb_shares) for s in res.steps]
 
 
 def sim_agreement(measured: list[float], predicted: list[float], settle: int) -> dict:
