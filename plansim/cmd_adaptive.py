@@ -49,7 +49,7 @@ def _cluster_profile(args):
 
 
 def _predict(args, model, runs: dict, cluster, profile) -> dict:
-    """Per-step simulated times of each dp run (the allocation it used, under its
+    """Per-step simulated times of each run (the allocation it used, under its
     scenario) and the simulator's own adaptive run; their agreement with the measured."""
     from validate.adaptive_figures import predict_adaptive, predict_replay, sim_agreement
     out = {}
@@ -105,7 +105,7 @@ def cmd_validate_adaptive(args) -> int:
               f"unslowed, fixed and adaptive runs of {args.warmup} + {args.steps} steps", file=sys.stderr, flush=True)
     runs = dict(zip(cfgs, run_adaptive_many(model, list(cfgs.values()), timeout_s=args.timeout)))
     figs = figures(runs["unslowed"], runs["fixed"], runs["adaptive"], args.settle)
-    predicted = _predict(args, model, runs, cluster, profile) if args.mode == "dp" else {}
+    predicted = _predict(args, model, runs, cluster, profile)
     record = {"model": args.model, "mode": args.mode, "world": args.world, "slow_rank": rank, "speed": speed,
               "profile": args.profile, "runs": {k: r.to_dict() for k, r in runs.items()},
               "figures": figs.to_dict(), "simulated": predicted}

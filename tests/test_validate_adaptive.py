@@ -101,10 +101,10 @@ def test_layer_owners():
     assert owners((2, 2)) == [0, 0, 1, 1]
 
 
-def _rec(times, units=None, adaptive=False, slow_rank=1, speed=0.5):
+def _rec(times, units=None, adaptive=False, slow_rank=1, speed=0.5, mode="dp", mbs=1):
     from validate.adaptive_run import AdaptiveRecord
     n = len(times)
-    return AdaptiveRecord(mode="dp", world=2, slow_rank=slow_rank, speed=speed, adaptive=adaptive, mbs=1,
+    return AdaptiveRecord(mode=mode, world=2, slow_rank=slow_rank, speed=speed, adaptive=adaptive, mbs=mbs,
                           steps=n, warmup=0, step_times_s=list(times), busy_s=[[0.0, 0.0]] * n,
                           units=units or [[8, 8]] * n, decisions=[], migrations=[], losses=[])
 
@@ -149,6 +149,22 @@ def test_prediction_against_single_step_closed_form():
     assert slow[1] < slow[0]
     times, units = predict_adaptive(MODEL, _rec([1.0] * 8), cluster, profile)
     assert len(times) == 8 and units[-1] == [11, 5] and times[-1] < times[0]
+
+
+def test_pipeline_prediction_moves_a_layer_off_the_slow_stage():
+    """Pipeline replay: with stage 1 at half speed, 3:1 layers is predicted faster than
+    2:2 (the slow stage's 2 layers cost 4 layer-times, 3:1 costs max(3, 2)); the simulator's
+    own adaptive run of the scenario moves to 3:1 as the real controller does."""
+    from costmodel.profile import load_profile
+    from plansim.cmd_calibrate import resolve_world
+    from validate.adaptive_figures import predict_adaptive, predict_replay
+    cluster, _ = resolve_world("localhost-cpu", 2)
+    profile = load_profile(None, bundled=cluster.profiles)
+    rec = _rec([1.0, 1.0], units=[[2, 2], [3, 1]], mode="pp", mbs=4)
+    even, moved = predict_replay(MODEL, rec, cluster, profile)
+    assert moved < even
+    _, units = predict_adaptive(MODEL, _rec([1.0] * 6, units=[[2, 2]] * 6, mode="pp", mbs=4), cluster, profile)
+    assert units[-1] == [3, 1]
 
 
 @pytest.mark.parametrize("argv", [["--slow-rank", "2:0.5"], ["--slow-rank", "1:2"], ["--settle", "16"],

@@ -78,13 +78,21 @@ def format_figures(f: Figures) -> str:
     return "\n".join(lines)
 
 
-def _plan(model, world: int, mbs: int, shares=None):
-    """The plan a dp run executes: dp=world, mbs, the shares, fp32, reduction after backward."""
+def _plan(model, rec, units=None):
+    """The plan a run executes: dp=world with ``units`` as microbatch shares, or a
+    world-stage 1F1B pipeline with ``units`` as layers per stage; fp32, gradient reduction
+    after backward (validate/adaptive_run.py)."""
     from specs.plan import resolve_plan
-    d = {"dp": world, "mbs": mbs, "overlap_grad_reduce": False, "precision": "fp32"}
-    if shares is not None:
-        d["mb_shares"] = list(shares)
-    return resolve_plan(d, model, world)
+    d = {"mbs": rec.mbs, "overlap_grad_reduce": False, "precision": "fp32"}
+    if rec.mode == "dp":
+        d["dp"] = rec.world
+        if units is not None:
+            d["mb_shares"] = list(units)
+    else:
+        d.update(pp=rec.world, schedule="1f1b")
+        if units is not None:
+            d["layers"] = list(units)
+    return resolve_plan(d, model, rec.world)
 
 
 def slow_scenario(cluster, slow_rank: int | None, speed: float):
@@ -100,7 +108,7 @@ def slow_scenario(cluster, slow_rank: int | None, speed: float):
 
 
 def predict_replay(model, rec, cluster, profile) -> list[float]:
-    """Per measured step of ``rec`` (a dp AdaptiveRecord), the simulated time of a step
+    """Per measured step of ``rec`` (an AdaptiveRecord), the simulated time of a step
     with the allocation that step used, under the run's scenario (sim/multistep.py, one
     step: the real run starts every step after a barrier, so nothing crosses steps)."""
     from sim.multistep import simulate_steps
@@ -109,7 +117,7 @@ def predict_replay(model, rec, cluster, profile) -> list[float]:
     for units in rec.units:
         key = tuple(units)
         if key not in cache:
-            res = simulate_steps(model, _plan(model, rec.world, rec.mbs, key), cluster, profile, 1, scenario)
+            res = simulate_steps(model, _plan(model, rec, key), cluster, profile, 1, scenario)
             cache[key] = res.steps[0].step_time_s
     return [cache[tuple(u)] for u in rec.units]
 
@@ -120,10 +128,11 @@ def predict_adaptive(model, rec, cluster, profile) -> tuple[list[float], list[li
     speeds): per-step times and allocations, as many steps as ``rec`` measured."""
     from sim.adaptive_control import SimController
     from sim.multistep import simulate_steps
-    plan = _plan(model, rec.world, rec.mbs)
+    plan = _plan(model, rec)
     res = simulate_steps(model, plan, cluster, profile, rec.steps, slow_scenario(cluster, rec.slow_rank, rec.speed),
                          SimController(model, plan, cluster, profile))
-    return [s.step_time_s for s in res.steps], [list(s.mb_shares) for s in res.steps]
+    return [s.step_time_s for s in res.steps], [list(s.mb_shares if rec.mode == "dp" else s.layers)
+                                                for s in res.steps]
 
 
 def sim_agreement(measured: list[float], predicted: list[float], settle: int) -> dict:
