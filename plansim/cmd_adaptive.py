@@ -26,6 +26,9 @@ def register(subparsers) -> None:
     p.add_argument("--world", type=int, default=2, help="processes (default 2)")
     p.add_argument("--slow-rank", default="1:0.5", metavar="R:F",
                    help="rank R computes at speed F in (0, 1] (default 1:0.5, half speed)")
+    p.add_argument("--slow-by", choices=("quota", "work"), default=None,
+                   help="quota: the slow rank pauses (1/F - 1) x its measured compute (default for dp); "
+                        "work: it runs 1/F - 1 extra forward+backward passes (the only one for pp)")
     p.add_argument("--mbs", type=int, default=None,
                    help="samples per microbatch: the dp unit (default 1); pp microbatch size (default 4)")
     p.add_argument("--steps", type=int, default=16, help="measured steps per run (default 16)")
@@ -79,7 +82,7 @@ def _step_table(rec) -> str:
 def cmd_validate_adaptive(args) -> int:
     from specs.model import load_model
     from validate.adaptive_figures import figures, format_figures
-    from validate.adaptive_run import AdaptiveConfig, run_adaptive_many
+    from validate.adaptive_run import AdaptiveConfig, check_configs, run_adaptive_many
     from validate.backend import require_torch
     from validate.slowdown import parse_slow_rank
 
@@ -96,17 +99,22 @@ def cmd_validate_adaptive(args) -> int:
     cluster, profile = _cluster_profile(args)
     mbs = args.mbs or (1 if args.mode == "dp" else 4)
     require_torch()
-    base = dict(mode=args.mode, world=args.world, steps=args.steps, warmup=args.warmup, seed=args.seed, mbs=mbs)
+    base = dict(mode=args.mode, world=args.world, steps=args.steps, warmup=args.warmup, seed=args.seed, mbs=mbs,
+                slow_by=args.slow_by)
+    slow_by = AdaptiveConfig(**base).slow_mode
     cfgs = {"unslowed": AdaptiveConfig(**base, adaptive=False),
             "fixed": AdaptiveConfig(**base, slow_rank=rank, speed=speed, adaptive=False),
             "adaptive": AdaptiveConfig(**base, slow_rank=rank, speed=speed, adaptive=True)}
+    check_configs(model, list(cfgs.values()))
     if not args.json:
-        print(f"running {args.model} {args.mode} on {args.world} processes, rank {rank} at speed {speed:g}: "
+        print(f"running {args.model} {args.mode} on {args.world} processes, rank {rank} at speed {speed:g} "
+              f"(slowed by {slow_by}): "
               f"unslowed, fixed and adaptive runs of {args.warmup} + {args.steps} steps", file=sys.stderr, flush=True)
     runs = dict(zip(cfgs, run_adaptive_many(model, list(cfgs.values()), timeout_s=args.timeout)))
     figs = figures(runs["unslowed"], runs["fixed"], runs["adaptive"], args.settle)
     predicted = _predict(args, model, runs, cluster, profile)
     record = {"model": args.model, "mode": args.mode, "world": args.world, "slow_rank": rank, "speed": speed,
+              "slow_by": slow_by,
               "profile": args.profile, "runs": {k: r.to_dict() for k, r in runs.items()},
               "figures": figs.to_dict(), "simulated": predicted}
     if out_path is not None:

@@ -1,8 +1,9 @@
 """Real adaptive runs (validate/adaptive_run.py) stay exact while the controller moves work.
 
 One launch of 2 gloo processes runs the tiny model twice with rank 1 slowed to a quarter
-speed (three extra forward+backward passes, validate/slowdown.py; a quarter rather than a
-half so the controller's direction cannot be hidden by the timing noise of a shared host):
+speed (validate/slowdown.py: dp by the default quota pause, pp by three extra
+forward+backward passes whose gradients are discarded; a quarter rather than a half so the
+controller's direction cannot be hidden by the timing noise of a shared host):
 - data parallel: samples per rank re-allocated every step from measured busy times;
 - 2-stage pipeline: layers moved between the stages, weights and Adam state sent for real.
 Both are compared with the single-process reference (validate/reference.py) with the
@@ -168,10 +169,11 @@ def test_pipeline_prediction_moves_a_layer_off_the_slow_stage():
 
 
 @pytest.mark.parametrize("argv", [["--slow-rank", "2:0.5"], ["--slow-rank", "1:2"], ["--settle", "16"],
-                                  ["--world", "5"]])
+                                  ["--world", "5"], ["--mode", "pp", "--slow-by", "quota"]])
 def test_cli_bad_input_exits_2_before_running(argv, capsys):
     """A slow rank outside the 2 processes, a speed above 1, a settle window as long as the
-    run, or more processes than the localhost-cpu node has (4): exit 2 with a one-line
+    run, more processes than the localhost-cpu node has (4), or the quota slowdown for a
+    pipeline (its backward runs inside validate/pp.py, out of the pause's reach): exit 2 with a one-line
     message, before any process starts."""
     from plansim.cli import main
     assert main(["validate-adaptive", "localhost-cpu", *argv]) == 2

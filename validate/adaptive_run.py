@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from costmodel.rebalance import Rebalancer, balance
 from validate.backend import pick_backend
 from validate.launch import launch, local_rank
+from validate.slowdown import SLOW_MODES
 
 MODES = ("dp", "pp")
 
@@ -40,6 +41,7 @@ class AdaptiveConfig:
     seed: int = 0
     slow_rank: int | None = None
     speed: float = 1.0  # the slow rank's speed, 0 < speed <= 1 (validate/slowdown.py)
+    slow_by: str | None = None  # 'quota' (pause; dp only, its default) or 'work' (extra passes; pp's)
     adaptive: bool = True  # False: keep the initial (equal) allocation
     mbs: int = 1  # dp: samples per microbatch (the unit); pp: samples per pipeline microbatch
     smoothing: float = 0.5  # Rebalancer EWMA weight of history
@@ -48,6 +50,11 @@ class AdaptiveConfig:
     move_gbps: float = 1.0  # pp: link rate (GB/s) pricing a layer move; gloo over loopback does more
     backend: str | None = None
     capture: bool = False  # return the final weights (tests)
+
+    @property
+    def slow_mode(self) -> str:
+        """How the slow rank is slowed (validate/slowdown.py): slow_by, or the mode's default."""
+        return self.slow_by or ("quota" if self.mode == "dp" else "work")
 
 
 @dataclass
@@ -134,7 +141,7 @@ def _dp_steps(rank: int, world: int, model, cfg: AdaptiveConfig):
     from validate.comm import Comm
     from validate.dp import GradReducer
     from validate.gpt import GPTChunk, batch_tokens, full_weights
-    from validate.slowdown import slow_work
+    from validate.slowdown import quota_pause, slow_work
     from validate.timeline import Recorder
 
     torch.manual_seed(cfg.seed)
@@ -161,7 +168,7 @@ def _dp_steps(rank: int, world: int, model, cfg: AdaptiveConfig):
         reducer.begin_step()
         loss = 0.0
         for x, y in mbs:
-            if speed < 1.0:
+            if speed < 1.0 and cfg.slow_mode == "work":
                 with rec.span("compute", "slowdown", "slowdown"):
                     slow_work(chunk, x, y, scale, speed)
             with rec.span("compute", "forward", "forward"):
@@ -169,6 +176,9 @@ def _dp_steps(rank: int, world: int, model, cfg: AdaptiveConfig):
             with rec.span("compute", "backward", "backward"):
                 out.backward()
             loss += float(out.detach())
+        if speed < 1.0 and cfg.slow_mode == "quota":
+            with rec.span("compute", "slowdown", "slowdown"):
+                quota_pause(rec.now() - rec.t0, speed)
         busy = rec.now() - rec.t0
         reducer.finish()
         reducer.step(step + 1)
@@ -318,6 +328,9 @@ def check_configs(model, cfgs: list[AdaptiveConfig]) -> None:
             raise InputError("--steps", None, f"need steps >= 1 and warmup >= 0 (got {c.steps}, {c.warmup})")
         if c.world < 2:
             raise InputError("--world", None, f"needs at least 2 processes (got {c.world})")
+        if c.slow_mode not in SLOW_MODES or (c.mode == "pp" and c.slow_mode != "work"):
+            allowed = "work" if c.mode == "pp" else ", ".join(SLOW_MODES)
+            raise InputError("--slow-by", None, f"{c.slow_mode!r}: allowed for {c.mode}: {allowed}")
         if c.slow_rank is not None and not (0 <= c.slow_rank < c.world):
             raise InputError("--slow-rank", None, f"rank {c.slow_rank} is outside the run's {c.world} processes")
         if model.global_batch_size % c.mbs:

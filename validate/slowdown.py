@@ -1,24 +1,36 @@
-"""Make one rank of a real run slow, in proportion to the work it holds.
+"""Make one rank of a real run slow, in proportion to the work it holds. Two ways:
 
-A rank at speed F (0 < F <= 1) does its own forward and backward, and ``1/F - 1`` more
-passes of the same kind on the same inputs whose gradients are thrown away
-(``torch.autograd.grad``: no ``.grad`` is accumulated, so no gradient hook fires and the
-training is unchanged). The fractional part of ``1/F - 1`` runs one pass over that share
-of the batch rows.
-
-Why extra passes and not a sleep or a CPU quota: the extra time then scales with the
-rank's share exactly as its real compute does (a rank given 5 samples instead of 8
-slows by 5/8 of its work, batch-size effects included), which is what a rebalancer has
-to discover; a fixed sleep would not scale, and a CPU quota (cgroups) needs privileges
-this runner does not assume. The price: the slow rank really uses the CPU, so on a host
-with fewer free cores than ranks its neighbours lose some speed too (the ratios reported
-are measured in one run, so they see the same load).
+- ``quota`` (data parallel): after its forward and backward, the rank pauses for
+  ``elapsed * (1/F - 1)``, so its compute phase lasts 1/F times what it measured. This is
+  what a CPU quota of F (cgroup ``cpu.max``) does to a compute-bound process, without the
+  privileges a cgroup needs, and like a slower device it leaves the cores to others while
+  it waits. It scales with the rank's share because it is a multiple of the measured time
+  of that share.
+- ``work``: the rank does its own forward and backward and ``1/F - 1`` more passes of the
+  same kind on the same inputs whose gradients are thrown away (``torch.autograd.grad``:
+  no ``.grad`` is accumulated, so no gradient hook fires and training is unchanged); the
+  fractional part runs one pass over that share of the batch rows. Real extra work, in
+  every action of a pipeline stage (validate/pp.py runs only ``forward``, so the extra
+  passes, backward included, ride on it). On a host with fewer free cores than busy
+  processes the extra passes take CPU from the other ranks too, and a waiting rank gives
+  its share to the slow one: the fixed split then shows less than 1/F (1.45x instead of
+  2x measured at load 11-14 on 2 cores), which is why ``quota`` is the default for dp.
 """
 from __future__ import annotations
 
 import math
 
 from costmodel.errors import InputError
+
+
+SLOW_MODES = ("quota", "work")
+
+
+def quota_pause(elapsed_s: float, speed: float) -> None:
+    """Pause so that ``elapsed_s`` of compute lasts ``elapsed_s / speed`` in all."""
+    import time
+    if speed < 1.0 and elapsed_s > 0:
+        time.sleep(elapsed_s * (1.0 / speed - 1.0))
 
 
 def parse_slow_rank(text: str, world: int | None = None) -> tuple[int, float]:
