@@ -47,6 +47,7 @@ class AdaptiveConfig:
     smoothing: float = 0.5  # Rebalancer EWMA weight of history
     min_gain_frac: float = 0.05  # Rebalancer hysteresis: timings here are noisy to several %
     horizon_steps: int = 10
+    median_of: int = 3  # Rebalancer: median of the last 3 per-unit samples (one OS stall moves nothing)
     move_gbps: float = 1.0  # pp: link rate (GB/s) pricing a layer move; gloo over loopback does more
     backend: str | None = None
     capture: bool = False  # return the final weights (tests)
@@ -100,7 +101,7 @@ def _controller(units, cfg: AdaptiveConfig, model) -> Rebalancer:
         cost = layer_bytes / (cfg.move_gbps * 1e9)
     return Rebalancer(units, min_units=1, horizon_steps=cfg.horizon_steps, smoothing=cfg.smoothing,
                       min_gain_frac=cfg.min_gain_frac, cost_per_unit_moved_s=cost,
-                      contiguous=cfg.mode == "pp")
+                      contiguous=cfg.mode == "pp", median_of=cfg.median_of)
 
 
 def _gather(values: list[float], world: int) -> list[list[float]]:
