@@ -13,10 +13,10 @@
 #    after it settles, its error vs the ideal (target within 15 %), and the simulator's
 #    prediction of each run vs the measured step times (target within 15 %).
 # Writes OUT_DIR/adaptive.json (every step of the three runs, figures, predictions) and
-# OUT_DIR/adaptive.txt. STEPS (default 16) and SETTLE (default 4) override the step counts.
+# OUT_DIR/adaptive.txt. STEPS (default 24) and SETTLE (default 4) override the step counts.
 set -euo pipefail
 OUT="${1:-adaptive-cpu}"
-STEPS="${STEPS:-16}"
+STEPS="${STEPS:-24}"
 SETTLE="${SETTLE:-4}"
 PY="${PYTHON:-python3}"
 mkdir -p "$OUT"
@@ -38,6 +38,7 @@ print(f"DONE-WHEN unslowed {u*1e3:.1f} ms | fixed {f['fixed_s']*1e3:.1f} ms ({f[
       f"({f['adaptive_ratio']:.2f}x) | error vs ideal {f['error_vs_ideal_pct']:+.1f} % (target |e| <= 15 %)")
 for name, p in d["simulated"].items():
     print(f"SIM-VS-MEASURED {name}: predicted {p['predicted_s']*1e3:.1f} ms, measured {p['measured_s']*1e3:.1f} ms, "
-          f"error {p['error_pct']:+.1f} % (target |e| <= 15 %)")
+          f"error {p['error_pct']:+.1f} % (target |e| <= 15 %); x unslowed: predicted {p['predicted_ratio']:.2f}, "
+          f"measured {p['measured_ratio']:.2f}")
 PYEOF
 echo "adaptive benchmark wall time: $(( $(date +%s) - start )) s"

@@ -62,6 +62,12 @@ def _predict(args, model, runs: dict, cluster, profile) -> dict:
     times, units = predict_adaptive(model, runs["adaptive"], cluster, profile)
     out["simulated adaptive"] = {"predicted_step_times_s": times, "predicted_units": units,
                                  **sim_agreement(runs["adaptive"].step_times_s, times, args.settle)}
+    # Each run relative to the unslowed one, predicted and measured: what the slowdown and
+    # the rebalancing cost, free of the calibration's absolute error.
+    base = out["unslowed"]
+    for p in out.values():
+        p["predicted_ratio"] = p["predicted_s"] / base["predicted_s"]
+        p["measured_ratio"] = p["measured_s"] / base["measured_s"]
     return out
 
 
@@ -129,7 +135,8 @@ def cmd_validate_adaptive(args) -> int:
         what = ("simulator's adaptive run" if name == "simulated adaptive"
                 else f"{name} allocations replayed")
         print(f"  {what:38s} {p['predicted_s'] * 1e3:8.1f} ms predicted vs {p['measured_s'] * 1e3:8.1f} ms measured: "
-              f"{p['error_pct']:+.1f} % (median per-step error {p['median_step_error_pct']:+.1f} %)")
+              f"{p['error_pct']:+.1f} % (median per-step {p['median_step_error_pct']:+.1f} %); x unslowed "
+              f"{p['predicted_ratio']:.2f} predicted, {p['measured_ratio']:.2f} measured")
     if args.out:
         print(f"record written to {args.out}")
     return 0
