@@ -12,9 +12,9 @@ from dataclasses import replace
 from sim.result import StepResult
 from specs.plan import resolve_plan
 
-# Synchronous plans whose overlap variants are simulated: the best few that fit (each
+# Synchronous plans whose overlap variants are simulated: the best one that fits (each
 # variant costs a 3-step run, three single-step simulations).
-OVERLAP_BASES = 2
+OVERLAP_BASES = 1
 MODES = ("layerwise", "delayed")
 
 

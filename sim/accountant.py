@@ -65,6 +65,12 @@ class StepAccountant:
         self._dp_inflight[stage] = None
         self._dp_busy_s[stage] += self.env.now - t0
 
+    def share_dp_busy(self, other: "StepAccountant") -> None:
+        """Count gradient-collective time in ``other``'s counters: consecutive steps of one
+        multi-step run (sim/multistep.py), where one step's collectives overlap and slow
+        the next step's compute."""
+        self._dp_inflight, self._dp_busy_s = other._dp_inflight, other._dp_busy_s
+
     def dp_busy_s(self, stage: int, t: float) -> float:
         """Seconds ``stage``'s gradient collectives have run up to time t (t = now)."""
         busy = self._dp_busy_s[stage]

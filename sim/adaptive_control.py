@@ -10,7 +10,8 @@ clock skew between ranks); never the scenario's speed factors. Two levers:
   is its slowest stage's (in a pipeline the bottleneck stage sets the pace); moving
   microbatches moves no state (the data loader hands out other samples), so it is free.
 - pipeline: layers per stage (the plan's ``layers``), the same split on every replica. A
-  stage's time is its slowest replica's busy time;
+  stage's time is its busy time per microbatch on its fastest replica (a stage slow on one
+  replica only is the data-parallel lever's to fix);
   moving a layer moves its weights and optimizer state between neighbouring stages over
   the network, priced per layer for the hysteresis from the link's nominal bandwidth and
   paid for real by the engine (sim/multistep.py simulates the transfers as flows).
@@ -38,8 +39,8 @@ class ControllerSettings:
     # Weight of history in the per-unit EWMA: 0.3 follows a change within ~2 steps and
     # leaves 0.73 of one measurement's noise (sqrt((1-a)/(1+a))).
     smoothing: float = 0.3
-    # A move must promise at least 5 % of the step (see gain_threshold).
-    min_gain_frac: float = 0.05
+    # A move must promise at least 3 % of the step (see gain_threshold).
+    min_gain_frac: float = 0.03
     settle_steps: int = 1  # steps observed under the current allocation before a decision
 
 
@@ -65,12 +66,12 @@ def layer_move_s(model, plan, cluster, profile) -> float:
 
 def gain_threshold(settings: ControllerSettings) -> float:
     """The smallest predicted gain (fraction of the step) worth a move: the larger of
-    ``min_gain_frac`` and 4 standard deviations of a smoothed per-unit estimate, the
+    ``min_gain_frac`` and 3 standard deviations of a smoothed per-unit estimate, the
     timer noise times sqrt((1-a)/(1+a)) for EWMA weight a (a loop knows its timers' jitter
     from warm-up; it does not know the cluster's speeds). Below it, noise alone would
     move units back and forth."""
     sd = settings.noise * math.sqrt((1.0 - settings.smoothing) / (1.0 + settings.smoothing))
-    return min(0.5, max(settings.min_gain_frac, 4.0 * sd))
+    return min(0.5, max(settings.min_gain_frac, 3.0 * sd))
 
 
 class SimController:
@@ -98,20 +99,24 @@ class SimController:
 
     def observe(self, plan, classes: list[tuple[tuple[int, ...], list[float]]]) -> None:
         """One finished step run under ``plan``: per replica class, (its DP indices, busy
-        seconds per stage). Observations made under an allocation the controller has
-        since left are dropped (they describe units it no longer holds)."""
-        if ((self.dp is not None and tuple(plan.mb_shares) != self.dp.units)
-                or (self.pp is not None and tuple(plan.layers) != self.pp.units)):
-            return
+        seconds per stage). A step run under an allocation the controller has since left
+        still tells the per-unit times (busy / units, the controller's linear model): it
+        is handed over as the busy time those per-unit times give the current units."""
         busy = {}  # dp index -> busy per stage, measured (with noise) on that replica
         for members, per_stage in classes:
             for d in members:
                 busy[d] = [self._measured(b) for b in per_stage]
         self._seen += 1
         if self.dp is not None:
-            self.dp.observe([max(busy[d]) for d in range(plan.dp)])
-        if self.pp is not None:  # a stage is as slow as its slowest replica
-            self.pp.observe([max(busy[d][s] for d in range(plan.dp)) for s in range(plan.pp)])
+            now = self.dp.units
+            self.dp.observe([max(busy[d]) / plan.mb_shares[d] * now[d] for d in range(plan.dp)])
+        if self.pp is not None:
+            # A stage's time per microbatch on its fastest replica (times the mean share):
+            # what every replica pays for the stage. A stage slow on one replica only is
+            # the data-parallel lever's to fix (moving layers would slow all the others).
+            now, mean_m = self.pp.units, sum(plan.mb_shares) / plan.dp
+            self.pp.observe([min(busy[d][s] / plan.mb_shares[d] for d in range(plan.dp)) * mean_m
+                             / plan.layers[s] * now[s] for s in range(plan.pp)])
 
     def decide(self, plan):
         """(plan for the next step, the decision taken or None, whether layers moved).

@@ -116,7 +116,6 @@ class MultiStepEngine:
         self._plan = plan
         self._link_scale: dict = {}
         self._programs: dict[tuple, Program] = {}
-        self._dp_lists = None  # DP busy tracking shared by every step's accountant
 
     # ------------------------------------------------------------ building steps
     def _program(self, plan, cond: StepConditions) -> Program:
@@ -158,10 +157,8 @@ class MultiStepEngine:
         plan = self._plan
         prog = self._program(plan, cond)
         acct = StepAccountant(self.env, [pipe.ranks for pipe in prog.pipelines], plan.pp, False)
-        if self._dp_lists is None:
-            self._dp_lists = (acct._dp_inflight, acct._dp_busy_s)
-        else:  # gradient collectives of one step slow the next step's compute too
-            acct._dp_inflight, acct._dp_busy_s = self._dp_lists
+        if self.steps:  # gradient collectives of one step slow the next step's compute too
+            acct.share_dp_busy(self.steps[0].acct)
         reducer = GradientReducer(self.env, self.net, prog, acct, symmetric=self.symmetric_dp)
         mode = plan.overlap_step
         gates = prev.executor.updates if (prev is not None and mode == "layerwise" and not moved

@@ -27,6 +27,7 @@ the cluster by ``resolve_scenario``, so each error names its own field.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from importlib.resources import files
 from pathlib import Path
 from typing import Annotated, Literal, Union
 
@@ -138,10 +139,29 @@ class Scenario:
     events: tuple[ScenarioEvent, ...]
 
 
+_BUNDLE = "scenarios"
+
+
+def list_scenarios() -> list[str]:
+    """Names of the bundled scenario files (stems of ``scenarios/*.yaml``)."""
+    return sorted(p.name[:-5] for p in files(_BUNDLE).iterdir() if p.name.endswith(".yaml"))
+
+
+def scenario_path(name_or_path: str | Path) -> str:
+    """A file path as given, or a bundled scenario's name (``slow-node-175b``)."""
+    text = str(name_or_path)
+    if not Path(text).is_file() and not text.endswith((".yaml", ".yml")) and "/" not in text:
+        res = files(_BUNDLE) / f"{text}.yaml"
+        if res.is_file():
+            return str(res)
+        raise InputError(text, "--scenario", f"no such file or bundled scenario; bundled: {', '.join(list_scenarios())}")
+    return text
+
+
 def load_scenario_file(path: str | Path) -> ScenarioFile:
     """Read and validate a scenario YAML (shapes and ranges; see resolve_scenario)."""
-    src = str(path)
-    data = load_yaml(path, src, "scenario file")
+    src = scenario_path(path)
+    data = load_yaml(src, src, "scenario file")
     return validate(ScenarioFile, {} if data is None else data, src)
 
 
@@ -169,8 +189,9 @@ def resolve_scenario(sf: ScenarioFile, cluster, source: str) -> Scenario:
 
 
 def load_scenario(path: str | Path, cluster) -> Scenario:
-    """A scenario file validated against ``cluster``; InputError (one line) otherwise."""
-    return resolve_scenario(load_scenario_file(path), cluster, str(path))
+    """A scenario file (or bundled name) validated against ``cluster``; InputError (one
+    line) otherwise."""
+    return resolve_scenario(load_scenario_file(path), cluster, scenario_path(path))
 
 
 def empty_scenario() -> Scenario:

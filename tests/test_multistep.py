@@ -264,3 +264,86 @@ def test_pipeline_lever_moves_layers_and_pays_the_migration(tmp_path):
     assert len(moved) == 1 and moved[0].layers == [3, 1]
     assert moved[0].migration_s == pytest.approx(layer_state_bytes(_MODEL, plan) / 1e10, rel=1e-9)
     assert res.steps[-1].step_time_s < res.steps[0].step_time_s
+
+
+# ---------------------------------------------------------------- recovery, CLI, report, search
+def _slow_node_runs(steps=30):
+    """gpt3-1.3b on 16 DGX A100 nodes, tp=8,pp=2,dp=8 (a node is one stage of one
+    replica), node 1 (replica 0, stage 1) at 60 % from step 3: adaptive, fixed, unslowed."""
+    from sim.multistep import compare_runs
+    from specs.scenario import ScenarioFile, resolve_scenario
+    cluster = load_topology("dgx-a100", nodes=16)
+    model = load_model("gpt3-1.3b")
+    profile = load_profile(None, bundled=cluster.profiles)
+    plan = resolve_plan("tp=8,pp=2,dp=8,mbs=2", model, cluster.num_devices)
+    sc = resolve_scenario(ScenarioFile.model_validate(
+        {"events": [{"kind": "compute_speed", "node": 1, "factor": 0.6, "step": 3}]}), cluster, "test")
+    ad = simulate_steps(model, plan, cluster, profile, steps, sc, SimController(model, plan, cluster, profile))
+    fixed = simulate_steps(model, plan, cluster, profile, steps, sc)
+    unslowed = simulate_steps(model, plan, cluster, profile, 2)
+    return ad, fixed, unslowed, compare_runs(ad, fixed, unslowed, sc)
+
+
+def test_adaptive_recovers_a_slow_node():
+    """The issue's 175B case in small (run in full by benchmarks/adaptive_175b.py): one
+    node of eight replicas' pipelines at 60 % from step 3. The fixed plan loses throughput
+    from step 3 on; the adaptive run, paying its transition steps, recovers at least 70 %
+    of it, and its own throughput is (adaptive - fixed) / (unslowed - fixed) of the way."""
+    ad, fixed, unslowed, cmp = _slow_node_runs()
+    assert cmp.from_step == 3
+    assert cmp.fixed_tokens_per_s < 0.8 * cmp.unslowed_tokens_per_s
+    assert cmp.recovered_frac >= 0.7
+    assert cmp.recovered_frac == pytest.approx(
+        (cmp.adaptive_tokens_per_s - cmp.fixed_tokens_per_s) / (cmp.unslowed_tokens_per_s - cmp.fixed_tokens_per_s))
+    assert ad.steps[-1].mb_shares[0] < ad.steps[-1].mb_shares[1]  # the slowed replica got fewer microbatches
+
+
+def test_report_is_deterministic_and_shows_the_recovery(tmp_path):
+    """The multi-step report renders the same bytes twice, states the recovered share and
+    lists every step (with the fixed plan's throughput beside it)."""
+    from reports.multistep import render, write_multistep_report
+    ad, fixed, unslowed, cmp = _slow_node_runs(8)
+    a, b = render(ad, cmp), render(ad, cmp)
+    assert a == b
+    md = a["report.md"].decode()
+    assert f"recovers {cmp.recovered_frac:.1%}" in md
+    assert a["steps.csv"].decode().count("\n") == 1 + len(ad.steps)
+    paths = write_multistep_report(tmp_path / "r", ad, cmp)
+    assert sorted(p.name for p in paths) == ["index.html", "report.md", "steps.csv"]
+
+
+def test_cli_steps_json(capsys):
+    """`simulate --steps 3 --scenario FILE --json`: one JSON object with per-step step
+    times, per-device busy time and the allocation used each step."""
+    import json
+    path = ROOT / "scenarios" / "dp2-half-speed.yaml"
+    code = main(["simulate", str(DATA / "two-nodes.yaml"), "--model", "gpt3-125m", "--plan", "tp=2,dp=2",
+                 "--steps", "3", "--scenario", str(path), "--json"])
+    out, err = capsys.readouterr()
+    assert code == 0 and err == ""
+    d = json.loads(out)
+    assert [s["step"] for s in d["steps"]] == [1, 2, 3]
+    s = d["steps"][0]
+    assert s["mb_shares"] == [128, 128] and s["layers"] == [12]  # 256 sequences, mbs=1
+    assert {dev["rank"] for dev in s["devices"]} == {0, 2}
+    slow = [dev for dev in s["devices"] if dev["rank"] == 0][0]  # device 1 is TP peer of rank 0
+    fast = [dev for dev in s["devices"] if dev["rank"] == 2][0]
+    assert slow["busy_s"] > 1.5 * fast["busy_s"]
+    assert d["total_time_s"] == pytest.approx(sum(x["step_time_s"] for x in d["steps"]))
+
+
+def test_search_margin_for_stale_gradients():
+    """A delayed-gradient plan ranks above its synchronous twin only when its step is more
+    than the lossy margin shorter (like top-k); layerwise overlap needs no margin."""
+    from search.search import _rank_key
+    from sim.result import StepResult
+
+    def res(plan, step):
+        return StepResult("t", "m", plan, 1, step, 1 / step, 0, 0, 0, 0, 1, True, 0, 0, {}, {}, [])
+    sync = res("tp=1,pp=1,dp=2,mbs=1,schedule=1f1b", 1.0)
+    for step, above in ((0.97, False), (0.94, True)):
+        stale = res("tp=1,pp=1,dp=2,mbs=1,schedule=1f1b,overlap_step=delayed", step)
+        ranked = sorted([sync, stale], key=lambda r: _rank_key(r, 0.05))
+        assert (ranked[0] is stale) == above
+    lw = res("tp=1,pp=1,dp=2,mbs=1,schedule=1f1b,overlap_step=layerwise", 0.99)
+    assert sorted([sync, lw], key=lambda r: _rank_key(r, 0.05))[0] is lw

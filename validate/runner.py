@@ -197,6 +197,9 @@ def check_supported(model: ModelSpec, plan: Plan, backend: str | None = None) ->
     if plan.zero >= 3:
         raise InputError("--plan", "zero", f"the runner implements zero=0, 1 and 2 (as 1: reduce-scattered "
                          f"gradients, sharded Adam state), not zero={plan.zero}")
+    if plan.overlap_step != "none":
+        raise InputError("--plan", "overlap_step", f"{plan.overlap_step}: cross-step overlap is simulated "
+                         "only (sim/multistep_executor.py); the runner runs overlap_step=none")
 
 
 def _worker_many(rank: int, world: int, runs: list[tuple[ModelSpec, Plan, RunConfig]]) -> list[dict]:

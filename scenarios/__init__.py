@@ -1,0 +1,1 @@
+"""Scenario files shipped with plansim (a package only so that installs carry the YAML)."""
