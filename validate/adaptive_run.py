@@ -272,9 +272,25 @@ def _pp_steps(rank: int, world: int, model, cfg: AdaptiveConfig):
     return log
 
 
+def own_session() -> None:
+    """Put this worker in a session of its own, hence (Linux with autogroup scheduling,
+    /proc/sys/kernel/sched_autogroup_enabled = 1) in a scheduler group of its own. The
+    kernel shares the CPU fairly between sessions, then between a session's processes:
+    on a busy host the ranks of one session would share one session's slice, a rank's
+    pause would hand its sibling the whole slice, and the run would measure the ranks'
+    summed work rather than parallel devices. Its own session makes each rank compete like
+    a separate program. No effect on a host with a free core per rank."""
+    import os
+    try:
+        os.setsid()
+    except OSError:  # already a session leader (e.g. started by torchrun in its own session)
+        pass
+
+
 def _worker_many(rank: int, world: int, model, cfgs: list[AdaptiveConfig], interleave: bool) -> list[dict]:
     """Every config's steps; interleaved: step i of every run, then step i + 1 (the same
     order on every rank, so their collectives pair up)."""
+    own_session()
     runs = [(_dp_steps if c.mode == "dp" else _pp_steps)(rank, world, model, c) for c in cfgs]
     logs: list = [None] * len(runs)
     live = list(range(len(runs)))
