@@ -115,11 +115,15 @@ class Rebalancer:
     latest step, values near 1 average over ~1/(1-smoothing) steps. ``cost_per_unit_moved_s``
     prices a migration (e.g. one layer's weights and Adam state over the link, in seconds);
     ``contiguous`` counts moved units as pipeline boundaries do (see ``units_moved``).
+    ``median_of`` > 1 feeds the EWMA the median of each rank's last ``median_of`` per-unit
+    samples instead of the latest: one step stalled by the OS (a descheduled process on a
+    shared host took 5x its usual time here) then moves nothing, at the price of reacting
+    a step or two later to a real change.
     """
 
     def __init__(self, units: Sequence[int], *, min_units: int = 1, horizon_steps: int = 10,
                  smoothing: float = 0.5, min_gain_frac: float = 0.02,
-                 cost_per_unit_moved_s: float = 0.0, contiguous: bool = False):
+                 cost_per_unit_moved_s: float = 0.0, contiguous: bool = False, median_of: int = 1):
         if isinstance(min_units, bool) or not isinstance(min_units, int) or min_units < 0:
             raise InputError(_SRC, "min_units", f"is {min_units!r}; must be an integer >= 0")
         self._units = _check_units(units, min_units, "units")
@@ -132,6 +136,10 @@ class Rebalancer:
         if not (math.isfinite(cost_per_unit_moved_s) and cost_per_unit_moved_s >= 0):
             raise InputError(_SRC, "cost_per_unit_moved_s",
                              f"is {cost_per_unit_moved_s!r}; must be a finite number >= 0 (seconds)")
+        if isinstance(median_of, bool) or not isinstance(median_of, int) or median_of < 1:
+            raise InputError(_SRC, "median_of", f"is {median_of!r}; must be an integer >= 1")
+        self.median_of = median_of
+        self._recent: list[list[float]] = [[] for _ in self._units]  # last per-unit samples per rank
         self.min_units = min_units
         self.horizon_steps = horizon_steps
         self.smoothing = smoothing
@@ -154,6 +162,13 @@ class Rebalancer:
         busy = _check_times(busy_s, len(self._units), "busy_s", positive=False)
         # A rank holding 0 units (min_units=0) says nothing about its speed: keep its estimate.
         sample = [b / u if u > 0 else None for b, u in zip(busy, self._units)]
+        if self.median_of > 1:
+            for i, x in enumerate(sample):
+                if x is not None:
+                    recent = self._recent[i]
+                    recent.append(x)
+                    del recent[:-self.median_of]
+                    sample[i] = sorted(recent)[len(recent) // 2]  # upper median of an even count
         if self._per_unit_s is None:
             known = [s for s in sample if s is not None and s > 0]
             fill = min(known) if known else 1.0

@@ -11,7 +11,8 @@ from costmodel.errors import InputError
 DEFAULT_TOPOLOGY = "dgx-a100"
 # Subcommands that live in modules of their own; each module has register(subparsers),
 # which adds its parser and sets `func`. Helpers here (_add_common, _load_inputs) are shared.
-COMMAND_MODULES: list[str] = ["plansim.cmd_report", "plansim.cmd_search", "plansim.cmd_accuracy", "plansim.cmd_calibrate", "plansim.cmd_validate", "plansim.cmd_sweep"]
+COMMAND_MODULES: list[str] = ["plansim.cmd_report", "plansim.cmd_search", "plansim.cmd_accuracy", "plansim.cmd_calibrate",
+                               "plansim.cmd_validate", "plansim.cmd_adaptive", "plansim.cmd_sweep"]
 
 
 def _add_common(p: argparse.ArgumentParser, topology_default: str | None = DEFAULT_TOPOLOGY) -> None:

@@ -178,3 +178,19 @@ def test_rebalancer_bad_input():
         Rebalancer((8, 8), smoothing=1.0)
     with pytest.raises(InputError, match=r"units\[1\]"):
         Rebalancer((8, 0))
+
+
+def test_rebalancer_median_filter_ignores_one_stall():
+    """Balanced (11, 5) at true per-unit (1, 2), then one step where rank 1 stalls 5x
+    (50 s instead of 10 s): with median_of=3 the per-unit sample stays the median of
+    (2, 2, 10) = 2 and nothing moves; without the filter the EWMA jumps to (2 + 10)/2 = 6
+    and the controller moves work off rank 1."""
+    for median_of, moves in ((3, False), (1, True)):
+        r = Rebalancer((11, 5), median_of=median_of)
+        r.observe((11.0, 10.0))
+        r.observe((11.0, 10.0))
+        assert r.decide().act is False
+        r.observe((11.0, 50.0))
+        assert r.decide().act is moves, median_of
+    with pytest.raises(InputError, match="median_of"):
+        Rebalancer((8, 8), median_of=0)
