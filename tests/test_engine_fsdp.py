@@ -17,6 +17,25 @@ NIC_BPS = 10e9  # tests/data/two-nodes.yaml: one 80 Gb/s NIC per GPU, zero laten
 LAYERS = 4
 
 
+def _fsdp_run(layer_s: float, gather_s: float, **runtime):
+    """tp=2 inside each node, dp=2 across the two nodes, zero=3, GPipe on one stage, each
+    of LAYERS layers c = layer_s per microbatch and gathered in g = gather_s (half of its
+    bf16 weights on each rank's own 10 GB/s NIC), with ``runtime`` settings replaced.
+    Returns (microbatches, engine, end of the forward phase)."""
+    cluster = load_topology(str(DATA / "two-nodes.yaml"))
+    model = ModelSpec("tiny", LAYERS, 1024, 16, 512, 32000, 8)
+    params = gather_s * NIC_BPS * LAYERS  # per chunk: params/L * 2 B / 2 per flow = g * NIC_BPS
+    prog = fixed_program(cluster, model, "tp=2,dp=2,mbs=1,zero=3,schedule=gpipe",
+                         LAYERS * layer_s, LAYERS * layer_s, params=params)
+    if runtime:
+        prog = _with_runtime(prog, **runtime)
+    eng = Engine(prog, record=True)
+    eng.run()
+    fwd_end = max(sg.end_s for sg in eng.segments if sg.stream == "compute" and sg.label.startswith("F")
+                  and sg.cat == "compute")
+    return prog.pipelines[0].microbatches, eng, fwd_end
+
+
 @pytest.mark.parametrize("layer_s,gather_s", [(0.004, 0.001), (0.001, 0.003), (0.002, 0.002)])
 def test_fsdp_prefetch_closed_form(layer_s, gather_s):
     """tp=2 inside each node, dp=2 across the two nodes, zero=3, GPipe on one stage: all m
@@ -24,16 +43,7 @@ def test_fsdp_prefetch_closed_form(layer_s, gather_s):
     competes with the forward gathers. A layer's all-gather over 2 ranks sends half of
     its bf16 weights (params/L * 2 B / 2) on each rank's own 10 GB/s NIC: g seconds.
     Forward phase end = m*L*c + g + (m*L - 1) * max(0, g - c)."""
-    cluster = load_topology(str(DATA / "two-nodes.yaml"))
-    model = ModelSpec("tiny", LAYERS, 1024, 16, 512, 32000, 8)
-    params = gather_s * NIC_BPS * LAYERS  # per chunk: params/L * 2 B / 2 per flow = g * NIC_BPS
-    prog = fixed_program(cluster, model, "tp=2,dp=2,mbs=1,zero=3,schedule=gpipe",
-                         LAYERS * layer_s, LAYERS * layer_s, params=params)
-    m = prog.pipelines[0].microbatches
-    eng = Engine(prog, record=True)
-    eng.run()
-    fwd_end = max(sg.end_s for sg in eng.segments if sg.stream == "compute" and sg.label.startswith("F")
-                  and sg.cat == "compute")
+    m, eng, fwd_end = _fsdp_run(layer_s, gather_s)
     n = m * LAYERS
     expected = n * layer_s + gather_s + (n - 1) * max(0.0, gather_s - layer_s)
     assert fwd_end == pytest.approx(expected, rel=1e-9)
@@ -57,18 +67,8 @@ def test_fsdp_keep_gathered_gathers_once_per_step(layer_s, gather_s):
     forward's L layers are gathered: the forward phase ends at
     m*L*c + g + (L - 1) * max(0, g - c), exposed gather g + (L - 1) * max(0, g - c), and no
     backward gather is issued."""
-    cluster = load_topology(str(DATA / "two-nodes.yaml"))
-    model = ModelSpec("tiny", LAYERS, 1024, 16, 512, 32000, 8)
-    params = gather_s * NIC_BPS * LAYERS
-    prog = _with_runtime(fixed_program(cluster, model, "tp=2,dp=2,mbs=1,zero=3,schedule=gpipe",
-                                       LAYERS * layer_s, LAYERS * layer_s, params=params),
-                         fsdp_reshard_after_forward="never")
-    m = prog.pipelines[0].microbatches
+    m, eng, fwd_end = _fsdp_run(layer_s, gather_s, fsdp_reshard_after_forward="never")
     assert m > 1
-    eng = Engine(prog, record=True)
-    eng.run()
-    fwd_end = max(sg.end_s for sg in eng.segments if sg.stream == "compute" and sg.label.startswith("F")
-                  and sg.cat == "compute")
     exposed = gather_s + (LAYERS - 1) * max(0.0, gather_s - layer_s)
     assert fwd_end == pytest.approx(m * LAYERS * layer_s + exposed, rel=1e-9)
     got = sum(sg.end_s - sg.start_s for sg in eng.segments if sg.cat == "dp" and sg.label.startswith("fsdp gather"))
@@ -80,16 +80,6 @@ def test_fsdp_deeper_prefetch_queues_gathers(layer_s, gather_s):
     """fsdp_prefetch_layers=3: gathers run one after another on the communication stream
     (not side by side halving each other's bandwidth), so with equal layers the forward
     phase ends exactly where one-layer prefetch ends: n*c + g + (n - 1) * max(0, g - c)."""
-    cluster = load_topology(str(DATA / "two-nodes.yaml"))
-    model = ModelSpec("tiny", LAYERS, 1024, 16, 512, 32000, 8)
-    params = gather_s * NIC_BPS * LAYERS
-    prog = _with_runtime(fixed_program(cluster, model, "tp=2,dp=2,mbs=1,zero=3,schedule=gpipe",
-                                       LAYERS * layer_s, LAYERS * layer_s, params=params),
-                         fsdp_prefetch_layers=3)
-    m = prog.pipelines[0].microbatches
-    eng = Engine(prog, record=True)
-    eng.run()
-    fwd_end = max(sg.end_s for sg in eng.segments if sg.stream == "compute" and sg.label.startswith("F")
-                  and sg.cat == "compute")
+    m, _, fwd_end = _fsdp_run(layer_s, gather_s, fsdp_prefetch_layers=3)
     n = m * LAYERS
     assert fwd_end == pytest.approx(n * layer_s + gather_s + (n - 1) * max(0.0, gather_s - layer_s), rel=1e-9)
