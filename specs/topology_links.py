@@ -85,6 +85,16 @@ class TreeLinks:
         self.nodes = _Nodes(self)
         self._parsed: dict = {}     # vertex name -> vertex(): names repeat on every route
 
+    @property
+    def min_bw_Bps(self) -> float:
+        """A lower bound on every link's bandwidth (bytes/s): the slowest figure any node
+        type or leaf uplink gives a link (sim/metrics.py prunes its busiest-links search
+        with it)."""
+        figures = [x for nl in {id(nl): nl for nl in self._nodes}.values()
+                   for x in (nl.intra_Bps, nl.pcie_Bps, nl.nic_Bps, *(nl.mesh_Bps or {}).values())]
+        figures += self._uplink.values()
+        return min((x for x in figures if x > 0), default=0.0)
+
     def vertex(self, v: str):
         """(role, node index or None, local index or leaf name) of vertex ``v``; None if
         the cluster has no such vertex."""
