@@ -186,14 +186,15 @@ class Cluster:
         if self._leaf_of is not None and len(pairs) > 16:   # (routing a few costs less than the filter)
             verts = {x for e in path for x in e}
             near = ({self.links.nodes[x].get("node") for x in verts} - {None}, verts)
-        at = self._rank_at
+        at, tree_route = self._rank_at, self._tree_route
+        if near is not None:
+            near_nodes, near_verts = near
+            pairs = [(a, b) for a, b in pairs
+                     if at[a][1] in near_nodes or at[b][1] in near_nodes
+                     or at[a][4] in near_verts or at[b][4] in near_verts]
         for a, b in pairs:
-            if near is not None:
-                ra, rb = at[a], at[b]
-                if not (ra[1] in near[0] or rb[1] in near[0] or ra[4] in near[1] or rb[4] in near[1]):
-                    continue
             # Written out, not cached: each replica route is asked for once per path.
-            for e in self._tree_route(a, b) or self.route(a, b):
+            for e in tree_route(a, b) or self.route(a, b):
                 if e in count:
                     count[e] += 1
         return count
