@@ -433,15 +433,20 @@ def run_phases(env: simpy.Environment, net: FlowNetwork, route: Route,
 
 
 def _base_key(rkey, flows: tuple[Flow, ...]) -> tuple:
-    """What a phase and the phases shifted from it share, cheap to hash."""
-    return rkey, len(flows), flows[0].nbytes, flows[0].dst - flows[0].src
+    """What a phase and the phases shifted from it share, cheap to hash. Where every flow
+    carries the same bytes the amount does not matter: colour refinement starts from
+    one colour for all of them either way, and representatives() returns no bytes (the
+    first and last stages' rings, with the embedding, are then renamed from the others)."""
+    nb = flows[0].nbytes
+    return rkey, len(flows), flows[0].dst - flows[0].src, \
+        "uniform" if all(f.nbytes == nb for f in flows) else tuple(f.nbytes for f in flows)
 
 
 def _shifted_representatives(net: FlowNetwork, route: Route, rkey, group: tuple[int, ...],
                              reps: tuple, flows: tuple[Flow, ...]) -> list[Representative] | None:
     """The representatives of a symmetric phase whose group, replicas and flows are those
     of a phase already solved with every rank shifted by the same delta (the stages of a
-    pipeline at 16k GPUs), renamed with the cluster's shift map (Cluster.shift_map);
+    pipeline at 16k GPUs; bytes equal, or uniform in both: see _base_key), renamed with the cluster's shift map (Cluster.shift_map);
     None where there is no such phase or no such map. Colour refinement sees only link
     attributes, multiplicities and the order of flows and links, all of which the
     renaming keeps, so the result is what representatives() would return for the
@@ -454,6 +459,7 @@ def _shifted_representatives(net: FlowNetwork, route: Route, rkey, group: tuple[
     if not flows or not group:
         return None
     for base in net.cache.get("symmetric_bases", {}).get(_base_key(rkey, flows), ()):
+        # (same key: the bytes are uniform in both, or equal flow by flow)
         # (the stages of one class of leaf alignment are shifts of each other; try each)
         out = _renamed(owner, base, group, reps, flows)
         if out is not None:
@@ -468,8 +474,7 @@ def _renamed(cluster, base: tuple, group: tuple[int, ...], reps: tuple,
     delta = flows[0].src - bflows[0].src
     if delta == 0 or len(bgroup) != len(group) or len(breps) != len(reps) \
             or any(a + delta != b for a, b in zip(bgroup, group)) \
-            or any(f.src != b.src + delta or f.dst != b.dst + delta or f.nbytes != b.nbytes
-                   for f, b in zip(flows, bflows)) \
+            or any(f.src != b.src + delta or f.dst != b.dst + delta for f, b in zip(flows, bflows)) \
             or any(len(r) != len(br) or any(a + delta != b for a, b in zip(br, r)) for r, br in zip(reps, breps)):
         return None
     vmap = cluster.shift_map([*bgroup, *(x for r in breps for x in r)], delta)
