@@ -575,18 +575,21 @@ class _Builder:
         sw_s = self.switch_s = net.switch_latency_us * 1e-6
         leaf_of: dict[str, str] = {}
         below_Bps: dict[str, float] = {}
-        for node in self.nodes:
-            unit = node.index // net.nodes_per_leaf
+        fat, per_leaf, lazy = net.kind == "fat_tree", net.nodes_per_leaf, self.lazy
+        for node in self.nodes:     # (16k NICs at 16k GPUs: per-node work hoisted)
+            i, bw_Bps = node.index, node.nic_bw_Bps
+            unit = i // per_leaf
+            fat_leaf = f"leaf{unit}" if fat else None
             for k in range(node.nic_count):
-                nic = f"n{node.index}.nic{k}"
-                leaf = f"leaf{unit}" if net.kind == "fat_tree" else f"su{unit}.rail{k}"
+                nic = f"n{i}.nic{k}"
+                leaf = fat_leaf if fat else f"su{unit}.rail{k}"
                 if leaf not in below_Bps:
                     self.vertex(leaf, role="leaf")
                     below_Bps[leaf] = 0.0
                 leaf_of[nic] = leaf
-                below_Bps[leaf] += node.nic_bw_Bps
-                if not self.lazy:
-                    self.link(nic, leaf, node.nic_bw_Bps, node.nic_latency_s + sw_s, node.nic_latency_s, "nic")
+                below_Bps[leaf] += bw_Bps
+                if not lazy:
+                    self.link(nic, leaf, bw_Bps, node.nic_latency_s + sw_s, node.nic_latency_s, "nic")
         self.uplink_Bps = {leaf: bw / net.oversubscription for leaf, bw in below_Bps.items()}
         if len(below_Bps) <= 1:
             return leaf_of, None
