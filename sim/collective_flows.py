@@ -394,16 +394,22 @@ def run_phases(env: simpy.Environment, net: FlowNetwork, route: Route,
         out = scache.get(key)
         if out is None:
             g = tuple(group) if group is not None else ph.group
-            first = g[0] if g else None
-            paths, weights = [], []
-            for s, d, _nbytes in ph.flows:
-                path = _cached_route(net, route, rkey, s, d)
-                mult = None if cached is None else multiplicity(cached, s, d, path)
-                paths.append(path)
-                weights.append({e: 1 for e in path} if mult is None else mult)
-            out = scache[key] = representatives(
-                paths, weights, [f.nbytes for f in ph.flows],
-                [first in (f.src, f.dst) for f in ph.flows], net.edge_params)
+            out = _shifted_representatives(net, route, rkey, g, reps, ph.flows)
+            if out is None:
+                first = g[0] if g else None
+                paths, weights = [], []
+                for s, d, _nbytes in ph.flows:
+                    path = _cached_route(net, route, rkey, s, d)
+                    mult = None if cached is None else multiplicity(cached, s, d, path)
+                    paths.append(path)
+                    weights.append({e: 1 for e in path} if mult is None else mult)
+                out = representatives(
+                    paths, weights, [f.nbytes for f in ph.flows],
+                    [first in (f.src, f.dst) for f in ph.flows], net.edge_params)
+                if ph.flows:    # the phase later phases shifted from it can be renamed from
+                    net.cache.setdefault("symmetric_bases", {}).setdefault(
+                        _base_key(rkey, ph.flows), []).append((g, reps, ph.flows, out))
+            scache[key] = out
         return out
 
     def proc():
@@ -424,3 +430,66 @@ def run_phases(env: simpy.Environment, net: FlowNetwork, route: Route,
             yield env.all_of(events)
 
     return env.process(proc())
+
+
+def _base_key(rkey, flows: tuple[Flow, ...]) -> tuple:
+    """What a phase and the phases shifted from it share, cheap to hash. Where every flow
+    carries the same bytes the amount does not matter: colour refinement starts from
+    one colour for all of them either way, and representatives() returns no bytes (the
+    first and last stages' rings, with the embedding, are then renamed from the others)."""
+    nb = flows[0].nbytes
+    return rkey, len(flows), flows[0].dst - flows[0].src, \
+        "uniform" if all(f.nbytes == nb for f in flows) else tuple(f.nbytes for f in flows)
+
+
+def _shifted_representatives(net: FlowNetwork, route: Route, rkey, group: tuple[int, ...],
+                             reps: tuple, flows: tuple[Flow, ...]) -> list[Representative] | None:
+    """The representatives of a symmetric phase whose group, replicas and flows are those
+    of a phase already solved with every rank shifted by the same delta (the stages of a
+    pipeline at 16k GPUs; bytes equal, or uniform in both: see _base_key), renamed with the cluster's shift map (Cluster.shift_map);
+    None where there is no such phase or no such map. Colour refinement sees only link
+    attributes, multiplicities and the order of flows and links, all of which the
+    renaming keeps, so the result is what representatives() would return for the
+    shifted phase (benchmarks/identical_outputs.py compares the two)."""
+    owner = getattr(route, "__self__", None)
+    shift_map = getattr(owner, "shift_map", None)
+    if shift_map is None or getattr(route, "__func__", None) is not type(owner).route \
+            or net.graph is not getattr(owner, "links", None) or net.scaled:
+        return None
+    if not flows or not group:
+        return None
+    for base in net.cache.get("symmetric_bases", {}).get(_base_key(rkey, flows), ()):
+        # (same key: the bytes are uniform in both, or equal flow by flow)
+        # (the stages of one class of leaf alignment are shifts of each other; try each)
+        out = _renamed(owner, base, group, reps, flows)
+        if out is not None:
+            return out
+    return None
+
+
+def _renamed(cluster, base: tuple, group: tuple[int, ...], reps: tuple,
+             flows: tuple[Flow, ...]) -> list[Representative] | None:
+    """``base``'s representatives renamed onto the shifted phase, or None (see above)."""
+    bgroup, breps, bflows, bout = base
+    delta = flows[0].src - bflows[0].src
+    if delta == 0 or len(bgroup) != len(group) or len(breps) != len(reps) \
+            or any(a + delta != b for a, b in zip(bgroup, group)) \
+            or any(f.src != b.src + delta or f.dst != b.dst + delta for f, b in zip(flows, bflows)) \
+            or any(len(r) != len(br) or any(a + delta != b for a, b in zip(br, r)) for r, br in zip(reps, breps)):
+        return None
+    vmap = cluster.shift_map([*bgroup, *(x for r in breps for x in r)], delta)
+    if vmap is None:
+        return None
+    emap: dict[Edge, Edge] = {}
+
+    def moved(e: Edge) -> Edge:
+        m = emap.get(e)
+        if m is None:
+            m = emap[e] = (vmap[e[0]], vmap[e[1]])
+        return m
+    try:
+        return [Representative(r.index, tuple(moved(e) for e in r.path),
+                               {moved(e): w for e, w in r.weights.items()},
+                               {moved(e): w for e, w in r.carried.items()}) for r in bout]
+    except KeyError:        # a link outside the mapped nodes: solve it directly
+        return None

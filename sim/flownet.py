@@ -200,6 +200,12 @@ class FlowNetwork:
         return self._bw[e], self._lat[e]
 
 
+    @property
+    def scaled(self) -> bool:
+        """Whether any edge was ever scaled by scale_edge (link attributes alone then no
+        longer give an edge's bandwidth)."""
+        return bool(self._bw_base)
+
     def scale_edge(self, e: Edge, factor: float) -> None:
         """From now on edge ``e`` carries ``factor`` times its usable bandwidth (relative
         to the graph's figure after ``bw_scale``; factor 1 restores it). Flows crossing it

@@ -163,10 +163,16 @@ class PipelineExecutor(EnginePart):
         if route is None:
             pipe = self.prog.pipelines[pi]
             src, dst = pipe.ranks[src_stage], pipe.ranks[dst_stage]
-            d0 = pipe.dp_indices[0]
-            replicas = tuple((self.plan.rank(d, src_stage, t, c), self.plan.rank(d, dst_stage, t, c))
-                             for d in pipe.dp_indices for c in range(self.plan.cp) for t in range(self.plan.tp)
-                             if (d, t, c) != (d0, 0, 0))
+            # rank() is affine (Plan.rank_strides): the replica of (d, t, c) sends from
+            # base + sd*d + st*t + sc*c to that plus the stages' offset; same order as
+            # calling rank() per replica (thousands of calls at 16k GPUs). The simulated
+            # pair (d0, 0, 0) comes first and is dropped.
+            sd, ss, st, sc = self.plan.rank_strides()
+            base = self.plan.rank(0, src_stage, 0, 0)
+            shift = ss * (dst_stage - src_stage)
+            srcs = [base + sd * d + sc * c + st * t
+                    for d in pipe.dp_indices for c in range(self.plan.cp) for t in range(self.plan.tp)][1:]
+            replicas = tuple(zip(srcs, [r + shift for r in srcs]))
             route = self._p2p_routes[(pi, src_stage, dst_stage)] = (
                 *cf.p2p_route(self.net, self.cluster.route, src, dst, replicas), self.call_latency_s([src, dst]))
         # One flow: the call's software cost and the path latency in one timeout, then

@@ -411,6 +411,13 @@ def stage_memory(model: ModelSpec, plan: Plan, runtime: RuntimeSettings, stage: 
     return device_memory(model, memory_config(plan, runtime), stage_chunks(plan, stage), inflight)
 
 
+def _raise_uneven_span(plan: Plan, cluster: Cluster, d: int, s: int, first: int, last: int) -> None:
+    gpn = min(len(node.ranks) for node in cluster.nodes)
+    raise InputError("--plan", "tp", f"tp={plan.tp}: TP group of replica {d}, stage {s} "
+                     f"(ranks {first}-{last}) crosses a node boundary while others "
+                     f"do not; use a tp that divides the {gpn} GPUs per node, or a multiple of it")
+
+
 def build_program(model: ModelSpec, plan: Plan, cluster: Cluster, profile: Profile) -> Program:
     if plan.num_devices != cluster.num_devices:
         raise InputError("--plan", "dp", f"plan covers {plan.num_devices} devices, cluster has {cluster.num_devices}")
@@ -420,8 +427,21 @@ def build_program(model: ModelSpec, plan: Plan, cluster: Cluster, profile: Profi
     # (TP index 0), so a plan whose groups straddle node boundaries unevenly (tp=3 on 8-GPU
     # nodes: ranks 6-8 cross from node 0 to node 1) would be reported faster than it runs.
     spans = set()
+    # One GPU type in the whole cluster: no group can mix types (the checks below would
+    # pass for every one of the dp x pp groups; 2,048 at 16k GPUs).
+    one_type = len({dv.gpu.name for dv in cluster.devices}) == 1
+    # TP peers are consecutive ranks (Plan.rank_strides), and nodes hold consecutive
+    # ranks in order, so a group spans node_of(last) - node_of(first) + 1 nodes.
+    consecutive = plan.rank_strides()[2] == 1
     for d in range(plan.dp):
         for s in range(p):
+            if one_type and consecutive:
+                first = plan.rank(d, s, 0)
+                last = first + plan.tp - 1
+                spans.add(cluster.node_of(last) - cluster.node_of(first) + 1)
+                if len(spans) > 1:
+                    _raise_uneven_span(plan, cluster, d, s, first, last)
+                continue
             group = plan.tp_group(d, s)
             names = {cluster.devices[r].gpu.name for r in group}
             if len(names) > 1:
@@ -433,10 +453,7 @@ def build_program(model: ModelSpec, plan: Plan, cluster: Cluster, profile: Profi
                                  "choose cp and placement so each CP group is one type")
             spans.add(len({cluster.node_of(r) for r in group}))
             if len(spans) > 1:
-                gpn = min(len(node.ranks) for node in cluster.nodes)
-                raise InputError("--plan", "tp", f"tp={plan.tp}: TP group of replica {d}, stage {s} "
-                                 f"(ranks {group[0]}-{group[-1]}) crosses a node boundary while others "
-                                 f"do not; use a tp that divides the {gpn} GPUs per node, or a multiple of it")
+                _raise_uneven_span(plan, cluster, d, s, group[0], group[-1])
     pipelines = []
     cache: dict[tuple, ChunkWork] = {}
     for gpus, m, members in replica_classes(plan, cluster):

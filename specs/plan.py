@@ -132,6 +132,14 @@ class Plan:
             return inner + self.tp * self.cp * (stage + self.pp * dp_index)
         return inner + self.tp * self.cp * (dp_index + self.dp * stage)
 
+    def rank_strides(self) -> tuple[int, int, int, int]:
+        """How much rank() grows per unit of (dp_index, stage, tp_index, cp_index): rank()
+        is affine in each argument under either placement, so a group of thousands of
+        ranks is rank(0, 0, 0, 0) plus these strides (no call per rank)."""
+        r0 = self.rank(0, 0, 0, 0)
+        return (self.rank(1, 0, 0, 0) - r0, self.rank(0, 1, 0, 0) - r0,
+                self.rank(0, 0, 1, 0) - r0, self.rank(0, 0, 0, 1) - r0)
+
     def tp_group(self, dp_index: int, stage: int, cp_index: int = 0) -> list[int]:
         return [self.rank(dp_index, stage, t, cp_index) for t in range(self.tp)]
 
@@ -150,7 +158,9 @@ class Plan:
         """The gradient-reduction (and ZeRO-sharding) group of ``stage``'s TP index
         ``tp_index``: every (dp, cp) pair; cp ranks of one replica are adjacent in the ring.
         With cp=1 this is dp_group."""
-        return [self.rank(d, stage, tp_index, c) for d in range(self.dp) for c in range(self.cp)]
+        base = self.rank(0, stage, tp_index, 0)
+        sd, _, _, sc = self.rank_strides()
+        return [base + sd * d + sc * c for d in range(self.dp) for c in range(self.cp)]
 
     def cp_group(self, dp_index: int, stage: int, tp_index: int) -> list[int]:
         """The ranks that split one sequence; ring neighbours are consecutive entries."""

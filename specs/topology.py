@@ -186,17 +186,63 @@ class Cluster:
         if self._leaf_of is not None and len(pairs) > 16:   # (routing a few costs less than the filter)
             verts = {x for e in path for x in e}
             near = ({self.links.nodes[x].get("node") for x in verts} - {None}, verts)
-        at = self._rank_at
+        at, tree_route = self._rank_at, self._tree_route
+        if near is not None:
+            near_nodes, near_verts = near
+            pairs = [(a, b) for a, b in pairs
+                     if at[a][1] in near_nodes or at[b][1] in near_nodes
+                     or at[a][4] in near_verts or at[b][4] in near_verts]
         for a, b in pairs:
-            if near is not None:
-                ra, rb = at[a], at[b]
-                if not (ra[1] in near[0] or rb[1] in near[0] or ra[4] in near[1] or rb[4] in near[1]):
-                    continue
             # Written out, not cached: each replica route is asked for once per path.
-            for e in self._tree_route(a, b) or self.route(a, b):
+            for e in tree_route(a, b) or self.route(a, b):
                 if e in count:
                     count[e] += 1
         return count
+
+    def shift_map(self, ranks: Iterable[int], delta: int) -> dict[str, str] | None:
+        """A renaming of the vertices of the nodes holding ``ranks`` (and of their leaves
+        and the spine) such that, for any ranks a, b among them, route(a + delta, b +
+        delta) is the renamed route(a, b) and every renamed link has the same attributes
+        (bandwidth, latency, kind); None where this cluster cannot tell cheaply that one
+        exists (explicit network, mesh or star nodes of other types, a shift that is not
+        whole nodes, leaves that do not map one to one or have other uplinks).
+        sim/collective_flows.py uses it to reuse one stage's symmetric collective for the
+        shifted stages (at 16k GPUs the stages' data-parallel rings are shifted copies)."""
+        links = self.links
+        if not isinstance(links, TreeLinks) or self._leaf_of is None or delta == 0:
+            return None
+        gpn = len(self.nodes[0].ranks)
+        if delta % gpn:
+            return None
+        dn, nodes, n_nodes = delta // gpn, self.nodes, len(self.nodes)
+        node_links, uplink, intra = links._nodes, links._uplink, self._intra
+        out: dict[str, str] = {} if self._spine is None else {self._spine: self._spine}
+        back: dict[str, str] = dict(out)
+        for i in sorted({self._rank_at[r][1] for r in ranks}):
+            j = i + dn
+            if not 0 <= j < n_nodes or node_links[i] is not node_links[j] or intra[i][1] is not intra[j][1] \
+                    or len(nodes[i].ranks) != gpn or len(nodes[j].ranks) != gpn \
+                    or nodes[j].ranks[0] != nodes[i].ranks[0] + delta:
+                return None
+            if intra[i][0] is not None:
+                out[intra[i][0]] = intra[j][0]
+            # GPUs, NICs and the hub are the node's own (same node type: same names and
+            # rail assignment): only the leaves can fail to map one to one.
+            at_j = self._rank_at[nodes[j].ranks[0]:nodes[j].ranks[0] + gpn]
+            for a, b in zip(self._rank_at[nodes[i].ranks[0]:nodes[i].ranks[0] + gpn], at_j):
+                if a[3] is None or a[4] is None or b[4] is None:
+                    return None
+                out[a[0]] = b[0]
+                out[a[3]] = b[3]
+                la, lb = a[4], b[4]
+                m = out.get(la)
+                if m is None:
+                    if back.get(lb, la) != la or uplink[la] != uplink[lb]:
+                        return None     # not one to one, or another uplink
+                    out[la], back[lb] = lb, la
+                elif m != lb:
+                    return None
+        return out
 
     def _chain(self, src_rank: int, dst_rank: int) -> tuple[list[str], list[str]]:
         """The route as a vertex chain, returned as (chain[:-1], chain[1:]) for zipping."""
@@ -529,18 +575,21 @@ class _Builder:
         sw_s = self.switch_s = net.switch_latency_us * 1e-6
         leaf_of: dict[str, str] = {}
         below_Bps: dict[str, float] = {}
-        for node in self.nodes:
-            unit = node.index // net.nodes_per_leaf
+        fat, per_leaf, lazy = net.kind == "fat_tree", net.nodes_per_leaf, self.lazy
+        for node in self.nodes:     # (16k NICs at 16k GPUs: per-node work hoisted)
+            i, bw_Bps = node.index, node.nic_bw_Bps
+            unit = i // per_leaf
+            fat_leaf = f"leaf{unit}" if fat else None
             for k in range(node.nic_count):
-                nic = f"n{node.index}.nic{k}"
-                leaf = f"leaf{unit}" if net.kind == "fat_tree" else f"su{unit}.rail{k}"
+                nic = f"n{i}.nic{k}"
+                leaf = fat_leaf if fat else f"su{unit}.rail{k}"
                 if leaf not in below_Bps:
                     self.vertex(leaf, role="leaf")
                     below_Bps[leaf] = 0.0
                 leaf_of[nic] = leaf
-                below_Bps[leaf] += node.nic_bw_Bps
-                if not self.lazy:
-                    self.link(nic, leaf, node.nic_bw_Bps, node.nic_latency_s + sw_s, node.nic_latency_s, "nic")
+                below_Bps[leaf] += bw_Bps
+                if not lazy:
+                    self.link(nic, leaf, bw_Bps, node.nic_latency_s + sw_s, node.nic_latency_s, "nic")
         self.uplink_Bps = {leaf: bw / net.oversubscription for leaf, bw in below_Bps.items()}
         if len(below_Bps) <= 1:
             return leaf_of, None

@@ -85,6 +85,16 @@ class TreeLinks:
         self.nodes = _Nodes(self)
         self._parsed: dict = {}     # vertex name -> vertex(): names repeat on every route
 
+    @property
+    def min_bw_Bps(self) -> float:
+        """A lower bound on every link's bandwidth (bytes/s): the slowest figure any node
+        type or leaf uplink gives a link (sim/metrics.py prunes its busiest-links search
+        with it)."""
+        figures = [x for nl in {id(nl): nl for nl in self._nodes}.values()
+                   for x in (nl.intra_Bps, nl.pcie_Bps, nl.nic_Bps, *(nl.mesh_Bps or {}).values())]
+        figures += self._uplink.values()
+        return min((x for x in figures if x > 0), default=0.0)
+
     def vertex(self, v: str):
         """(role, node index or None, local index or leaf name) of vertex ``v``; None if
         the cluster has no such vertex."""
@@ -125,19 +135,26 @@ class TreeLinks:
 
     def edge_data(self, u, v) -> dict | None:
         """{'bw_Bps', 'latency_s', 'kind'} of directed edge (u, v), or None if absent."""
-        a, b = self.vertex(u), self.vertex(v)
+        parsed = self._parsed
+        try:        # (vertex() inlined for names seen before: every link asks twice)
+            a = parsed[u]
+        except (KeyError, TypeError):
+            a = self.vertex(u)
+        try:
+            b = parsed[v]
+        except (KeyError, TypeError):
+            b = self.vertex(v)
         if a is None or b is None:
             return None
         ra, rb = a[0], b[0]
         if a[1] is not None and a[1] == b[1]:                      # inside one node
             nl = self._nodes[a[1]]
-            pair = {ra, rb}
-            if pair == {"gpu", "hub"}:
+            if (ra == "gpu" and rb == "hub") or (ra == "hub" and rb == "gpu"):
                 return _data(nl.intra_Bps, nl.intra_latency_s / 2, nl.hub)
             if ra == rb == "gpu" and nl.mesh_Bps is not None:
                 bw = nl.mesh_Bps.get((min(a[2], b[2]), max(a[2], b[2])))
                 return None if bw is None else _data(bw, nl.intra_latency_s, "nvlink")
-            if pair == {"gpu", "nic"}:
+            if (ra == "gpu" and rb == "nic") or (ra == "nic" and rb == "gpu"):
                 g, k = (a[2], b[2]) if ra == "gpu" else (b[2], a[2])
                 if g * nl.nics // nl.gpus != k:      # rail assignment, as the builder's
                     return None
@@ -149,7 +166,7 @@ class TreeLinks:
         if ra == "leaf" and rb == "nic" and self._leaf_of.get(v) == u:
             nl = self._nodes[b[1]]
             return _data(nl.nic_Bps, nl.nic_latency_s, "nic")
-        if {ra, rb} == {"leaf", "spine"}:   # (only exists where there is a spine)
+        if (ra == "leaf" and rb == "spine") or (ra == "spine" and rb == "leaf"):   # (only exists where there is a spine)
             leaf = u if ra == "leaf" else v
             return _data(self._uplink[leaf], self._switch_s, "leaf_spine")
         return None
