@@ -77,9 +77,6 @@ def grad_reduce_bytes(precision: str, runtime: RuntimeSettings | None = None) ->
     return DTYPE_BYTES[chosen]
 
 
-WORKING_BYTES = {p: working_bytes(p) for p in TRAINING}
-
-
 def fp8_weight_bytes(precision: str, runtime: RuntimeSettings | None = None) -> float:
     """Bytes per parameter of the FP8 weight copies an FP8 run keeps besides its BF16
     weights: runtime.fp8_weight_copies x 1 B (Transformer Engine caches the FP8 weight and,

@@ -350,11 +350,11 @@ class CostTables:
                 gather = 0.0
                 if plan.zero in (1, 2) and plan.grad_degree > 1:
                     g0, g1 = self.dp_op(plan, s, "all_gather")
-                    gather = g0 + g1 * params * param_gather_bytes(prec, self.runtime)
+                    gather_bytes = params * param_gather_bytes(prec, self.runtime)
+                    gather = g0 + g1 * gather_bytes
                     if self.runtime.overlap_param_gather:  # beside the first forward, bucket by bucket
                         k = sum(max(1, c.buckets) for c in grads)
-                        gather = overlapped_gather_exposed_s(g0 + g1 * params * param_gather_bytes(prec, self.runtime) / k,
-                                                             k, fwd)
+                        gather = overlapped_gather_exposed_s(g0 + g1 * gather_bytes / k, k, fwd)
                 stages.append(StageCost(fwd_s=fwd, bwd_s=bwd, tp_s=tp, p2p_s=p2p, grads=tuple(grads),
                                         optimizer_s=optimizer_time_s(opt_params, gpu, eff, prec, self.runtime),
                                         gather_s=gather, zero3_gather_s=z3_gather, zero3_rs_s=z3_rs, vpp=v,

@@ -419,7 +419,7 @@ def search(model: ModelSpec, cluster: Cluster, profile: Profile, top: int = 10, 
         by_plan = {r.plan: r for r in results + extra}
         variants = overlap_variants(results, model, n, space.overlap_step)
         todo = [p for p in variants if p not in by_plan]
-        for r in simulate_plans(model, cluster, profile, todo, workers, progress, "overlap") if todo else []:
+        for r in simulate_plans(model, cluster, profile, todo, workers, progress, "overlap", executor) if todo else []:
             by_plan[r.plan] = r
         if tables.heterogeneous:
             notes.append(hetero_note(tables, results))

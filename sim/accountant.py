@@ -75,7 +75,8 @@ class StepAccountant:
         """Count gradient-collective time in ``other``'s counters: consecutive steps of one
         multi-step run (sim/multistep.py), where one step's collectives overlap and slow
         the next step's compute."""
-        self._dp_inflight, self._dp_busy_s = other._dp_inflight, other._dp_busy_s
+        # the running count guards the start time: all three are one shared state
+        self._dp_inflight, self._dp_busy_s, self._dp_running = other._dp_inflight, other._dp_busy_s, other._dp_running
 
     def dp_busy_s(self, stage: int, t: float) -> float:
         """Seconds ``stage``'s gradient collectives have run up to time t (t = now)."""

@@ -46,10 +46,10 @@ class ControllerSettings:
 
 def layer_state_bytes(model, plan) -> float:
     """Bytes one device sends when one layer leaves its stage: the layer's weights in the
-    working dtype and its optimizer state (master copy, Adam moments; sharded over dp
+    working dtype and its optimizer state (master copy, Adam moments; sharded over dp*cp
     under ZeRO >= 1). Gradients are not moved: the buffer is zeroed every step."""
     params = mem.stage_params(model, 1, plan.tp, False, False)
-    opt = optimizer_state_bytes(plan.precision) / (plan.dp if plan.zero >= 1 else 1)
+    opt = optimizer_state_bytes(plan.precision) / (plan.grad_degree if plan.zero >= 1 else 1)
     return params * (working_bytes(plan.precision) + opt)
 
 

@@ -109,7 +109,7 @@ class MultiStepEngine:
         self.controller = controller
         self.symmetric_dp = symmetric_dp
         self.env = simpy.Environment()
-        self.net = FlowNetwork(self.env, cluster.graph, bw_scale=bw_efficiency(profile),
+        self.net = FlowNetwork(self.env, cluster.links, bw_scale=bw_efficiency(profile),
                                hop_latency=hop_latency(profile))
         self.steps: list[_Step] = []
         self.stopped: str | None = None
@@ -265,7 +265,7 @@ class MultiStepEngine:
             for pi, pipe in enumerate(st.prog.pipelines):
                 for s in range(st.plan.pp):
                     tot = st.acct.totals[RankKey(pi, s)]
-                    devices.append(DeviceStep(pipe.ranks[s], s, pipe.name, st.plan.tp * len(pipe.dp_indices),
+                    devices.append(DeviceStep(pipe.ranks[s], s, pipe.name, st.plan.tp * st.plan.cp * len(pipe.dp_indices),
                                               tot["compute"] + tot["tp"], {k: tot[k] for k in CATEGORIES},
                                               list(pipe.dp_indices)))
             dt = end - prev_end

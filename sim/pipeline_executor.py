@@ -385,6 +385,8 @@ class _LayerGathers:
         self.ahead = max(1, rt.fsdp_prefetch_layers)
         self.pos = 0
         self.last = None  # the latest gather issued
+        self.ready = ex.env.event()  # what a kept layer waits for: nothing
+        self.ready.succeed()
         self.pending = deque(self._gather(u) for u in range(self.ahead))
 
     def _gather(self, u: int):
@@ -393,9 +395,7 @@ class _LayerGathers:
         w, kind, mb, chunk, j = self.units[u]
         if self.keep:
             if (chunk, j) in self.held:
-                done = self.ex.env.event()
-                done.succeed()
-                return done
+                return self.ready
             self.held.add((chunk, j))
         label = f"fsdp gather {kind}{mb}"
         prev, self.last = self.last, None

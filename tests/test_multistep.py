@@ -78,7 +78,7 @@ def test_synchronous_steps_repeat_the_single_step():
 # ---------------------------------------------------------------- cross-step overlap
 @pytest.mark.parametrize("opt_s", [0.02, 0.08])
 def test_layerwise_update_hides_what_the_first_layers_cover(opt_s):
-    """overlap_step=layerwise, one device, L=4 layers, m=2 microbatches, forward f=0.01 s
+    """overlap_step=layerwise, one device, L=4 layers, m=8 microbatches, forward f=0.01 s
     and backward 0.02 s per layer, optimizer O per step (u = O/L per layer). The next
     step's first forward of layer j starts at max(its previous layer's end, R + (j+1)u),
     so it ends R + max(u + L f, L u + f) after the backward: the exposed update is

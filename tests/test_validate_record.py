@@ -11,7 +11,7 @@ import pytest
 
 from reports.trace import STREAM_TID, trace_events
 from validate.record import RunRecord, timeline
-from validate.timeline import RUN_CATEGORIES
+from sim.result import CATEGORIES
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -48,7 +48,7 @@ def test_step_statistics_by_hand():
     assert rec.p90_step_time_s == pytest.approx(4.6)
     r0 = rec.per_rank[0]["phases_s"]
     assert r0["idle"] == pytest.approx(3.5 - 0.51)
-    assert set(rec.phases_s) == set(RUN_CATEGORIES)
+    assert set(rec.phases_s) == set(CATEGORIES)
     # mean over ranks of compute (0.5, 0.7) = 0.6 in every step
     assert rec.phases_s["compute"] == pytest.approx(0.6)
     assert rec.detail_s["forward"] == pytest.approx(0.2)

@@ -3,8 +3,7 @@
 ``RunRecord.from_workers`` turns what every worker measured into the record the
 contract (VALIDATOR.md) fixes: the slowest rank's wall time per step, its median and
 spread after warm-up, per-phase times in the simulator's categories (sim/result.py
-CATEGORIES, plus ``cp`` for context parallelism's exchange: validate/timeline.py
-RUN_CATEGORIES) so measured and predicted pair one to one, per-rank peak memory and bytes
+CATEGORIES, ``cp`` included) so measured and predicted pair one to one, per-rank peak memory and bytes
 sent, losses, and the last step's segments.
 
 ``timeline(record)`` gives an object with the attributes reports/trace.trace_events
@@ -23,8 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sim.result import Segment
-from validate.timeline import RUN_CATEGORIES
+from sim.result import CATEGORIES, Segment
 
 
 def _median_over_steps(per_step: list[dict]) -> dict[str, float]:
@@ -85,7 +83,7 @@ class RunRecord:
         for w in workers:
             ph_steps = []
             for j, t in zip(measured, step_times):
-                ph = {c: w["steps"][j]["phases_s"].get(c, 0.0) for c in RUN_CATEGORIES}
+                ph = {c: w["steps"][j]["phases_s"].get(c, 0.0) for c in CATEGORIES}
                 # Whatever of the slowest rank's step this rank spent neither working nor
                 # in a timed wait (start skew after the barrier, Python between spans).
                 ph["idle"] = max(0.0, t - sum(v for c, v in ph.items() if c != "idle"))
@@ -101,7 +99,7 @@ class RunRecord:
             mean_phases.append(ph_steps)
             mean_detail.append([w["steps"][j]["detail_s"] for j in measured])
         n = len(workers)
-        phases_per_step = [{c: sum(r[i][c] for r in mean_phases) / n for c in RUN_CATEGORIES}
+        phases_per_step = [{c: sum(r[i][c] for r in mean_phases) / n for c in CATEGORIES}
                            for i in range(steps)]
         detail_keys = sorted({k for r in mean_detail for d in r for k in d})
         detail_per_step = [{k: sum(r[i].get(k, 0.0) for r in mean_detail) / n for k in detail_keys}

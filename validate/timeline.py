@@ -20,12 +20,6 @@ from contextlib import contextmanager
 
 from sim.result import CATEGORIES
 
-# The simulator's categories plus ``cp`` (the ring attention's K/V exchange,
-# validate/cp.py) until sim/result.py carries it: measured and predicted still pair one to
-# one on the shared ones.
-RUN_CATEGORIES = CATEGORIES + tuple(c for c in ("cp",) if c not in CATEGORIES)
-
-
 class Recorder:
     """Per-process timing of one step at a time; times in seconds (perf_counter)."""
 
@@ -43,7 +37,7 @@ class Recorder:
         return time.perf_counter()
 
     def begin_step(self) -> None:
-        self.phases_s: dict[str, float] = {c: 0.0 for c in RUN_CATEGORIES}
+        self.phases_s: dict[str, float] = {c: 0.0 for c in CATEGORIES}
         self.detail_s: dict[str, float] = defaultdict(float)
         self.bytes_sent: dict[str, float] = defaultdict(float)
         self.segments: list[dict] = []
@@ -52,7 +46,7 @@ class Recorder:
     @contextmanager
     def span(self, cat: str, detail: str, label: str):
         """Time the block; its exclusive time goes to ``cat`` and ``detail``."""
-        if cat not in RUN_CATEGORIES:
+        if cat not in CATEGORIES:
             raise ValueError(f"unknown category {cat!r}")
         start = self.now()
         frame = [0.0]  # time spent in nested spans
