@@ -55,6 +55,10 @@ class GpuEfficiency:
     source: str = "built-in default"
 
 
+# Collectives with their own call cost in a fabric's parameters (FabricEfficiency.call_s).
+COLLECTIVE_OPS = ("all_reduce", "all_gather", "reduce_scatter", "send_recv")
+
+
 @dataclass(frozen=True)
 class FabricEfficiency:
     """Achievable share of a link class's line rate for collectives, and per-call cost."""
@@ -69,7 +73,24 @@ class FabricEfficiency:
     # datasheet states. Ring collectives pay it per step (2(n-1) for an all-reduce,
     # costmodel/collectives.py), so it is what makes a 4-rank collective dearer than a 2-rank one.
     hop_latency_us: float | None = None
+    # Per-collective call cost, us, replacing call_latency_us for that collective when set
+    # (None: call_latency_us). Software transports cost each collective differently beyond
+    # its ring steps: gloo's all-reduce for small tensors runs its own multi-round
+    # algorithm (gloo/allreduce.cc) and cost about 1.2 ms per 4 KiB call on a 2-core host
+    # where an all-gather of the same size took 0.17 ms (plansim calibrate, 2026-11-30).
+    # plansim calibrate fits each from that collective's own calls issued after compute.
+    all_reduce_call_us: float | None = None
+    all_gather_call_us: float | None = None
+    reduce_scatter_call_us: float | None = None
+    send_recv_call_us: float | None = None
     source: str = "built-in default"
+
+    def call_s(self, op: str | None = None) -> float:
+        """Seconds one call of collective ``op`` ('all_reduce', 'all_gather',
+        'reduce_scatter', 'send_recv'; None or another op: the generic figure) costs
+        beyond its message steps: the op's own call cost when set, else call_latency_us."""
+        got = getattr(self, f"{op}_call_us", None) if op in COLLECTIVE_OPS else None
+        return (self.call_latency_us if got is None else got) * 1e-6
 
     def hop_latency_s(self, topology_s: float) -> float:
         """Seconds of one device-to-device step on this class: the profile's

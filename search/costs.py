@@ -132,9 +132,10 @@ class CostTables:
         return one.fwd_s + one.fwd_tp_s + one.bwd_s + one.bwd_tp_s
 
     # ------------------------------------------------------------------ communication
-    def call_s(self, ranks: list[int]) -> float:
-        """Per-call software latency of the fabric a group spans (as the engine charges)."""
-        return call_latency_s(self.cluster, self.profile, ranks)
+    def call_s(self, ranks: list[int], op: str | None = None) -> float:
+        """Per-call software latency of collective ``op`` on the fabric a group spans (as
+        the engine charges)."""
+        return call_latency_s(self.cluster, self.profile, ranks, op)
 
     def phase_costs(self, phases: list[cf.Phase], replicas: list[tuple[int, ...]]) -> list[PhaseCost]:
         """Per phase (latency seconds, seconds per unit of the flows' bytes): every flow
@@ -188,12 +189,13 @@ class CostTables:
                 phases = cf.build(algo, "all_reduce", rep, 1.0, node_of=node_of)
             else:
                 phases = cf.build("ring", op, rep, 1.0, node_of=node_of)
-            got = self._phases[key] = self._linear(list(rep), self.phase_costs(phases, others))
+            got = self._phases[key] = self._linear(list(rep), self.phase_costs(phases, others),
+                                                   "all_gather" if op == "sparse" else op)
         return got
 
-    def _linear(self, ranks: list[int], costs: list[PhaseCost]) -> LinearCost:
-        """A collective's phases in sequence, plus one call's software latency."""
-        return LinearCost(self.call_s(ranks) + sum(c.latency_s for c in costs), sum(c.s_per_unit for c in costs))
+    def _linear(self, ranks: list[int], costs: list[PhaseCost], op: str | None) -> LinearCost:
+        """A collective ``op``'s phases in sequence, plus one call's software latency."""
+        return LinearCost(self.call_s(ranks, op) + sum(c.latency_s for c in costs), sum(c.s_per_unit for c in costs))
 
     def p2p(self, plan: Plan, d0: int, stage: int) -> LinearCost:
         """(fixed seconds, seconds per byte) of the activation send stage -> stage+1 of
@@ -205,7 +207,7 @@ class CostTables:
             src, dst = plan.rank(d0, stage, 0), plan.rank(d0, nxt, 0)
             reps = [(plan.rank(d, stage, t, c), plan.rank(d, nxt, t, c)) for d in range(plan.dp)
                     for c in range(plan.cp) for t in range(plan.tp) if (d, t, c) != (d0, 0, 0)]
-            got = self._phases[key] = self._linear([src, dst], self.phase_costs(cf.p2p(src, dst, 1.0), reps))
+            got = self._phases[key] = self._linear([src, dst], self.phase_costs(cf.p2p(src, dst, 1.0), reps), "send_recv")
         return got
 
     def cp_step(self, plan: Plan, d0: int, stage: int) -> LinearCost:
@@ -220,7 +222,8 @@ class CostTables:
             reps = [tuple(plan.cp_group(d, stage, t)) for d in range(plan.dp) for t in range(plan.tp)
                     if (d, t) != (d0, 0)]
             phases = (ring_step if plan.cp_comm == "ring" else all_to_all)(group, 1.0)
-            got = self._phases[key] = self._linear(list(group), self.phase_costs(phases, reps))
+            got = self._phases[key] = self._linear(list(group), self.phase_costs(phases, reps),
+                                                   "send_recv" if plan.cp_comm == "ring" else None)
         return got
 
     def cp_exposed(self, plan: Plan, d0: int, stage: int, layers: int) -> tuple[float, float]:

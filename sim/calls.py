@@ -45,6 +45,6 @@ class EnginePart:
         """Start one communication call (see run_call)."""
         return run_call(self.env, self.net, self.cluster, phases, replicas, label, call_s, symmetric)
 
-    def call_latency_s(self, ranks: Sequence[int]) -> float:
-        """Per-call software latency of the fabric ``ranks`` span, seconds."""
-        return call_latency_s(self.cluster, self.prog.profile, ranks)
+    def call_latency_s(self, ranks: Sequence[int], op: str | None = None) -> float:
+        """Per-call software latency of collective ``op`` on the fabric ``ranks`` span, seconds."""
+        return call_latency_s(self.cluster, self.prog.profile, ranks, op)

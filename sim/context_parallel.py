@@ -56,7 +56,9 @@ class ContextParallelExchange(EnginePart):
             group = tuple(plan.cp_group(d0, stage, 0))
             replicas = tuple(tuple(plan.cp_group(d, stage, t)) for d in members for t in range(plan.tp)
                              if (d, t) != (d0, 0))
-            got = self._groups[(pi, stage)] = (group, replicas, self.call_latency_s(list(group)))
+            # A ring step is every member's send/receive at once; a2a has no own figure.
+            op = "send_recv" if plan.cp_comm == "ring" else None
+            got = self._groups[(pi, stage)] = (group, replicas, self.call_latency_s(list(group), op))
         return got
 
     def exchange(self, pi: int, stage: int, nbytes: float, label: str) -> simpy.Process:

@@ -49,8 +49,7 @@ class GradientReducer(EnginePart):
         self._gathered = [env.event() for _ in range(p)]        # ZeRO-1/2 parameter gather done
         self._optimized = [0] * p                               # classes past the optimizer
         self._early_gather: dict[tuple[int, int, int], simpy.Process] = {}  # overlapped param gather
-        self._call_s = [self.call_latency_s(self.plan.grad_group(s, 0)) if self.plan.grad_degree > 1 else 0.0
-                        for s in range(p)]
+        self._call_s: dict[tuple[int, str], float] = {}  # (stage, op) -> one call's software cost
         self._phase_cache: dict[tuple[int, float, str], list[cf.Phase]] = {}
         # The DP groups of TP indices 1..tp-1 per stage, built once (tuples: run_phases
         # takes them as they are).
@@ -111,30 +110,31 @@ class GradientReducer(EnginePart):
             k = max(1, len(w.grad_buckets))
             nbytes = w.params / k * param_gather_bytes(self.plan.precision, self.prog.profile.runtime)
             got = self._early_gather[key] = self._run(stage, self._phases(stage, nbytes, "all_gather"),
-                                                      f"param all-gather c{chunk}b{j}")
+                                                      f"param all-gather c{chunk}b{j}", "all_gather")
         return got
 
     def param_gather(self, stage: int, nbytes: float, label: str) -> simpy.Process:
         """All-gather ``nbytes`` of updated weights over ``stage``'s DP groups (one
         call; the multi-step engine's layer-by-layer gathers use it)."""
-        return self._run(stage, self._phases(stage, nbytes, "all_gather"), label)
+        return self._run(stage, self._phases(stage, nbytes, "all_gather"), label, "all_gather")
 
     def zero3_gather_layer(self, stage: int, w: ChunkWork, fraction: float, label: str) -> simpy.Process:
         """ZeRO-3 / FSDP: all-gather ``fraction`` of chunk ``w``'s weights (one layer)."""
         nbytes = w.params * fraction * param_gather_bytes(self.plan.precision, self.prog.profile.runtime)
-        return self._busy_call(stage, self._phases(stage, nbytes, "all_gather"), label)
+        return self._busy_call(stage, self._phases(stage, nbytes, "all_gather"), label, "all_gather")
 
     def zero3_reduce_scatter(self, stage: int, w: ChunkWork, fraction: float = 1.0) -> simpy.Process:
         """ZeRO-3: reduce-scatter one microbatch's gradients of ``fraction`` of chunk ``w``."""
         nbytes = w.params * fraction * grad_reduce_bytes(self.plan.precision, self.prog.profile.runtime)
-        return self._busy_call(stage, self._phases(stage, nbytes, "reduce_scatter"), "zero3 reduce-scatter")
+        return self._busy_call(stage, self._phases(stage, nbytes, "reduce_scatter"), "zero3 reduce-scatter",
+                               "reduce_scatter")
 
-    def _busy_call(self, s: int, phases: list[cf.Phase], label: str) -> simpy.Process:
+    def _busy_call(self, s: int, phases: list[cf.Phase], label: str, op: str) -> simpy.Process:
         """A ZeRO-3 collective that counts as DP busy time while it runs, so the compute it
         overlaps is slowed by the fabric's compute_slowdown as the gradient buckets' is."""
         def proc():
             t0 = self.acct.dp_started(s)
-            yield self._run(s, phases, label)
+            yield self._run(s, phases, label, op)
             self.acct.dp_finished(s, t0)
         return self.env.process(proc())
 
@@ -159,12 +159,12 @@ class GradientReducer(EnginePart):
                 elems = self.bucket_elements(s, chunk)
                 nnz = max(1.0, frac * elems)
                 yield self._run(s, cf.sparse_allgather(self.plan.grad_group(s, 0), nnz, TOPK_ENTRY_BYTES),
-                                f"topk c{chunk}b{j}")
+                                f"topk c{chunk}b{j}", "all_gather")
                 yield self.env.timeout(ce.topk_decompress_time_s(elems, (dpn - 1) * nnz, TOPK_ENTRY_BYTES, gpu, eff))
             else:
                 reduce_all = self.plan.zero == 0 or self.prog.zero_grad_all_reduce
                 op = "all_reduce" if reduce_all else "reduce_scatter"
-                yield self._run(s, self._phases(s, nbytes, op), f"{op} c{chunk}b{j}")
+                yield self._run(s, self._phases(s, nbytes, op), f"{op} c{chunk}b{j}", op)
             self.acct.dp_finished(s, t0)
             if self.acct.record:
                 for pi in range(self.n_classes):
@@ -176,7 +176,7 @@ class GradientReducer(EnginePart):
         params = sum(pipe.chunks[(s, c)].params for c in range(self.plan.vpp))
         nbytes = params * param_gather_bytes(self.plan.precision, self.prog.profile.runtime)
         t0 = self.env.now
-        yield self._run(s, self._phases(s, nbytes, "all_gather"), "param all-gather")
+        yield self._run(s, self._phases(s, nbytes, "all_gather"), "param all-gather", "all_gather")
         if self.acct.record:
             for q in range(self.n_classes):
                 self.acct.seg(RankKey(q, s), "dp", "collective", t0, self.env.now, "param all-gather")
@@ -203,7 +203,11 @@ class GradientReducer(EnginePart):
         return cf.build("hierarchical" if algo == "hierarchical" else "ring", op, group, nbytes,
                         node_of=self.cluster.node_of)
 
-    def _run(self, s: int, phases: list[cf.Phase], label: str) -> simpy.Process:
-        """One data-parallel collective call of stage s; the DP groups of TP indices
+    def _run(self, s: int, phases: list[cf.Phase], label: str, op: str) -> simpy.Process:
+        """One data-parallel collective ``op`` of stage s; the DP groups of TP indices
         1..tp-1 run the same call alongside (unsimulated replicas)."""
-        return self.call(phases, self._replicas[s], label, self._call_s[s], self._symmetric[s])
+        call_s = self._call_s.get((s, op))
+        if call_s is None:
+            call_s = self._call_s[(s, op)] = (self.call_latency_s(self.plan.grad_group(s, 0), op)
+                                              if self.plan.grad_degree > 1 else 0.0)
+        return self.call(phases, self._replicas[s], label, call_s, self._symmetric[s])

@@ -174,7 +174,7 @@ class PipelineExecutor(EnginePart):
                     for d in pipe.dp_indices for c in range(self.plan.cp) for t in range(self.plan.tp)][1:]
             replicas = tuple(zip(srcs, [r + shift for r in srcs]))
             route = self._p2p_routes[(pi, src_stage, dst_stage)] = (
-                *cf.p2p_route(self.net, self.cluster.route, src, dst, replicas), self.call_latency_s([src, dst]))
+                *cf.p2p_route(self.net, self.cluster.route, src, dst, replicas), self.call_latency_s([src, dst], "send_recv"))
         # One flow: the call's software cost and the path latency in one timeout, then
         # the bytes; the arrival event is the flow's own (no process, no forwarding).
         if self.prog.p2p_rendezvous:  # the receiver starts the transfer (_rendezvous_recv)

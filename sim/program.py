@@ -116,7 +116,8 @@ def _tp_call_s(cluster: Cluster, profile: Profile, ranks: list[int], nbytes: flo
     if n == 1:
         return 0.0
     bw, lat, kind = group_link(cluster, ranks, profile)
-    return cc.ring_allreduce_s(nbytes, n, bw * profile.fabric(kind).bw_eff, lat) + call_latency_s(cluster, profile, ranks)
+    return (cc.ring_allreduce_s(nbytes, n, bw * profile.fabric(kind).bw_eff, lat)
+            + call_latency_s(cluster, profile, ranks, "all_reduce"))
 
 
 def _tp_comm_s(cluster: Cluster, profile: Profile, ranks: list[int], nbytes: float, calls: int) -> float:
@@ -182,10 +183,10 @@ def tp_layer_comm_s(cluster: Cluster, profile: Profile, ranks: list[int], act_by
         return 0.0, 0.0
     bw, lat, kind = group_link(cluster, ranks, profile)
     fab = profile.fabric(kind)
-    bw_eff, call = bw * fab.bw_eff, call_latency_s(cluster, profile, ranks)
-    ar = cc.ring_allreduce_s(act_bytes, n, bw_eff, lat) + call
-    ag = cc.allgather_s(act_bytes, n, bw_eff, lat) + call
-    rs = cc.reduce_scatter_s(act_bytes, n, bw_eff, lat) + call
+    bw_eff = bw * fab.bw_eff
+    ar = cc.ring_allreduce_s(act_bytes, n, bw_eff, lat) + fab.call_s("all_reduce")
+    ag = cc.allgather_s(act_bytes, n, bw_eff, lat) + fab.call_s("all_gather")
+    rs = cc.reduce_scatter_s(act_bytes, n, bw_eff, lat) + fab.call_s("reduce_scatter")
     full = recompute == "full"
     overlap = profile.runtime.tp_bwd_overlap
     gemm = {o.name: op_time_s(o, gpu, eff, prec) for o in b_ops
@@ -222,9 +223,10 @@ def group_kind(cluster: Cluster, ranks: list[int]) -> str:
     return cluster.nodes[next(iter(nodes))].intra_kind if len(nodes) == 1 else "network"
 
 
-def call_latency_s(cluster: Cluster, profile: Profile, ranks: list[int]) -> float:
-    """Software cost of one collective call over ``ranks`` (the fabric's call_latency_us)."""
-    return profile.fabric(group_kind(cluster, ranks)).call_latency_us * 1e-6
+def call_latency_s(cluster: Cluster, profile: Profile, ranks: list[int], op: str | None = None) -> float:
+    """Software cost of one call of collective ``op`` over ``ranks`` (the group's fabric's
+    FabricEfficiency.call_s: the op's own call cost when the profile has one)."""
+    return profile.fabric(group_kind(cluster, ranks)).call_s(op)
 
 
 def group_link(cluster: Cluster, ranks: list[int], profile: Profile) -> tuple[float, float, str]:

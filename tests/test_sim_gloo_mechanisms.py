@@ -77,3 +77,44 @@ def test_tied_embedding_allreduce_on_first_and_last_stage():
     step1, res = run_engine(fixed)
     assert step1 - step0 == pytest.approx(e, rel=1e-9)
     assert res.exposed_comm_s["dp"] >= e * (1 - 1e-9)
+
+
+def test_each_collective_pays_its_own_call_cost():
+    """A fabric's per-collective call cost replaces the generic one for that collective
+    only. tiny at tp=2 on localhost-cpu without SP and without the backward overlap: a
+    layer's forward has 2 all-reduces and its backward 2, each the ring formula plus the
+    call. Raising all_reduce_call_us from the generic 50 us to 1250 us adds 2 x 1200 us
+    to each direction; all-gather's own figure (the pipeline and SP paths) is untouched;
+    an unset op (broadcast, None) pays call_latency_us."""
+    from sim.program import tp_layer_comm_s
+    cluster = load_topology("localhost-cpu", gpus_per_node=2)
+    base = FabricEfficiency(bw_eff=0.5, call_latency_us=50.0)
+    dear = FabricEfficiency(bw_eff=0.5, call_latency_us=50.0, all_reduce_call_us=1250.0)
+    assert dear.call_s("all_reduce") == pytest.approx(1250e-6)
+    assert dear.call_s("all_gather") == dear.call_s(None) == dear.call_s("broadcast") == pytest.approx(50e-6)
+    rt = RuntimeSettings(tp_bwd_overlap=False)
+    out = []
+    for fab in (base, dear):
+        prof = Profile(gpus={"default": GpuEfficiency()}, fabrics={"default": fab}, runtime=rt)
+        out.append(tp_layer_comm_s(cluster, prof, [0, 1], 64 * 128 * 4, False, "none", [], None, None, "fp32"))
+    (f0, b0), (f1, b1) = out
+    assert f1 - f0 == pytest.approx(2 * 1200e-6, rel=1e-9)
+    assert b1 - b0 == pytest.approx(2 * 1200e-6, rel=1e-9)
+    # SP: all-gathers and reduce-scatters only, so the all-reduce's figure changes nothing.
+    sp = [tp_layer_comm_s(cluster, Profile(gpus={"default": GpuEfficiency()}, fabrics={"default": fab}, runtime=rt),
+                          [0, 1], 64 * 128 * 4, True, "none", [], None, None, "fp32") for fab in (base, dear)]
+    assert sp[0] == sp[1]
+
+
+def test_pipeline_send_pays_the_send_recv_call_cost():
+    """The engine charges a pipeline send the fabric's send_recv_call_us: GPipe p=2, m=1
+    has 2 sends on the critical path (one activation, one gradient), so raising the
+    send/recv call cost by 1 ms (generic 50 us -> 1050 us) lengthens the step by 2 ms."""
+    prog, _ = _prog(1, False)
+    step0, _ = run_engine(prog)
+    prog2, _ = _prog(1, False)
+    prog2.profile = Profile(gpus={"default": GpuEfficiency()},
+                            fabrics={"default": FabricEfficiency(bw_eff=1.0, call_latency_us=CALL_S * 1e6,
+                                                                 send_recv_call_us=CALL_S * 1e6 + 1000.0)})
+    step1, _ = run_engine(prog2)
+    assert step1 - step0 == pytest.approx(2e-3, rel=1e-9)

@@ -16,11 +16,14 @@ Parameters and what fixes each (few, global, physical):
   (the model's TP-sliced ones and a sweep), t = op_time_s(gemm) (roofline + overhead).
 - ``bw_eff``, ``hop_latency_us`` of the topology's intra-node link class: least squares
   over all-reduce, all-gather, reduce-scatter and send/recv at every size, back to back,
-  with the topology's bandwidth and costmodel/collectives.py's ring formulas.
-- ``call_latency_us``: then, with those two fixed, least squares over all-reduce and
-  send/recv each issued right after about 1 ms of compute on every rank
-  (validate/collective_bench.after_compute_rows), as every collective of a plan is: on a
-  host whose cores were all computing, the threads that carry the call wait for a core.
+  with the topology's bandwidth and costmodel/collectives.py's ring formulas, each
+  collective with its own call cost beside them (so that one collective's extra rounds,
+  gloo's small all-reduce, do not inflate every collective's per-step latency).
+- ``<op>_call_us`` for each of those four collectives, and ``call_latency_us`` (the
+  generic figure, for any other collective: their median): then, with bw_eff and
+  hop_latency_us fixed, least squares over each collective's own calls issued in a stream
+  of (about 1 ms of compute, call) rounds on every rank, as a plan issues them
+  (validate/collective_bench.after_compute_rows: the mean cost a call adds to a round).
 
 Residuals are relative (log of predicted / measured), so small and large sizes weigh the
 same. Efficiencies are fractions of the GPU catalog's peaks (costmodel/gpus.py); for the
@@ -144,7 +147,7 @@ def collective_time_s(op: str, nbytes: float, n: int, bw_Bps: float, latency_s: 
     timed right after compute (AFTER_COMPUTE_SUFFIX) has the op's formula."""
     op = op.removesuffix(AFTER_COMPUTE_SUFFIX)
     bw = bw_Bps * fab.bw_eff
-    call = fab.call_latency_us * 1e-6
+    call = fab.call_s(op)
     latency_s = fab.hop_latency_s(latency_s)  # the fitted per-step latency replaces the topology's
     if op == "all_reduce":
         return cc.ring_allreduce_s(nbytes, n, bw, latency_s) + call
@@ -157,32 +160,50 @@ def collective_time_s(op: str, nbytes: float, n: int, bw_Bps: float, latency_s: 
     raise ValueError(f"no cost-model formula for {op}")
 
 
+def _with_calls(fab: FabricEfficiency, calls_us) -> FabricEfficiency:
+    """``fab`` with each FITTED_COLLECTIVES op's own call cost (us, in that order) and the
+    generic call_latency_us set to their median (what any other collective pays)."""
+    calls = {f"{op}_call_us": float(c) for op, c in zip(FITTED_COLLECTIVES, calls_us)}
+    return replace(fab, call_latency_us=float(np.median(list(calls.values()))), **calls)
+
+
 def fit_collectives(samples: list[CollectiveSample], bw_Bps: float, latency_s: float,
                     base: FabricEfficiency) -> FabricEfficiency:
-    """bw_eff, call_latency_us and hop_latency_us over every fitted collective, size and
-    group size. The per-call cost is paid once per call, the hop latency once per ring
-    step (1 for send/recv, n-1 for all-gather and reduce-scatter, 2(n-1) for all-reduce):
-    the steps tell them apart, and the group sizes (every n dividing the world) give the
-    hop latency its lever."""
+    """bw_eff, hop_latency_us and each collective's call cost over every fitted
+    collective, size and group size, back to back. The call cost is paid once per call,
+    the hop latency once per ring step (1 for send/recv, n-1 for all-gather and
+    reduce-scatter, 2(n-1) for all-reduce): the group sizes (every n dividing the world)
+    tell them apart; with one group size they trade off, and only their sum, which the
+    plans of that size pay, is fixed."""
     use = [s for s in samples if s.op in FITTED_COLLECTIVES]
+    k = len(FITTED_COLLECTIVES)
 
     def resid(x):
-        fab = replace(base, bw_eff=x[0], call_latency_us=x[1], hop_latency_us=x[2])
+        fab = _with_calls(replace(base, bw_eff=x[0], hop_latency_us=x[1]), x[2:])
         return [math.log(collective_time_s(s.op, s.nbytes, s.n, bw_Bps, latency_s, fab) / s.seconds) for s in use]
-    x = _least_squares(resid, [0.5, 50.0, 50.0], [1e-4, 0.0, 0.0], [1.0, 1e5, 1e5])
-    return replace(base, bw_eff=float(x[0]), call_latency_us=float(x[1]), hop_latency_us=float(x[2]))
+    x = _least_squares(resid, [0.5, 50.0] + [50.0] * k, [1e-4, 0.0] + [0.0] * k, [1.0, 1e5] + [1e5] * k)
+    return _with_calls(replace(base, bw_eff=float(x[0]), hop_latency_us=float(x[1])), x[2:])
 
 
 def fit_call_latency(samples: list[CollectiveSample], bw_Bps: float, latency_s: float,
-                     fab: FabricEfficiency) -> float:
-    """call_latency_us from the collectives timed right after compute
+                     fab: FabricEfficiency) -> FabricEfficiency:
+    """Each collective's call cost from its calls timed in a stream of compute rounds
     (validate/collective_bench.after_compute_rows), bw_eff and hop_latency_us fixed from
     the back-to-back sweep: the per-call cost a plan's collectives pay, all of which are
-    issued right after compute (thread wake-ups on busy cores included)."""
-    def resid(x):
-        f = replace(fab, call_latency_us=x[0])
-        return [math.log(collective_time_s(s.op, s.nbytes, s.n, bw_Bps, latency_s, f) / s.seconds) for s in samples]
-    return float(_least_squares(resid, [max(fab.call_latency_us, 1.0)], [0.0], [1e5])[0])
+    issued right after compute (thread wake-ups on busy cores included). A collective
+    without such calls keeps its back-to-back figure."""
+    calls = []
+    for op in FITTED_COLLECTIVES:
+        mine = [s for s in samples if s.op.removesuffix(AFTER_COMPUTE_SUFFIX) == op]
+        now = getattr(fab, f"{op}_call_us") or 0.0
+        if mine:
+            def resid(x, mine=mine, op=op):
+                f = replace(fab, **{f"{op}_call_us": x[0]})
+                return [math.log(collective_time_s(s.op, s.nbytes, s.n, bw_Bps, latency_s, f) / s.seconds)
+                        for s in mine]
+            now = float(_least_squares(resid, [max(now, 1.0)], [0.0], [1e5])[0])
+        calls.append(now)
+    return _with_calls(fab, calls)
 
 
 def fit_profile(res: MicrobenchResult, gpu: GpuSpec, base_gpu: GpuEfficiency,
@@ -215,7 +236,7 @@ def fit_profile(res: MicrobenchResult, gpu: GpuSpec, base_gpu: GpuEfficiency,
         fab = fit_collectives(res.collectives, bw, lat, base_fabric or FabricEfficiency())
         after = [c for c in res.collectives if c.op.endswith(AFTER_COMPUTE_SUFFIX)]
         if after:
-            fab = replace(fab, call_latency_us=fit_call_latency(after, bw, lat, fab))
+            fab = fit_call_latency(after, bw, lat, fab)
             out.residuals["collectives after compute"] = [
                 (f"{s.op} {s.nbytes}", s.seconds, collective_time_s(s.op, s.nbytes, s.n, bw, lat, fab))
                 for s in after]
@@ -305,12 +326,15 @@ def profile_mapping(fit: FitResult, res: MicrobenchResult, gpu_name: str, link_k
         out["fabrics"] = {link_kind: {
             "bw_eff": round(f.bw_eff, 5), "call_latency_us": round(f.call_latency_us, 3),
             "hop_latency_us": None if f.hop_latency_us is None else round(f.hop_latency_us, 3),
+            **{f"{op}_call_us": round(getattr(f, f"{op}_call_us"), 3) for op in FITTED_COLLECTIVES
+               if getattr(f, f"{op}_call_us") is not None},
             "source": (f"FIT by plansim calibrate, {where}: {', '.join(FITTED_COLLECTIVES)} over "
                        f"{res.world} processes, {len(fit.residuals.get('collectives', []))} sizes x ops "
                        f"(RMS {fit.rms_pct('collectives'):.1f} %), against the topology's link bandwidth; "
-                       f"hop_latency_us per ring step (replaces the topology's latency); call_latency_us per "
-                       f"call, fitted to all-reduce and send/recv issued right after compute as a plan issues "
-                       f"them (RMS {fit.rms_pct('collectives after compute'):.1f} %)."),
+                       f"hop_latency_us per ring step (replaces the topology's latency); <op>_call_us per call of "
+                       f"each collective, fitted to its calls in a stream of compute rounds as a plan issues "
+                       f"them (RMS {fit.rms_pct('collectives after compute'):.1f} %); call_latency_us, for "
+                       f"other collectives, their median."),
         }}
     return out
 
@@ -332,6 +356,8 @@ def format_params(fit: FitResult) -> str:
          f"topk_select_ns_per_elem={g.topk_select_ns_per_elem:.2f}")
     if f is not None:
         s += f" bw_eff={f.bw_eff:.4f} call_latency_us={f.call_latency_us:.1f}"
+        s += "".join(f" {op}_call_us={getattr(f, f'{op}_call_us'):.1f}" for op in FITTED_COLLECTIVES
+                     if getattr(f, f"{op}_call_us") is not None)
         if f.hop_latency_us is not None:
             s += f" hop_latency_us={f.hop_latency_us:.1f}"
     return s

@@ -79,7 +79,39 @@ class CollectiveConfig:
     # collective of a plan is: see after_compute_rows.
     after_compute_sizes: tuple = ()
     compute_gap_s: float = 1e-3
-    after_compute_calls: int = 40
+    after_compute_calls: int = 100  # rounds per mean (after_compute_rows)
+
+
+def _collective_call(op: str, count: int, n: int, group, first: int, nxt: int, prv: int, dev):
+    """A no-argument function making one call of collective ``op`` on ``count`` float32
+    elements (the whole buffer; all-gather sends count/n, reduce-scatter keeps count/n)
+    in ``group`` (None: the world) of n ranks whose first rank is ``first``; send_recv is
+    a ring of simultaneous sends to ``nxt`` and receives from ``prv``."""
+    import torch
+    import torch.distributed as dist
+    # torch 2.13 renamed *_into_tensor / *_tensor to *_single (same arguments).
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    if op == "all_gather":
+        send, recv = torch.ones(count // n, device=dev), torch.empty(count, device=dev)
+        return lambda: gather(recv, send, group=group)
+    if op == "reduce_scatter":
+        send, recv = torch.ones(count, device=dev), torch.empty(count // n, device=dev)
+        return lambda: scatter(recv, send, group=group)
+    if op == "all_reduce":
+        buf = torch.ones(count, device=dev)
+        return lambda: dist.all_reduce(buf, group=group)
+    if op == "broadcast":
+        buf = torch.ones(count, device=dev)
+        return lambda: dist.broadcast(buf, first, group=group)
+    sbuf, rbuf = torch.ones(count, device=dev), torch.empty(count, device=dev)
+
+    def call():
+        reqs = dist.batch_isend_irecv([dist.P2POp(dist.isend, sbuf, nxt, group),
+                                       dist.P2POp(dist.irecv, rbuf, prv, group)])
+        for r in reqs:
+            r.wait()
+    return call
 
 
 def collective_worker(rank: int, world: int, cfg: CollectiveConfig) -> list:
@@ -95,9 +127,6 @@ def collective_worker(rank: int, world: int, cfg: CollectiveConfig) -> list:
         torch.set_num_threads(cfg.threads)
     from validate.microbench import worker_device
     dev, dsync = worker_device(cfg.backend)
-    # torch 2.13 renamed *_into_tensor / *_tensor to *_single (same arguments).
-    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-    scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
     rows = []
     for n in cfg.group_sizes or (world,):
         if n == world:
@@ -109,26 +138,7 @@ def collective_worker(rank: int, world: int, cfg: CollectiveConfig) -> list:
         for op in cfg.ops:
             for nbytes in cfg.sizes:
                 count = nbytes // 4 // n * n
-                if op == "all_gather":
-                    send, recv = torch.ones(count // n, device=dev), torch.empty(count, device=dev)
-                    call = lambda: gather(recv, send, group=group)  # noqa: E731
-                elif op == "reduce_scatter":
-                    send, recv = torch.ones(count, device=dev), torch.empty(count // n, device=dev)
-                    call = lambda: scatter(recv, send, group=group)  # noqa: E731
-                elif op == "all_reduce":
-                    buf = torch.ones(count, device=dev)
-                    call = lambda: dist.all_reduce(buf, group=group)  # noqa: E731
-                elif op == "broadcast":
-                    buf = torch.ones(count, device=dev)
-                    call = lambda: dist.broadcast(buf, first, group=group)  # noqa: E731
-                else:  # send_recv: a ring of simultaneous sends and receives
-                    sbuf, rbuf = torch.ones(count, device=dev), torch.empty(count, device=dev)
-
-                    def call():
-                        reqs = dist.batch_isend_irecv([dist.P2POp(dist.isend, sbuf, nxt, group),
-                                                       dist.P2POp(dist.irecv, rbuf, prv, group)])
-                        for r in reqs:
-                            r.wait()
+                call = _collective_call(op, count, n, group, first, nxt, prv, dev)
                 mx = torch.zeros(1, dtype=torch.float64, device=dev)
                 t0 = time.perf_counter()
                 for _ in range(max(1, cfg.warmup)):
@@ -155,7 +165,7 @@ def collective_worker(rank: int, world: int, cfg: CollectiveConfig) -> list:
                         break
                 rows.append([op, n, count * 4, statistics.median(times)])
         if cfg.after_compute_sizes:
-            rows += after_compute_rows(cfg, n, group, nxt, prv, dev, dsync)
+            rows += after_compute_rows(cfg, n, group, first, nxt, prv, dev, dsync)
     return rows
 
 
@@ -165,15 +175,24 @@ def collective_worker(rank: int, world: int, cfg: CollectiveConfig) -> list:
 # computing, and on a host whose cores all compute a woken thread can wait for the running
 # one's time slice (Linux EEVDF runs the current task to its slice before a waking one,
 # the RUN_TO_PARITY feature, kernel/sched/features.h). Back-to-back calls never meet that.
-AFTER_COMPUTE_OPS = ("all_reduce", "send_recv")
+AFTER_COMPUTE_OPS = ("all_reduce", "all_gather", "reduce_scatter", "send_recv")
 AFTER_COMPUTE_SUFFIX = "_after_compute"
 
 
-def after_compute_rows(cfg: CollectiveConfig, n: int, group, nxt: int, prv: int, dev, dsync) -> list:
-    """[op + '_after_compute', n, nbytes, seconds] for AFTER_COMPUTE_OPS at each size:
-    every rank computes GEMMs for about cfg.compute_gap_s, then calls the collective;
-    per call the time of the rank that arrived last (its call is the collective's own cost,
-    without waiting for a peer), median over the calls."""
+def after_compute_rows(cfg: CollectiveConfig, n: int, group, first: int, nxt: int, prv: int, dev, dsync) -> list:
+    """[op + '_after_compute', n, nbytes, seconds] for AFTER_COMPUTE_OPS at each size: the
+    cost one call adds to a stream of (compute, call) iterations, as a plan's rank pays it.
+
+    Every rank first times ``after_compute_calls`` rounds of about cfg.compute_gap_s of
+    GEMMs alone, then as many rounds of the same GEMMs each followed by the collective;
+    the call's cost is the difference of the two mean round times, the slowest rank's.
+    A plan's step is the sum of its calls, so the figure is a mean over a long stream, not
+    a median: on a host whose cores time-share (a guest that halts idle vCPUs, a scheduler
+    tick of a few ms) a fraction of calls wait a whole tick for a woken thread, and those
+    calls are most of the mean (measured here: 32 KiB 2-rank all-reduce after 0.9 ms of
+    GEMMs, median 1.2 ms, mean 1.7-1.9 ms). Measuring the whole round also counts what a
+    call does to the compute around it (a peer's late start, a descheduled main thread),
+    which a per-call timer misses."""
     import torch
     import torch.distributed as dist
 
@@ -187,34 +206,32 @@ def after_compute_rows(cfg: CollectiveConfig, n: int, group, nxt: int, prv: int,
     gemms = torch.tensor([max(1, int(cfg.compute_gap_s / max(per, 1e-7)))], dtype=torch.float64, device=dev)
     dist.all_reduce(gemms, op=dist.ReduceOp.MIN)  # every rank computes the same amount
     k = int(gemms[0])
+    calls = cfg.after_compute_calls
+    mx = torch.zeros(1, dtype=torch.float64, device=dev)
+
+    def mean_round(call) -> float:
+        """The slowest rank's mean time of one round (k GEMMs, then ``call``)."""
+        dist.barrier()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            for _ in range(k):
+                torch.nn.functional.linear(a, w)
+            call()
+        if dsync:
+            dsync()
+        mx[0] = (time.perf_counter() - t0) / calls
+        dist.all_reduce(mx, op=dist.ReduceOp.MAX, group=group)
+        return float(mx[0])
+
     rows = []
     for op in AFTER_COMPUTE_OPS:
         for nbytes in cfg.after_compute_sizes:
             count = nbytes // 4 // n * n
-            sbuf, rbuf = torch.ones(count, device=dev), torch.empty(count, device=dev)
-            if op == "all_reduce":
-                call = lambda: dist.all_reduce(sbuf, group=group)  # noqa: E731
-            else:
-                def call():
-                    reqs = dist.batch_isend_irecv([dist.P2POp(dist.isend, sbuf, nxt, group),
-                                                   dist.P2POp(dist.irecv, rbuf, prv, group)])
-                    for r in reqs:
-                        r.wait()
+            call = _collective_call(op, count, n, group, first, nxt, prv, dev)
             call()
-            times = torch.zeros(cfg.after_compute_calls, dtype=torch.float64, device=dev)
-            dist.barrier()
-            for i in range(cfg.after_compute_calls):
-                for _ in range(k):
-                    torch.nn.functional.linear(a, w)
-                if dsync:
-                    dsync()
-                t0 = time.perf_counter()
-                call()
-                if dsync:
-                    dsync()
-                times[i] = time.perf_counter() - t0
-            dist.all_reduce(times, op=dist.ReduceOp.MIN, group=group)  # the last arriver's
-            rows.append([op + AFTER_COMPUTE_SUFFIX, n, count * 4, float(times.median())])
+            compute = mean_round(lambda: None)
+            with_call = mean_round(call)
+            rows.append([op + AFTER_COMPUTE_SUFFIX, n, count * 4, max(with_call - compute, 1e-7)])
     return rows
 
 
