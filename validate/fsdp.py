@@ -295,8 +295,9 @@ class FSDP:
                     if u.grad is None:
                         u.grad = torch.zeros_like(u.shard)
                     if not u.adam:
-                        u.adam = {"m": torch.zeros_like(u.shard), "v": torch.zeros_like(u.shard)}
-                    adam_update(u.shard, u.grad, u.adam["m"], u.adam["v"], step)
+                        u.adam = {"m": torch.zeros_like(u.shard), "v": torch.zeros_like(u.shard),
+                                  "scratch": torch.empty_like(u.shard)}
+                    adam_update(u.shard, u.grad, u.adam["m"], u.adam["v"], step, scratch=u.adam["scratch"])
 
     def gathered_weights(self) -> dict:
         """{name: whole weight as numpy} (an all-gather per unit; every rank must call)."""
