@@ -81,13 +81,16 @@ def test_ring_attention_matches_whole_sequence_attention(launched, cp):
     """cp ranks each holding 2 of 2*cp chunks reproduce causal attention over the whole
     sequence: output and q/k/v gradients within ATTN_TOL of SDPA's, with grouped-query
     attention (4 heads, 2 K/V groups). Each rank sends, forward and backward, cp-1 blocks
-    of its stacked K/V (2 x B x G x S/cp x D fp32 values): 2 (cp-1) x that many bytes."""
+    of its stacked K/V (2 x B x G x S/cp x D fp32 values): 2 (cp-1) x that many bytes,
+    with B=2, G=2, S=32, D=16: cp=2: 2 x 1 x (2 x 2 x 2 x 16 x 16 x 4 = 8,192) = 16,384 B;
+    cp=4: 2 x 3 x (2 x 2 x 2 x 8 x 16 x 4 = 4,096) = 24,576 B."""
     res = launched[f"ring{cp}"]
-    kv_bytes = 2 * B * G * (S // cp) * D * 4
+    kv_bytes = {2: 8_192, 4: 4_096}[cp]
+    assert kv_bytes == 2 * B * G * (S // cp) * D * 4
     for r in res:
         for key in ("out", "dq", "dk", "dv"):
             assert r[key] <= ATTN_TOL, (cp, key, r)
-        assert r["bytes"] == 2 * (cp - 1) * kv_bytes
+        assert r["bytes"] == {2: 16_384, 4: 24_576}[cp]
         assert r["cp_s"] > 0
 
 
@@ -149,18 +152,20 @@ def test_cp_plans_match_reference(launched, plan):
 
 def test_cp_bytes_and_time_recorded(launched):
     """Each cp=2 rank sends, per layer and microbatch, its K/V block once forward and
-    its gradient once backward: 2 x (2 x mbs x seq/cp x kv_hidden x 4 B) x layers x
-    microbatches = 2 x (2 x 4 x 32 x 128 x 4) x 4 x 4 = 4 MiB per step for cp=2 with
-    mbs=4 (4 microbatches), half that with dp=2 (2 per replica); the exchange's time is
-    in the record's ``cp`` phase and its in-flight segments on the ``cp`` stream."""
+    its gradient once backward. tiny: seq 64 (32 positions per rank), K/V width 128 (4
+    heads of 32, no GQA), 4 layers; block = 2 (K and V) x 4 (mbs) x 32 x 128 x 4 B =
+    131,072 B, so a step sends 2 x 131,072 x 4 layers x 4 microbatches = 4,194,304 B
+    (4 MiB) for cp=2 with mbs=4 (16 sequences / 4), half that, 2,097,152 B, with dp=2
+    (2 microbatches per replica); the exchange's time is in the record's ``cp`` phase
+    and its in-flight segments on the ``cp`` stream."""
     m = MODEL
-    block = 2 * 4 * (m.seq_length // 2) * m.kv_hidden * 4
-    for plan, mbs in (("cp=2,mbs=4", 4), ("cp=2,dp=2,mbs=4", 2)):
+    assert (m.seq_length, m.kv_hidden, m.num_layers, m.global_batch_size) == (64, 128, 4, 16)
+    assert 2 * 4 * 32 * 128 * 4 == 131_072
+    for plan, step_bytes in (("cp=2,mbs=4", 4_194_304), ("cp=2,dp=2,mbs=4", 2_097_152)):
         for w in launched[plan]:
-            assert w["steps"][-1]["bytes_sent"]["cp"] == 2 * block * m.num_layers * mbs
+            assert w["steps"][-1]["bytes_sent"]["cp"] == step_bytes
             assert w["steps"][-1]["phases_s"]["cp"] > 0
             assert any(s["stream"] == "cp" for s in w["segments"])
-    assert 2 * block * m.num_layers * 4 == 4 * 2 ** 20
 
 
 def test_cp_in_run_record_and_trace(launched):
