@@ -337,7 +337,12 @@ def test_report_is_deterministic_and_shows_the_recovery(tmp_path):
     assert a == b
     md = a["report.md"].decode()
     assert f"recovers {cmp.recovered_frac:.1%}" in md
-    assert a["steps.csv"].decode().count("\n") == 1 + len(ad.steps)
+    import csv
+    import io
+    rows = list(csv.reader(io.StringIO(a["steps.csv"].decode())))
+    assert len(rows) == 1 + len(ad.steps)
+    col = rows[0].index("fixed tokens/s")
+    assert [r[col] for r in rows[1:]] == [f"{s.tokens_per_s:.0f}" for s in fixed.steps]
     paths = write_multistep_report(tmp_path / "r", ad, cmp)
     assert sorted(p.name for p in paths) == ["index.html", "report.md", "steps.csv"]
 
