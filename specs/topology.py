@@ -30,14 +30,13 @@ from __future__ import annotations
 import functools
 import gc
 import re
-from importlib.resources import files
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable, NamedTuple, Sequence
 
 from costmodel.errors import InputError
 from costmodel.gpus import GpuSpec, get_gpu
 from costmodel.limits import MAX_DEVICES, MAX_GPUS_PER_NODE, MAX_NODES
-from costmodel.yamlio import decode, parse_yaml, read_text
+from costmodel.yamlio import bundled_file, bundled_names, decode, parse_yaml, read_text
 from specs import topology_schema as schema
 from specs.topology_links import NodeLinks, TreeLinks
 from specs.validation import short, validate
@@ -287,7 +286,7 @@ class Cluster:
 
 def list_topologies() -> list[str]:
     """Names of the bundled topology files (stems of ``topologies/*.yaml``)."""
-    return sorted(p.name[:-5] for p in files(_BUNDLE).iterdir() if p.name.endswith(".yaml"))
+    return bundled_names(_BUNDLE)
 
 
 def _read(name_or_path: str) -> tuple[str, str]:
@@ -295,8 +294,8 @@ def _read(name_or_path: str) -> tuple[str, str]:
     bundled = ", ".join(list_topologies())
     looks_like_path = name_or_path.endswith((".yaml", ".yml")) or "/" in name_or_path or "\\" in name_or_path
     if not looks_like_path:
-        res = files(_BUNDLE) / f"{name_or_path}.yaml"
-        if res.is_file():
+        res = bundled_file(_BUNDLE, name_or_path)
+        if res is not None:
             return str(res), decode(res.read_bytes(), str(res))
         if not Path(name_or_path).is_file():
             raise InputError(name_or_path, "topology", f"no bundled topology or file named {short(name_or_path)}; bundled: {bundled}")

@@ -37,6 +37,7 @@ import yaml
 
 from costmodel.errors import InputError
 from costmodel.profile import Profile, default_profile
+from costmodel.yamlio import bundled_file, bundled_names, decode, load_yaml, parse_yaml
 from validate.accuracy import (RunRow, load_rows, mape, row_cluster, row_profile,
                                simulate_row)
 
@@ -297,14 +298,16 @@ def _finite_or_none(v: float) -> float | None:
 
 def _overlay(base_profile: str) -> dict:
     """The raw mapping of a base profile file or bundled profile (what it sets, not merged)."""
-    p = Path(base_profile)
-    if p.is_file():
-        text, src = p.read_text(encoding="utf-8"), base_profile
+    if Path(base_profile).is_file():
+        data = load_yaml(base_profile, base_profile, "profile file")
     else:
-        from importlib import resources
-        res = resources.files("costmodel").joinpath(f"profiles/{base_profile}.yaml")
-        text, src = res.read_text(encoding="utf-8"), base_profile
-    data = yaml.safe_load(text) or {}
+        res = bundled_file("costmodel", base_profile, "profiles")
+        if res is None:
+            raise InputError(base_profile, "--profile", f"no bundled profile or file named {base_profile!r}; "
+                             f"bundled: {', '.join(bundled_names('costmodel', 'profiles'))}")
+        data = parse_yaml(decode(res.read_bytes(), base_profile), base_profile)
+    src = base_profile
+    data = data or {}
     if not isinstance(data, dict):
         raise InputError(src, None, "expected a profile mapping")
     return data
