@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Callable, Iterable, NamedTuple, Sequence
 
 from costmodel.errors import InputError
 from costmodel.gpus import GpuSpec, get_gpu
-from costmodel.limits import MAX_DEVICES, MAX_GPUS_PER_NODE, MAX_NODES
+from costmodel.limits import MAX_DEVICES, MAX_GPUS_PER_NODE, MAX_NODES, number_problem
 from costmodel.yamlio import bundled_file, bundled_names, decode, parse_yaml, read_text
 from specs import topology_schema as schema
 from specs.topology_links import NodeLinks, TreeLinks
@@ -323,10 +323,9 @@ def _check_size(topo: schema.TopologyFile, source: str) -> None:
 
 def _resize_node_type(topo: schema.TopologyFile, gpus_per_node: int, source: str) -> schema.TopologyFile:
     """The single group's node type with ``gpus_per_node`` devices (the validator's --world)."""
-    if isinstance(gpus_per_node, bool) or not isinstance(gpus_per_node, int) \
-            or not 1 <= gpus_per_node <= MAX_GPUS_PER_NODE:
-        raise InputError(source, "--world", f"{str(gpus_per_node)[:60]}: must be an integer in "
-                                            f"[1, {MAX_GPUS_PER_NODE}]")
+    problem = number_problem(gpus_per_node, 1, MAX_GPUS_PER_NODE, integer=True)
+    if problem:
+        raise InputError(source, "--world", f"{str(gpus_per_node)[:60]}: {problem}")
     if len(topo.groups) != 1:
         raise InputError(source, "--world", f"cannot resize the devices of a topology with "
                                             f"{len(topo.groups)} groups; edit node_types in the file instead")
@@ -365,8 +364,9 @@ def _load_file(name_or_path: str, nodes: int | None,
     if gpus_per_node is not None:
         topo = _resize_node_type(topo, gpus_per_node, source)
     if nodes is not None:
-        if isinstance(nodes, bool) or not isinstance(nodes, int) or not 1 <= nodes <= MAX_NODES:
-            raise InputError(source, "--nodes", f"{str(nodes)[:60]}: must be an integer in [1, {MAX_NODES}]")
+        problem = number_problem(nodes, 1, MAX_NODES, integer=True)
+        if problem:
+            raise InputError(source, "--nodes", f"{str(nodes)[:60]}: {problem}")
         if len(topo.groups) != 1:
             names = ", ".join(g.name for g in topo.groups)
             raise InputError(source, "--nodes", f"cannot scale a heterogeneous topology with {len(topo.groups)} "

@@ -217,6 +217,15 @@ def test_rebalancer_bad_input():
         Rebalancer((8, 8), smoothing=1.0)
     with pytest.raises(InputError, match=r"units\[1\]"):
         Rebalancer((8, 0))
+    # The range checks are costmodel/limits.number_problem's: one line, field, value, range.
+    for make, text in ((lambda: Rebalancer((8, 8), horizon_steps=0),
+                        "rebalance: horizon_steps: 0: must be an integer in [1, inf)"),
+                       (lambda: Rebalancer((8, 8), cost_per_unit_moved_s=float("nan")),
+                        "rebalance: cost_per_unit_moved_s: nan: must be a finite number in [0, inf)"),
+                       (lambda: balance((1.0, 1.0), 1, min_units=1), "rebalance: total: 1: must be an integer in [2, inf)")):
+        with pytest.raises(InputError) as err:
+            make()
+        assert str(err.value) == text
 
 
 def test_rebalancer_median_filter_ignores_one_stall():
