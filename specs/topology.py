@@ -346,8 +346,20 @@ def _resize_node_type(topo: schema.TopologyFile, gpus_per_node: int, source: str
 def topology_devices(name_or_path: str, nodes: int | None = None) -> int:
     """The device count ``load_topology`` would build, read from the validated file without
     building anything (so a plan can be checked against it first)."""
-    topo, _ = _load_file(name_or_path, nodes)
-    return _count(topo)
+    return TopologyFileRead(name_or_path).devices(nodes)
+
+
+class TopologyFileRead:
+    """One topology file read and validated once, for callers that ask several node counts
+    of it (a sweep's nodes axis) without parsing the file again for each."""
+
+    def __init__(self, name_or_path: str):
+        self.source, text = _read(str(name_or_path))
+        self.topo = _parse(self.source, text)
+
+    def devices(self, nodes: int | None = None) -> int:
+        """Devices with ``nodes`` nodes (None: as the file says); InputError as --nodes gives."""
+        return _count(self.topo if nodes is None else _with_nodes(self.topo, nodes, self.source))
 
 
 def _count(topo: schema.TopologyFile) -> int:
@@ -364,16 +376,22 @@ def _load_file(name_or_path: str, nodes: int | None,
     if gpus_per_node is not None:
         topo = _resize_node_type(topo, gpus_per_node, source)
     if nodes is not None:
-        problem = number_problem(nodes, 1, MAX_NODES, integer=True)
-        if problem:
-            raise InputError(source, "--nodes", f"{str(nodes)[:60]}: {problem}")
-        if len(topo.groups) != 1:
-            names = ", ".join(g.name for g in topo.groups)
-            raise InputError(source, "--nodes", f"cannot scale a heterogeneous topology with {len(topo.groups)} "
-                                                f"groups ({names[:200]}); edit groups[].nodes in the file instead")
-        topo = topo.model_copy(update={"groups": [topo.groups[0].model_copy(update={"nodes": nodes})]})
-        _check_size(topo, source)
+        topo = _with_nodes(topo, nodes, source)
     return topo, source
+
+
+def _with_nodes(topo: schema.TopologyFile, nodes: int, source: str) -> schema.TopologyFile:
+    """The single group of ``topo`` with ``nodes`` nodes (the --nodes option)."""
+    problem = number_problem(nodes, 1, MAX_NODES, integer=True)
+    if problem:
+        raise InputError(source, "--nodes", f"{str(nodes)[:60]}: {problem}")
+    if len(topo.groups) != 1:
+        names = ", ".join(g.name for g in topo.groups)
+        raise InputError(source, "--nodes", f"cannot scale a heterogeneous topology with {len(topo.groups)} "
+                                            f"groups ({names[:200]}); edit groups[].nodes in the file instead")
+    topo = topo.model_copy(update={"groups": [topo.groups[0].model_copy(update={"nodes": nodes})]})
+    _check_size(topo, source)
+    return topo
 
 
 def load_topology(name_or_path: str, nodes: int | None = None, gpus_per_node: int | None = None) -> Cluster:
