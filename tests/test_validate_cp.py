@@ -47,6 +47,48 @@ def test_cp_ranks_invert_plan_rank():
     assert plan.cp_group(0, 0, 1) == [1, 3]
 
 
+def _coords_by_search(plan, rank):
+    """The old enumeration: every (dp, stage, tp, cp) until Plan.rank hits ``rank``."""
+    for d in range(plan.dp):
+        for s in range(plan.pp):
+            for c in range(plan.cp):
+                for t in range(plan.tp):
+                    if plan.rank(d, s, t, c) == rank:
+                        return d, s, t, c
+    return None
+
+
+def test_coords_cp_arithmetic_equals_enumeration():
+    """coords_cp's digit arithmetic gives the coordinates the brute-force search over every
+    coordinate finds, for every rank of every tp x cp x pp x dp layout of up to 16 devices
+    under both placements (an independent computation), and refuses ranks outside the world.
+    By hand, tp=2,cp=2,pp=2,dp=2 with placement tp-dp-pp: rank 13 = 1 + 2 x (0 + 2 x (1 + 2 x 1))
+    is tp 1, cp 0, dp 1, stage 1."""
+    from costmodel.shapes import ModelSpec
+    from specs.plan import resolve_plan
+    from validate.runner import coords_cp
+    model = ModelSpec("m", 8, 64, 4, 64, 128, 16)
+    checked = 0
+    for tp in (1, 2, 4):
+        for cp in (1, 2, 4):
+            for pp in (1, 2, 4):
+                for dp in (1, 2, 4):
+                    n = tp * cp * pp * dp
+                    if n > 16:
+                        continue
+                    for placement in ("tp-pp-dp", "tp-dp-pp"):
+                        plan = resolve_plan(f"tp={tp},cp={cp},pp={pp},dp={dp},placement={placement}", model, n)
+                        for r in range(n):
+                            assert coords_cp(plan, r) == _coords_by_search(plan, r), (plan.to_string(), r)
+                            checked += 1
+                        for bad in (-1, n):
+                            with pytest.raises(ValueError, match="outside"):
+                                coords_cp(plan, bad)
+    assert checked > 300
+    plan = resolve_plan("tp=2,cp=2,pp=2,dp=2,placement=tp-dp-pp", model, 16)
+    assert coords_cp(plan, 13) == (1, 1, 1, 0)
+
+
 def _ring_vs_sdpa(rank, world):
     import torch
     import torch.distributed as dist

@@ -56,14 +56,18 @@ def coords(plan: Plan, rank: int) -> tuple[int, int, int]:
 
 
 def coords_cp(plan: Plan, rank: int) -> tuple[int, int, int, int]:
-    """(dp_index, stage, tp_index, cp_index) of a global rank: the inverse of Plan.rank."""
-    for d in range(plan.dp):
-        for s in range(plan.pp):
-            for c in range(plan.cp):
-                for t in range(plan.tp):
-                    if plan.rank(d, s, t, c) == rank:
-                        return d, s, t, c
-    raise ValueError(f"rank {rank} is outside the plan's {plan.num_devices} devices")
+    """(dp_index, stage, tp_index, cp_index) of a global rank: the inverse of Plan.rank,
+    read off its mixed-radix digits (tp fastest, then cp, then pp and dp in the order the
+    placement gives), in O(1) rather than a search over every coordinate."""
+    if not 0 <= rank < plan.num_devices:
+        raise ValueError(f"rank {rank} is outside the plan's {plan.num_devices} devices")
+    inner, outer = rank % (plan.tp * plan.cp), rank // (plan.tp * plan.cp)
+    t, c = inner % plan.tp, inner // plan.tp
+    if plan.placement == "tp-pp-dp":
+        s, d = outer % plan.pp, outer // plan.pp
+    else:  # tp-dp-pp
+        d, s = outer % plan.dp, outer // plan.dp
+    return d, s, t, c
 
 
 def vstage_layers(plan: Plan) -> list[list[int]]:
