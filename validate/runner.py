@@ -222,18 +222,24 @@ def _worker(rank: int, world: int, model: ModelSpec, plan: Plan, cfg: RunConfig)
     return out
 
 
+def check_pp_backend(backend: str | None, pp: int, source: str = "--plan") -> None:
+    """Pipeline parallelism is refused on NCCL (the runner's and the adaptive runs' one check).
+
+    validate/pp.py posts each send alone (isend) and tells messages apart by tag. NCCL
+    ignores tags and runs a pair's sends and receives in order on one stream, so two
+    neighbours sending to each other at once (1F1B's steady state) would wait on each
+    other; that needs Megatron-style batched send+recv, not written yet. Refuse rather
+    than hang."""
+    if backend == "nccl" and pp > 1:
+        raise InputError(source, "pp", "pipeline parallelism runs on gloo only for now "
+                         "(NCCL point-to-point needs batched send/recv); set PLANSIM_BACKEND=gloo")
+
+
 def check_supported(model: ModelSpec, plan: Plan, backend: str | None = None) -> None:
     """What the runner does not implement is an input error before any process starts."""
     from validate.gpt import check_tp
     check_tp(model, plan.tp)
-    if backend == "nccl" and plan.pp > 1:
-        # validate/pp.py posts each send alone (isend) and tells messages apart by tag.
-        # NCCL ignores tags and runs a pair's sends and receives in order on one stream,
-        # so two neighbours sending to each other at once (1F1B's steady state) would
-        # wait on each other; that needs Megatron-style batched send+recv, not written
-        # yet. Refuse rather than hang.
-        raise InputError("--plan", "pp", "pipeline parallelism runs on gloo only for now "
-                         "(NCCL point-to-point needs batched send/recv); set PLANSIM_BACKEND=gloo")
+    check_pp_backend(backend, plan.pp)
     if plan.cp > 1 and plan.cp_comm != "ring":
         raise InputError("--plan", "cp_comm", f"the runner implements cp_comm=ring (validate/cp.py), "
                          f"not {plan.cp_comm}")
