@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from costmodel.errors import InputError
+from costmodel.limits import number_problem
 
 _SRC = "rebalance"
 
@@ -35,13 +36,19 @@ class Decision:
     reason: str  # one line, for reports
 
 
+def _check_count(value: object, lo: int, field: str) -> None:
+    """An integer >= ``lo`` (costmodel/limits.number_problem, the one range check)."""
+    problem = number_problem(value, lo, math.inf, integer=True, hi_open=True)
+    if problem:
+        raise InputError(_SRC, field, f"{value!r}: {problem}")
+
+
 def _check_units(units: Sequence[int], min_units: int, field: str) -> tuple[int, ...]:
     out = tuple(units)
     if not out:
         raise InputError(_SRC, field, "must list at least one rank")
     for i, u in enumerate(out):
-        if isinstance(u, bool) or not isinstance(u, int) or u < min_units:
-            raise InputError(_SRC, f"{field}[{i}]", f"is {u!r}; must be an integer >= min_units={min_units}")
+        _check_count(u, min_units, f"{field}[{i}]")
     return out
 
 
@@ -50,9 +57,9 @@ def _check_times(values: Sequence[float], n: int, field: str, *, positive: bool)
     if len(out) != n:
         raise InputError(_SRC, field, f"has {len(out)} entries; must have one per rank ({n})")
     for i, v in enumerate(out):
-        if not math.isfinite(v) or v < 0 or (positive and v == 0):
-            kind = "> 0" if positive else ">= 0"
-            raise InputError(_SRC, f"{field}[{i}]", f"is {v!r}; must be a finite number {kind} (seconds)")
+        problem = number_problem(v, 0.0, math.inf, lo_open=positive, hi_open=True)
+        if problem:
+            raise InputError(_SRC, f"{field}[{i}]", f"{v!r}: {problem} (seconds)")
     return out
 
 
@@ -70,10 +77,8 @@ def balance(per_unit_s: Sequence[float], total: int, min_units: int = 1) -> tupl
     if n == 0:
         raise InputError(_SRC, "per_unit_s", "must list at least one rank")
     times = _check_times(per_unit_s, n, "per_unit_s", positive=True)
-    if isinstance(min_units, bool) or not isinstance(min_units, int) or min_units < 0:
-        raise InputError(_SRC, "min_units", f"is {min_units!r}; must be an integer >= 0")
-    if isinstance(total, bool) or not isinstance(total, int) or total < n * min_units:
-        raise InputError(_SRC, "total", f"is {total!r}; must be an integer >= ranks*min_units = {n * min_units}")
+    _check_count(min_units, 0, "min_units")
+    _check_count(total, n * min_units, "total")  # at least ranks x min_units
     units = [min_units] * n
     # Heap of (time after one more unit, rank): the rank index breaks ties deterministically.
     heap = [((min_units + 1) * t, i) for i, t in enumerate(times)]
@@ -124,20 +129,15 @@ class Rebalancer:
     def __init__(self, units: Sequence[int], *, min_units: int = 1, horizon_steps: int = 10,
                  smoothing: float = 0.5, min_gain_frac: float = 0.02,
                  cost_per_unit_moved_s: float = 0.0, contiguous: bool = False, median_of: int = 1):
-        if isinstance(min_units, bool) or not isinstance(min_units, int) or min_units < 0:
-            raise InputError(_SRC, "min_units", f"is {min_units!r}; must be an integer >= 0")
+        _check_count(min_units, 0, "min_units")
         self._units = _check_units(units, min_units, "units")
-        if isinstance(horizon_steps, bool) or not isinstance(horizon_steps, int) or horizon_steps < 1:
-            raise InputError(_SRC, "horizon_steps", f"is {horizon_steps!r}; must be an integer >= 1")
-        if not (0.0 <= smoothing < 1.0):
-            raise InputError(_SRC, "smoothing", f"is {smoothing!r}; must be in [0, 1)")
-        if not (0.0 <= min_gain_frac < 1.0):
-            raise InputError(_SRC, "min_gain_frac", f"is {min_gain_frac!r}; must be in [0, 1)")
-        if not (math.isfinite(cost_per_unit_moved_s) and cost_per_unit_moved_s >= 0):
-            raise InputError(_SRC, "cost_per_unit_moved_s",
-                             f"is {cost_per_unit_moved_s!r}; must be a finite number >= 0 (seconds)")
-        if isinstance(median_of, bool) or not isinstance(median_of, int) or median_of < 1:
-            raise InputError(_SRC, "median_of", f"is {median_of!r}; must be an integer >= 1")
+        _check_count(horizon_steps, 1, "horizon_steps")
+        _check_count(median_of, 1, "median_of")
+        for field, value, hi in (("smoothing", smoothing, 1.0), ("min_gain_frac", min_gain_frac, 1.0),
+                                 ("cost_per_unit_moved_s", cost_per_unit_moved_s, math.inf)):
+            problem = number_problem(value, 0.0, hi, hi_open=True)
+            if problem:
+                raise InputError(_SRC, field, f"{value!r}: {problem}")
         self.median_of = median_of
         self._recent: list[list[float]] = [[] for _ in self._units]  # last per-unit samples per rank
         self.min_units = min_units

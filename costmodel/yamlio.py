@@ -14,6 +14,7 @@ YAML too and costmodel may not import specs. Every failure is a one-line InputEr
 """
 from __future__ import annotations
 
+from importlib.resources import files
 from pathlib import Path
 
 import yaml
@@ -143,3 +144,21 @@ def load_yaml(path: str | Path, source: str | None = None, what: str = "file"):
     """Read and parse one YAML input file (see the module docstring for what is refused)."""
     source = source or str(path)
     return parse_yaml(read_text(path, source, what), source)
+
+
+# ----------------------------------------------------------------------------- bundled files
+# Topologies (package ``topologies``), scenarios (``scenarios``) and hardware profiles
+# (``costmodel/profiles``) ship as YAML files inside the installed packages; these two
+# functions are the one way to list and find them (importlib.resources, so an installed
+# wheel works as well as a source checkout).
+
+def bundled_names(package: str, folder: str = "") -> list[str]:
+    """Stems of the ``*.yaml`` files bundled in ``package``/``folder``, sorted."""
+    root = files(package).joinpath(folder) if folder else files(package)
+    return sorted(p.name[:-5] for p in root.iterdir() if p.name.endswith(".yaml"))
+
+
+def bundled_file(package: str, name: str, folder: str = ""):
+    """The bundled resource ``package``/``folder``/``name``.yaml, or None when there is none."""
+    res = files(package).joinpath(f"{folder}/{name}.yaml" if folder else f"{name}.yaml")
+    return res if res.is_file() else None

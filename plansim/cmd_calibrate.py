@@ -21,6 +21,7 @@ from pathlib import Path
 import yaml
 
 from costmodel.errors import InputError
+from costmodel.limits import number_problem
 
 DEFAULT_MODEL = "tiny"
 
@@ -80,8 +81,9 @@ def resolve_world(topology: str, world: int | None, flag: str = "--world", what:
     most = full.gpus_per_node
     if world is None:
         world = most
-    if isinstance(world, bool) or not 1 <= world <= most:
-        raise InputError(topology, flag, f"{what}got {world}; allowed: 1..{most} (devices of one {full.name} node)")
+    problem = number_problem(world, 1, most, integer=True)
+    if problem:
+        raise InputError(topology, flag, f"{what}{world}: {problem} (devices of one {full.name} node)")
     return load_topology(topology, nodes=1, gpus_per_node=world), world
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from costmodel.errors import InputError
-from costmodel.limits import MAX_SIM_STEPS
+from costmodel.limits import MAX_SIM_STEPS, number_problem
 
 
 def add_arguments(sp) -> None:
@@ -28,10 +28,10 @@ def wanted(args) -> bool:
 
 def _check(args) -> int:
     steps = args.steps if args.steps is not None else 20
-    if isinstance(steps, bool) or not 1 <= steps <= MAX_SIM_STEPS:
-        raise InputError("--steps", None, f"{steps}: must be an integer in [1, {MAX_SIM_STEPS}]")
-    if args.noise is not None and not 0.0 <= args.noise <= 0.5:
-        raise InputError("--noise", None, f"{args.noise}: must be a number in [0, 0.5]")
+    for flag, value, problem in (("--steps", steps, number_problem(steps, 1, MAX_SIM_STEPS, integer=True)),
+                                 ("--noise", args.noise, args.noise is not None and number_problem(args.noise, 0, 0.5))):
+        if problem:
+            raise InputError(flag, None, f"{value}: {problem}")
     if not 0 <= args.seed < 2**63:
         raise InputError("--seed", None, f"{args.seed}: must be an integer in [0, 2**63)")
     if args.trace is not None:

@@ -12,6 +12,7 @@ import json
 import os
 
 from costmodel.errors import InputError
+from costmodel.limits import number_problem
 
 from plansim.cmd_search import MAX_WORKERS as MAX_JOBS  # more processes buy nothing on one machine
 
@@ -29,8 +30,9 @@ def executor_spec(kind: str, jobs: int, address: str | None):
     """The ExecutorSpec of the flags, checked before any work (Ray installed, counts in range)."""
     from search.executor import ExecutorSpec, import_ray
 
-    if isinstance(jobs, bool) or not 1 <= jobs <= MAX_JOBS:
-        raise InputError("--jobs", None, f"{jobs}: must be an integer in [1, {MAX_JOBS}]")
+    problem = number_problem(jobs, 1, MAX_JOBS, integer=True)
+    if problem:
+        raise InputError("--jobs", None, f"{jobs}: {problem}")
     spec = ExecutorSpec(kind, jobs, address)
     if kind == "ray":
         import_ray()

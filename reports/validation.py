@@ -14,7 +14,6 @@ Writes into one folder, all files or none (reports/files.py):
 from __future__ import annotations
 
 import csv
-import dataclasses
 import html
 import io
 import json
@@ -24,7 +23,8 @@ from pathlib import Path
 from reports.files import output_dir, write_files
 from reports.plots import _figure, _style, short_label, to_data_uri
 from reports.trace import trace_bytes
-from sim.result import CATEGORIES, DeviceResult, Segment, StepResult
+from sim.result import CATEGORIES
+from validate.record import MeasuredTimeline, RunRecord, timeline
 
 HEADERS = ("plan", "processes", "measured_ms", "p10_ms", "p90_ms", "predicted_ms", "error_pct")
 
@@ -38,18 +38,11 @@ def bench_path(profile_path: str | None) -> Path | None:
     return q if q.is_file() else None
 
 
-def measured_result(c) -> StepResult:
-    """The measured run as a StepResult shell (every rank a device, the record's segments)
-    so that reports/trace.py lays it out exactly like the simulated one."""
-    rec = c.record
-    devices = [DeviceResult(rank=r["rank"], stage=r.get("stage", 0), pipeline="measured",
-                            gpu=str(rec.get("device", "")), represents=1, breakdown_s=dict(r.get("phases_s", {})),
-                            busy_s=0.0, memory_gib={}, peak_memory_gib=r.get("peak_memory_bytes", 0) / 2**30,
-                            capacity_gib=0.0, fits_memory=True) for r in rec.get("per_rank", [])]
-    segs = [Segment(**{k: s[k] for k in ("device", "stream", "cat", "start_s", "end_s", "label")})
-            for s in rec.get("segments", [])]
-    return dataclasses.replace(c.sim, devices=devices or c.sim.devices, segments=segs, link_samples=[],
-                               step_time_s=c.measured_step_time_s)
+def measured_result(c) -> MeasuredTimeline:
+    """The measured run's last step, every rank a device with the record's segments, so
+    that reports/trace.py lays it out exactly like the simulated one: the run record's own
+    timeline (validate/record.timeline), not a second reading of the record."""
+    return timeline(RunRecord.from_dict(c.record))
 
 
 def scatter(comps) -> str:

@@ -7,15 +7,20 @@ from costmodel.estimate import estimate_step
 from search.costs import CostTables
 from sim.program import stage_memory
 from sim.result import StepResult
-from specs.plan import Plan, resolve_plan
+from specs.plan import Plan, parse_plan_string, resolve_plan
 
 GIB = 2.0 ** 30
 
 
-def _twin_text(plan: Plan) -> str:
-    """``plan`` without context parallelism on the same devices: cp=1, dp*cp replicas."""
-    parts = [p for p in plan.to_string().split(",") if not p.startswith(("cp=", "cp_comm=", "dp=", "mb_shares="))]
-    return ",".join(parts + [f"dp={plan.dp * plan.cp}"])
+def _twin(plan: Plan, model, num_devices: int) -> Plan:
+    """``plan`` without context parallelism on the same devices: cp=1, dp*cp replicas with
+    the default microbatch shares; InputError when that is not a valid plan. Goes through
+    the plan's own fields (Plan.to_string / parse_plan_string), not hand-edited text."""
+    fields = parse_plan_string(plan.to_string())
+    for key in ("cp", "cp_comm", "mb_shares"):
+        fields.pop(key, None)
+    fields["dp"] = plan.dp * plan.cp
+    return resolve_plan(fields, model, num_devices)
 
 
 def _activations_gib(tables: CostTables, plan: Plan) -> float:
@@ -64,7 +69,7 @@ def cp_note(tables: CostTables, results: list[StepResult], considered: tuple[int
         alt = (f" The best plan without cp, {p1.to_string()}, is estimated at {est1:.3f} s a step against "
                f"{res.step_time_s:.3f} s simulated here ({_act_sentence(tables, plan, p1)}).")
     try:
-        twin = resolve_plan(_twin_text(plan), model, n)
+        twin = _twin(plan, model, n)
     except InputError as e:
         return (text + f" Its cp=1 twin (same tp/pp, {plan.dp * plan.cp} replicas) is not a valid plan "
                 f"({e.message}): with {model.global_batch_size} sequences a step, cp is what lets more GPUs "

@@ -37,21 +37,24 @@ def overlap_variants(results: list[StepResult], model, num_devices: int, modes=M
     return out
 
 
-def overlap_note(by_plan: dict[str, StepResult], variants: list[str], margin: float) -> str:
-    """One sentence on what cross-step overlap does to the best synchronous plan."""
+def overlap_note(by_plan: dict[str, StepResult], variants: list[str], margin: float, model, num_devices: int) -> str:
+    """One sentence on what cross-step overlap does to the best synchronous plan (the
+    first variant's plan with overlap_step=none, written by Plan.to_string like every
+    plan string the search keys its results by)."""
     if not variants:
         return ""
-    base_plan = variants[0].replace(",overlap_step=layerwise", "").replace(",overlap_step=delayed", "")
+    plans = [resolve_plan(v, model, num_devices) for v in variants]
+    base_plan = replace(plans[0], overlap_step="none").to_string()
     base = by_plan.get(base_plan)
     if base is None:
         return ""
     parts = []
-    for v in variants:
-        if v.replace(",overlap_step=layerwise", "").replace(",overlap_step=delayed", "") != base_plan:
+    for v, plan in zip(variants, plans):
+        if replace(plan, overlap_step="none").to_string() != base_plan:
             continue
         r = by_plan[v]
         gain = 1 - r.step_time_s / base.step_time_s
-        mode = "layerwise" if "layerwise" in v else "delayed"
+        mode = plan.overlap_step
         extra = "" if mode == "layerwise" else (
             f" (stale weights: needs > {margin:.0%} to rank above it; "
             f"{'it does' if gain > margin else 'it does not'})")

@@ -429,7 +429,7 @@ def search(model: ModelSpec, cluster: Cluster, profile: Profile, top: int = 10, 
         best_no_cp = (no_cp[0][2], no_cp[0][3].step_s) if no_cp else None  # survivors are sorted
         notes.append(cp_note(tables, results, tuple(considered), best_no_cp))
         notes.append(estimate_note(results, estimates))
-        notes.append(overlap_note(by_plan, variants, compress_margin))
+        notes.append(overlap_note(by_plan, variants, compress_margin, model, n))
         results = sorted(by_plan.values(), key=lambda r: _rank_key(r, compress_margin))
         # Record the best two again with their segments, for the report's Gantt charts.
         for i in range(min(2, len(results)) if record_best else 0):

@@ -12,10 +12,12 @@ comes from Korthikanti et al. 2022 (same file, "Activation memory").
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable, Sequence, Union
 
 from costmodel.errors import InputError
+from costmodel.limits import number_problem
 
 __all__ = [
     "Action", "ScheduleError", "gpipe", "one_f_one_b", "interleaved", "make_schedule",
@@ -49,9 +51,9 @@ class Action:
 
 def _check(p: int, m: int, v: int = 1) -> None:
     for name, val in (("p", p), ("m", m), ("v", v)):
-        if not isinstance(val, int) or isinstance(val, bool) or val < 1:
-            raise ScheduleError("plan", f"schedule.{name}",
-                                f"{name}={val!r} must be an integer >= 1")
+        problem = number_problem(val, 1, math.inf, integer=True, hi_open=True)
+        if problem:
+            raise ScheduleError("plan", f"schedule.{name}", f"{name}={val!r}: {problem}")
 
 
 def gpipe(p: int, m: int) -> list[list[Action]]:

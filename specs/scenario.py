@@ -27,7 +27,6 @@ the cluster by ``resolve_scenario``, so each error names its own field.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from importlib.resources import files
 from pathlib import Path
 from typing import Annotated, Literal, Union
 
@@ -36,7 +35,7 @@ from pydantic import Field, model_validator
 from costmodel.errors import InputError
 from costmodel.limits import MAX_DEVICES, MAX_NODES, MAX_SCENARIO_EVENTS, MAX_SCENARIO_S, MAX_SIM_STEPS, \
     SCALE_FACTOR_RANGE
-from costmodel.yamlio import load_yaml
+from costmodel.yamlio import bundled_file, bundled_names, load_yaml
 from specs.validation import Float, Int, Strict, validate
 
 Step = Int(1, MAX_SIM_STEPS)
@@ -144,15 +143,15 @@ _BUNDLE = "scenarios"
 
 def list_scenarios() -> list[str]:
     """Names of the bundled scenario files (stems of ``scenarios/*.yaml``)."""
-    return sorted(p.name[:-5] for p in files(_BUNDLE).iterdir() if p.name.endswith(".yaml"))
+    return bundled_names(_BUNDLE)
 
 
 def scenario_path(name_or_path: str | Path) -> str:
     """A file path as given, or a bundled scenario's name (``slow-node-175b``)."""
     text = str(name_or_path)
     if not Path(text).is_file() and not text.endswith((".yaml", ".yml")) and "/" not in text:
-        res = files(_BUNDLE) / f"{text}.yaml"
-        if res.is_file():
+        res = bundled_file(_BUNDLE, text)
+        if res is not None:
             return str(res)
         raise InputError(text, "--scenario", f"no such file or bundled scenario; bundled: {', '.join(list_scenarios())}")
     return text

@@ -33,7 +33,7 @@ from costmodel.profile import DEFAULT_RUNTIME, RUNTIMES, bundled_profiles, load_
 from costmodel.shapes import ModelSpec
 from costmodel.yamlio import load_yaml
 from specs.model import PRESETS, load_model
-from specs.topology import list_topologies, topology_devices
+from specs.topology import TopologyFileRead, list_topologies
 from specs.validation import Int, Strict, short, validate
 
 MAX_TOP_PER_CELL = 100  # plans kept per cell; a search simulates at least 10
@@ -141,16 +141,18 @@ def _model(value: str, folder: Path, source: str, field: str) -> ModelSpec:
     return load_model(str(path))
 
 
-def _devices(entry: TopologyEntry, topo: str, nodes: int | None, source: str, field: str) -> int:
+def _read_topology(entry: TopologyEntry, topo: str, source: str, field: str) -> TopologyFileRead:
+    """The entry's topology file, read and validated once for all its node counts."""
     if not (entry.name in list_topologies() or Path(topo).is_file()):
         raise InputError(source, f"{field}.name", f"{short(entry.name)}: no bundled topology or file "
                                                   f"(paths are relative to the grid's folder); bundled: "
                                                   f"{', '.join(list_topologies())}")
-    own = topology_devices(topo)  # a bad topology file: the error names that file
-    if nodes is None:
-        return own
+    return TopologyFileRead(topo)  # a bad topology file: the error names that file
+
+
+def _devices(entry: TopologyEntry, read: TopologyFileRead, nodes: int | None, source: str, field: str) -> int:
     try:
-        return topology_devices(topo, nodes)
+        return read.devices(nodes)
     except InputError as err:  # the grid's node count does not suit this topology
         where = f"{field}.nodes" if entry.nodes else "nodes"
         raise InputError(source, where, f"{nodes} for {short(entry.name)}: {err.message}") from None
@@ -177,8 +179,9 @@ def load_grid(path: str | Path) -> SweepGrid:
     topologies = []
     for i, entry in enumerate(grid.topologies):
         topo = _resolve(entry.name, list_topologies(), folder)
+        read = _read_topology(entry, topo, source, f"topologies.{i}")
         for nodes in entry.nodes or grid.nodes or [None]:
-            topologies.append((entry, topo, nodes, _devices(entry, topo, nodes, source, f"topologies.{i}")))
+            topologies.append((entry, topo, nodes, _devices(entry, read, nodes, source, f"topologies.{i}")))
     runtimes = grid.runtimes or [DEFAULT_RUNTIME]
     n_cells = len(models) * len(topologies) * len(grid.seq_lengths or [None]) * len(profiles) * len(runtimes)
     if n_cells > MAX_SWEEP_CELLS:

@@ -30,14 +30,13 @@ from __future__ import annotations
 import functools
 import gc
 import re
-from importlib.resources import files
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable, NamedTuple, Sequence
 
 from costmodel.errors import InputError
 from costmodel.gpus import GpuSpec, get_gpu
-from costmodel.limits import MAX_DEVICES, MAX_GPUS_PER_NODE, MAX_NODES
-from costmodel.yamlio import decode, parse_yaml, read_text
+from costmodel.limits import MAX_DEVICES, MAX_GPUS_PER_NODE, MAX_NODES, number_problem
+from costmodel.yamlio import bundled_file, bundled_names, decode, parse_yaml, read_text
 from specs import topology_schema as schema
 from specs.topology_links import NodeLinks, TreeLinks
 from specs.validation import short, validate
@@ -287,7 +286,7 @@ class Cluster:
 
 def list_topologies() -> list[str]:
     """Names of the bundled topology files (stems of ``topologies/*.yaml``)."""
-    return sorted(p.name[:-5] for p in files(_BUNDLE).iterdir() if p.name.endswith(".yaml"))
+    return bundled_names(_BUNDLE)
 
 
 def _read(name_or_path: str) -> tuple[str, str]:
@@ -295,8 +294,8 @@ def _read(name_or_path: str) -> tuple[str, str]:
     bundled = ", ".join(list_topologies())
     looks_like_path = name_or_path.endswith((".yaml", ".yml")) or "/" in name_or_path or "\\" in name_or_path
     if not looks_like_path:
-        res = files(_BUNDLE) / f"{name_or_path}.yaml"
-        if res.is_file():
+        res = bundled_file(_BUNDLE, name_or_path)
+        if res is not None:
             return str(res), decode(res.read_bytes(), str(res))
         if not Path(name_or_path).is_file():
             raise InputError(name_or_path, "topology", f"no bundled topology or file named {short(name_or_path)}; bundled: {bundled}")
@@ -324,10 +323,9 @@ def _check_size(topo: schema.TopologyFile, source: str) -> None:
 
 def _resize_node_type(topo: schema.TopologyFile, gpus_per_node: int, source: str) -> schema.TopologyFile:
     """The single group's node type with ``gpus_per_node`` devices (the validator's --world)."""
-    if isinstance(gpus_per_node, bool) or not isinstance(gpus_per_node, int) \
-            or not 1 <= gpus_per_node <= MAX_GPUS_PER_NODE:
-        raise InputError(source, "--world", f"{str(gpus_per_node)[:60]}: must be an integer in "
-                                            f"[1, {MAX_GPUS_PER_NODE}]")
+    problem = number_problem(gpus_per_node, 1, MAX_GPUS_PER_NODE, integer=True)
+    if problem:
+        raise InputError(source, "--world", f"{str(gpus_per_node)[:60]}: {problem}")
     if len(topo.groups) != 1:
         raise InputError(source, "--world", f"cannot resize the devices of a topology with "
                                             f"{len(topo.groups)} groups; edit node_types in the file instead")
@@ -348,8 +346,20 @@ def _resize_node_type(topo: schema.TopologyFile, gpus_per_node: int, source: str
 def topology_devices(name_or_path: str, nodes: int | None = None) -> int:
     """The device count ``load_topology`` would build, read from the validated file without
     building anything (so a plan can be checked against it first)."""
-    topo, _ = _load_file(name_or_path, nodes)
-    return _count(topo)
+    return TopologyFileRead(name_or_path).devices(nodes)
+
+
+class TopologyFileRead:
+    """One topology file read and validated once, for callers that ask several node counts
+    of it (a sweep's nodes axis) without parsing the file again for each."""
+
+    def __init__(self, name_or_path: str):
+        self.source, text = _read(str(name_or_path))
+        self.topo = _parse(self.source, text)
+
+    def devices(self, nodes: int | None = None) -> int:
+        """Devices with ``nodes`` nodes (None: as the file says); InputError as --nodes gives."""
+        return _count(self.topo if nodes is None else _with_nodes(self.topo, nodes, self.source))
 
 
 def _count(topo: schema.TopologyFile) -> int:
@@ -366,15 +376,22 @@ def _load_file(name_or_path: str, nodes: int | None,
     if gpus_per_node is not None:
         topo = _resize_node_type(topo, gpus_per_node, source)
     if nodes is not None:
-        if isinstance(nodes, bool) or not isinstance(nodes, int) or not 1 <= nodes <= MAX_NODES:
-            raise InputError(source, "--nodes", f"{str(nodes)[:60]}: must be an integer in [1, {MAX_NODES}]")
-        if len(topo.groups) != 1:
-            names = ", ".join(g.name for g in topo.groups)
-            raise InputError(source, "--nodes", f"cannot scale a heterogeneous topology with {len(topo.groups)} "
-                                                f"groups ({names[:200]}); edit groups[].nodes in the file instead")
-        topo = topo.model_copy(update={"groups": [topo.groups[0].model_copy(update={"nodes": nodes})]})
-        _check_size(topo, source)
+        topo = _with_nodes(topo, nodes, source)
     return topo, source
+
+
+def _with_nodes(topo: schema.TopologyFile, nodes: int, source: str) -> schema.TopologyFile:
+    """The single group of ``topo`` with ``nodes`` nodes (the --nodes option)."""
+    problem = number_problem(nodes, 1, MAX_NODES, integer=True)
+    if problem:
+        raise InputError(source, "--nodes", f"{str(nodes)[:60]}: {problem}")
+    if len(topo.groups) != 1:
+        names = ", ".join(g.name for g in topo.groups)
+        raise InputError(source, "--nodes", f"cannot scale a heterogeneous topology with {len(topo.groups)} "
+                                            f"groups ({names[:200]}); edit groups[].nodes in the file instead")
+    topo = topo.model_copy(update={"groups": [topo.groups[0].model_copy(update={"nodes": nodes})]})
+    _check_size(topo, source)
+    return topo
 
 
 def load_topology(name_or_path: str, nodes: int | None = None, gpus_per_node: int | None = None) -> Cluster:

@@ -133,8 +133,8 @@ def test_profile_yaml_loads_back_and_accuracy_uses_it(synthetic, tmp_path):
 
 
 @pytest.mark.parametrize("column,value,match", [
-    ("figure", "inf", r"bloom-sweep-c\.figure: must be a finite number"),
-    ("figure", "nan", r"bloom-sweep-c\.figure: must be a finite number"),
+    ("figure", "inf", r"bloom-sweep-c\.figure: 'inf': must be a finite number in \(0, inf\)"),
+    ("figure", "nan", r"bloom-sweep-c\.figure: 'nan': must be a finite number in \(0, inf\)"),
     ("gpu", "H100-SXM5-80GB", r"bloom-sweep-c\.gpu: 'H100-SXM5-80GB' does not match"),
 ])
 def test_bad_rows_give_one_line_errors(tmp_path, column, value, match):

@@ -64,7 +64,17 @@ def test_tp_comm_overlap_cost_by_hand():
     activation; with --tp-comm-overlap each is pipelined with its GEMM (QKV, attention-out,
     MLP-up, MLP-down), exposing max(0, C - G (t-1)/t), the sum worked out from the GEMM
     times the cost model gives; backward's output-gradient gathers likewise with the dgrad
-    GEMMs of attention-out and MLP-down."""
+    GEMMs of attention-out and MLP-down.
+
+    Pinned by hand first (the rest compares with the cost model's own GEMM times): each
+    collective is a ring all-gather/reduce-scatter of the 2048 x 6144 x 2 B = 25,165,824 B
+    activation over 8 GPUs on 300 GB/s NVSwitch links, (8-1)/8 x 25,165,824 / 300e9 =
+    73.40 us, so forward without overlap is 4 x 73.40 = 293.6 us. Every GEMM beside a
+    pipelined collective hides it whole: the smallest, attention-out (2 x 2048 x 768 x
+    6144 = 19.33 GFLOP), takes at least 19.33e9 / (312e12 x 0.77 x 768/(768+64)) + 4 us
+    = 91.1 us forward and its dgrad (k = 6144) 19.33e9 / (312e12 x 0.77 x 6144/6208) +
+    4 us = 85.3 us, both above 8/7 x 73.40 = 83.9 us (the wave factor can only lengthen
+    them). So forward with overlap exposes 0 and backward saves exactly 2 x 73.40 us."""
     cluster = load_topology("dgx-a100", nodes=1)
     ranks = list(range(8))
     a100 = get_gpu("A100-SXM4-80GB")
@@ -77,7 +87,10 @@ def test_tp_comm_overlap_cost_by_hand():
     act = 2048 * 6144 * 2
     f0, b0 = tp_layer_comm_s(cluster, base, ranks, act, True, "none", b_ops, a100, eff, "bf16", f_ops=f_ops)
     f1, b1 = tp_layer_comm_s(cluster, on, ranks, act, True, "none", b_ops, a100, eff, "bf16", f_ops=f_ops)
-    one = f0 / 4  # all-gather and reduce-scatter cost the same here
+    one = 7 / 8 * 25_165_824 / 300e9  # 73.40 us, worked out in the docstring
+    assert f0 == pytest.approx(4 * one, rel=1e-9) and one == pytest.approx(73.40e-6, rel=1e-4)
+    assert f1 == pytest.approx(0.0, abs=1e-15)
+    assert b0 - b1 == pytest.approx(2 * one, rel=1e-9)
     from costmodel.efficiency import op_time_s
     g = {o.name: op_time_s(o, a100, eff, "bf16") for o in f_ops + b_ops if o.kind == "gemm"}
     expect_f = sum(max(0.0, one - g[n] * 7 / 8) for n in ("qkv", "attn_out", "mlp_up", "mlp_down"))

@@ -141,3 +141,13 @@ def test_bad_inputs_raise_one_line_errors():
         make_schedule("zb", 4, 8)
     with pytest.raises(ValueError, match="m=0"):
         gpipe(2, 0)
+
+
+def test_bad_schedule_parameters_one_line():
+    """p, m or v below 1 (or not an integer) is refused in one line naming schedule.<name>,
+    with costmodel/limits.number_problem's wording."""
+    with pytest.raises(InputError) as err:
+        gpipe(0, 2)
+    assert str(err.value) == "plan: schedule.p: p=0: must be an integer in [1, inf)"
+    with pytest.raises(ValueError, match=r"schedule\.m: m=True: must be an integer"):
+        gpipe(2, True)

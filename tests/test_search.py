@@ -151,3 +151,27 @@ def test_cli_table_and_bad_input(capsys):
     assert main(["search", "--top", "0"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--top" in err[0]
+
+
+def test_overlap_note_hand_worked():
+    """The sentence on cross-step overlap for dp=2 on tiny: base 1.000 s, layerwise 0.9 s
+    (1 - 0.9/1 = +10.0 %), delayed 0.97 s (+3.0 %, not above the 5 % stale-weights
+    margin). The variants are the plan strings Plan.to_string writes, and the base is
+    found from their fields, so a plan with layers=/mb_shares= after overlap_step works."""
+    from types import SimpleNamespace as NS
+
+    from search.overlap import overlap_note, overlap_variants
+    from specs.model import load_model
+    tiny = load_model("tiny")
+    base = resolve_plan("dp=2,mbs=1", tiny, 2).to_string()
+    variants = overlap_variants([NS(plan=base, fits_memory=True)], tiny, 2)
+    assert variants == [base + ",overlap_step=layerwise", base + ",overlap_step=delayed"]
+    by_plan = {base: NS(step_time_s=1.0), variants[0]: NS(step_time_s=0.9), variants[1]: NS(step_time_s=0.97)}
+    assert overlap_note(by_plan, variants, 0.05, tiny, 2) == (
+        "Cross-step overlap on the best synchronous plan (1.000 s/step): layerwise +10.0%, delayed +3.0% "
+        "(stale weights: needs > 5% to rank above it; it does not).")
+    shares = resolve_plan("dp=2,mbs=1,mb_shares=6:10", tiny, 2).to_string()
+    assert shares.endswith("mb_shares=6:10")
+    v = overlap_variants([NS(plan=shares, fits_memory=True)], tiny, 2, ("layerwise",))
+    assert overlap_note({shares: NS(step_time_s=2.0), v[0]: NS(step_time_s=1.5)}, v, 0.05, tiny, 2) == \
+        "Cross-step overlap on the best synchronous plan (2.000 s/step): layerwise +25.0%."

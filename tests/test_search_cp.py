@@ -69,3 +69,16 @@ def test_long_sequence_search_picks_cp(long_context):
     assert best.cp > 1
     note = next(n for n in res.notes if n.startswith("Context parallelism"))
     assert "does not fit" in note and "activation memory" in note
+
+
+def test_cp_twin_from_the_plans_fields():
+    """The cp=1 twin the cp note compares with: cp=2 x dp=2 on 4 devices becomes dp=4 with
+    the default shares (an explicit 3:5 split of the cp plan's replicas does not carry
+    over), the Ulysses cp_comm is dropped, every other field kept."""
+    from search.cp_findings import _twin
+    from specs.model import load_model
+    tiny = load_model("tiny")
+    for text in ("cp=2,cp_comm=a2a,mbs=2", "cp=2,dp=2,mbs=2,mb_shares=3:5", "cp=2,mbs=2,recompute=full"):
+        twin = _twin(resolve_plan(text, tiny, 4), tiny, 4)
+        assert (twin.cp, twin.dp, twin.mbs, twin.mb_shares) == (1, 4, 2, (2, 2, 2, 2)), text
+    assert _twin(resolve_plan("cp=2,mbs=2,recompute=full", tiny, 4), tiny, 4).recompute == "full"

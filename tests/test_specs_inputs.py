@@ -160,3 +160,28 @@ def test_values_quoted_as_short_prefix(tmp_path, kind, text):
     error messages repr()-ed the whole value."""
     err = _error(kind, _write(tmp_path, kind, text))
     assert len(str(err)) < 300 and not re.search(r"(.)\1{60}", str(err))
+
+
+def test_bundled_files_one_lookup():
+    """Topologies, scenarios and profiles are listed and found by the one helper in
+    costmodel/yamlio: the names equal the *.yaml stems in the source tree's folders
+    (listed here with pathlib, independently), and an unknown bundled name is refused in
+    one line naming the field and the bundled choices (a base profile for calibrate --runs
+    too, which used to raise FileNotFoundError)."""
+    from pathlib import Path
+
+    from costmodel.yamlio import bundled_file, bundled_names
+    from specs.scenario import list_scenarios, scenario_path
+    from specs.topology import list_topologies
+    from validate.fit_runs import _overlay
+    root = Path(__file__).parent.parent
+    stems = lambda d: sorted(p.stem for p in (root / d).glob("*.yaml"))  # noqa: E731
+    assert list_topologies() == stems("topologies") and "dgx-a100" in list_topologies()
+    assert list_scenarios() == stems("scenarios") == ["dp2-half-speed", "slow-node-175b"]
+    assert bundled_names("costmodel", "profiles") == stems("costmodel/profiles")
+    assert bundled_file("costmodel", "nope", "profiles") is None
+    assert Path(str(bundled_file("scenarios", "dp2-half-speed"))) == root / "scenarios" / "dp2-half-speed.yaml"
+    assert scenario_path("dp2-half-speed").endswith("dp2-half-speed.yaml")
+    with pytest.raises(InputError, match=r"--profile: no bundled profile or file named 'nope'; bundled: a100-ib-hdr"):
+        _overlay("nope")
+    assert _overlay("a100-ib-hdr") and "\n" not in str(pytest.raises(InputError, _overlay, "nope").value)

@@ -175,3 +175,18 @@ def test_runtime_axis(tmp_path, capsys):
         assert code == 0, err
         direct = json.loads(out)["ranked"]
         assert [(r.plan, r.step_time_s) for r in cell.ranked] == [(r["plan"], r["step_time_s"]) for r in direct]
+
+
+def test_each_topology_file_parsed_once(tmp_path, monkeypatch):
+    """A grid of two topologies and three node counts reads and validates each topology
+    file once (2 parses, not 2 x (1 + 3)), and the device counts are the node counts times
+    8 GPUs (DGX A100 and DGX H100 nodes): 8, 16, 32 for each."""
+    import specs.topology as T
+    calls = []
+    real = T._parse
+    monkeypatch.setattr(T, "_parse", lambda source, text: calls.append(source) or real(source, text))
+    path = tmp_path / "g.yaml"
+    path.write_text("models: [tiny]\ntopologies: [dgx-a100, dgx-h100]\nnodes: [1, 2, 4]\n")
+    grid = load_grid(path)
+    assert len(calls) == 2
+    assert [c.num_devices for c in grid.cells] == [8, 16, 32, 8, 16, 32]

@@ -38,15 +38,15 @@ def test_calibrate_without_torch_says_how_to_install(monkeypatch, capsys, tmp_pa
 
 @pytest.mark.parametrize("world", ["0", "5", "-1"])
 def test_calibrate_bad_world(world, capsys, tmp_path):
-    """localhost-cpu's node has 4 devices: --world must be 1..4; the message says so."""
+    """localhost-cpu's node has 4 devices: --world must be in [1, 4]; the message says so."""
     assert main(["calibrate", "localhost-cpu", "--world", world, "--out", str(tmp_path / "p.yaml")]) == 2
-    assert "allowed: 1..4" in capsys.readouterr().err
+    assert "must be an integer in [1, 4] (devices of one localhost-cpu node)" in capsys.readouterr().err
 
 
 def test_validate_plan_too_big_for_the_host(capsys):
     """tp=2,dp=4 needs 8 processes, more than localhost-cpu's 4 devices: exit 2, the range named."""
     assert main(["validate", "localhost-cpu", "--plan", "tp=2,dp=4"]) == 2
-    assert "allowed: 1..4" in capsys.readouterr().err
+    assert "must be an integer in [1, 4] (devices of one localhost-cpu node)" in capsys.readouterr().err
 
 
 def test_calibrate_heterogeneous_topology_refused(capsys, tmp_path):

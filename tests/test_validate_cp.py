@@ -47,6 +47,48 @@ def test_cp_ranks_invert_plan_rank():
     assert plan.cp_group(0, 0, 1) == [1, 3]
 
 
+def _coords_by_search(plan, rank):
+    """The old enumeration: every (dp, stage, tp, cp) until Plan.rank hits ``rank``."""
+    for d in range(plan.dp):
+        for s in range(plan.pp):
+            for c in range(plan.cp):
+                for t in range(plan.tp):
+                    if plan.rank(d, s, t, c) == rank:
+                        return d, s, t, c
+    return None
+
+
+def test_coords_cp_arithmetic_equals_enumeration():
+    """coords_cp's digit arithmetic gives the coordinates the brute-force search over every
+    coordinate finds, for every rank of every tp x cp x pp x dp layout of up to 16 devices
+    under both placements (an independent computation), and refuses ranks outside the world.
+    By hand, tp=2,cp=2,pp=2,dp=2 with placement tp-dp-pp: rank 13 = 1 + 2 x (0 + 2 x (1 + 2 x 1))
+    is tp 1, cp 0, dp 1, stage 1."""
+    from costmodel.shapes import ModelSpec
+    from specs.plan import resolve_plan
+    from validate.runner import coords_cp
+    model = ModelSpec("m", 8, 64, 4, 64, 128, 16)
+    checked = 0
+    for tp in (1, 2, 4):
+        for cp in (1, 2, 4):
+            for pp in (1, 2, 4):
+                for dp in (1, 2, 4):
+                    n = tp * cp * pp * dp
+                    if n > 16:
+                        continue
+                    for placement in ("tp-pp-dp", "tp-dp-pp"):
+                        plan = resolve_plan(f"tp={tp},cp={cp},pp={pp},dp={dp},placement={placement}", model, n)
+                        for r in range(n):
+                            assert coords_cp(plan, r) == _coords_by_search(plan, r), (plan.to_string(), r)
+                            checked += 1
+                        for bad in (-1, n):
+                            with pytest.raises(ValueError, match="outside"):
+                                coords_cp(plan, bad)
+    assert checked > 300
+    plan = resolve_plan("tp=2,cp=2,pp=2,dp=2,placement=tp-dp-pp", model, 16)
+    assert coords_cp(plan, 13) == (1, 1, 1, 0)
+
+
 def _ring_vs_sdpa(rank, world):
     import torch
     import torch.distributed as dist
@@ -81,13 +123,16 @@ def test_ring_attention_matches_whole_sequence_attention(launched, cp):
     """cp ranks each holding 2 of 2*cp chunks reproduce causal attention over the whole
     sequence: output and q/k/v gradients within ATTN_TOL of SDPA's, with grouped-query
     attention (4 heads, 2 K/V groups). Each rank sends, forward and backward, cp-1 blocks
-    of its stacked K/V (2 x B x G x S/cp x D fp32 values): 2 (cp-1) x that many bytes."""
+    of its stacked K/V (2 x B x G x S/cp x D fp32 values): 2 (cp-1) x that many bytes,
+    with B=2, G=2, S=32, D=16: cp=2: 2 x 1 x (2 x 2 x 2 x 16 x 16 x 4 = 8,192) = 16,384 B;
+    cp=4: 2 x 3 x (2 x 2 x 2 x 8 x 16 x 4 = 4,096) = 24,576 B."""
     res = launched[f"ring{cp}"]
-    kv_bytes = 2 * B * G * (S // cp) * D * 4
+    kv_bytes = {2: 8_192, 4: 4_096}[cp]
+    assert kv_bytes == 2 * B * G * (S // cp) * D * 4
     for r in res:
         for key in ("out", "dq", "dk", "dv"):
             assert r[key] <= ATTN_TOL, (cp, key, r)
-        assert r["bytes"] == 2 * (cp - 1) * kv_bytes
+        assert r["bytes"] == {2: 16_384, 4: 24_576}[cp]
         assert r["cp_s"] > 0
 
 
@@ -149,18 +194,20 @@ def test_cp_plans_match_reference(launched, plan):
 
 def test_cp_bytes_and_time_recorded(launched):
     """Each cp=2 rank sends, per layer and microbatch, its K/V block once forward and
-    its gradient once backward: 2 x (2 x mbs x seq/cp x kv_hidden x 4 B) x layers x
-    microbatches = 2 x (2 x 4 x 32 x 128 x 4) x 4 x 4 = 4 MiB per step for cp=2 with
-    mbs=4 (4 microbatches), half that with dp=2 (2 per replica); the exchange's time is
-    in the record's ``cp`` phase and its in-flight segments on the ``cp`` stream."""
+    its gradient once backward. tiny: seq 64 (32 positions per rank), K/V width 128 (4
+    heads of 32, no GQA), 4 layers; block = 2 (K and V) x 4 (mbs) x 32 x 128 x 4 B =
+    131,072 B, so a step sends 2 x 131,072 x 4 layers x 4 microbatches = 4,194,304 B
+    (4 MiB) for cp=2 with mbs=4 (16 sequences / 4), half that, 2,097,152 B, with dp=2
+    (2 microbatches per replica); the exchange's time is in the record's ``cp`` phase
+    and its in-flight segments on the ``cp`` stream."""
     m = MODEL
-    block = 2 * 4 * (m.seq_length // 2) * m.kv_hidden * 4
-    for plan, mbs in (("cp=2,mbs=4", 4), ("cp=2,dp=2,mbs=4", 2)):
+    assert (m.seq_length, m.kv_hidden, m.num_layers, m.global_batch_size) == (64, 128, 4, 16)
+    assert 2 * 4 * 32 * 128 * 4 == 131_072
+    for plan, step_bytes in (("cp=2,mbs=4", 4_194_304), ("cp=2,dp=2,mbs=4", 2_097_152)):
         for w in launched[plan]:
-            assert w["steps"][-1]["bytes_sent"]["cp"] == 2 * block * m.num_layers * mbs
+            assert w["steps"][-1]["bytes_sent"]["cp"] == step_bytes
             assert w["steps"][-1]["phases_s"]["cp"] > 0
             assert any(s["stream"] == "cp" for s in w["segments"])
-    assert 2 * block * m.num_layers * 4 == 4 * 2 ** 20
 
 
 def test_cp_in_run_record_and_trace(launched):

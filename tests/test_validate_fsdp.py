@@ -52,18 +52,28 @@ def test_fsdp_matches_reference(launched, plan):
 def test_fsdp_bytes_by_closed_form(launched):
     """Per step and rank, ZeRO-3 sends 3 (n-1)/n x parameter bytes per microbatch (forward
     all-gather, backward all-gather, gradient reduce-scatter; Rajbhandari et al. 2020,
-    Sec. 7.2.2: 1.5x the all-reduce's 2 (n-1)/n): tiny has 867,072 weights (counted from
-    validate/gpt.all_params), so dp=2 with one microbatch sends 3 x 1/2 x 867,072 x 4 B =
-    5,202,432 B of 'dp' bytes; cp=2 (16 microbatches over a dp-cp group of 2) 16 times
-    that. No other kind of traffic except cp's K/V exchange."""
-    params = sum(torch.Size(s.shape).numel() for s in all_params(MODEL))
+    Sec. 7.2.2: 1.5x the all-reduce's 2 (n-1)/n). tiny's weights counted by hand from its
+    shape (4 layers, h = 128, 4 heads, MHA so K/V width 128, ffn 4h = 512, seq 64, vocab
+    512, tied output): embeddings 512 x 128 + 64 x 128 = 73,728; per layer q, k, v, o
+    4 x (128 x 128 + 128) = 66,048, fc1 512 x 128 + 512 = 66,048, fc2 128 x 512 + 128 =
+    65,664, two LayerNorms 2 x 256 = 512: 198,272; final LayerNorm 256. Total 73,728 +
+    4 x 198,272 + 256 = 867,072 (validate/gpt.all_params must list the same count), so
+    dp=2 with one microbatch sends 3 x 1/2 x 867,072 x 4 B = 5,202,432 B of 'dp' bytes;
+    cp=2 (16 microbatches over a dp-cp group of 2) 16 times that. No other kind of
+    traffic except cp's K/V exchange."""
+    m = MODEL
+    assert (m.num_layers, m.hidden_size, m.kv_hidden, m.ffn, m.seq_length, m.vocab_size) == (4, 128, 128, 512, 64, 512)
+    per_layer = 4 * (128 * 128 + 128) + (512 * 128 + 512) + (128 * 512 + 128) + 2 * 256
+    assert per_layer == 198_272
+    params = 512 * 128 + 64 * 128 + 4 * per_layer + 256
     assert params == 867_072
-    per_mb = 3 * (2 - 1) / 2 * params * 4
-    assert per_mb == 5_202_432
-    for plan, m in (("dp=2,mbs=8,zero=3", 1), ("cp=2,zero=3", 16)):
+    assert sum(torch.Size(s.shape).numel() for s in all_params(MODEL)) == params
+    per_mb = 5_202_432  # 3 x (2-1)/2 x 867,072 x 4 B
+    assert 3 * (2 - 1) / 2 * params * 4 == per_mb
+    for plan, mbs in (("dp=2,mbs=8,zero=3", 1), ("cp=2,zero=3", 16)):
         for w in launched[plan]:
             sent = w["steps"][-1]["bytes_sent"]
-            assert sent["dp"] == m * per_mb, plan
+            assert sent["dp"] == mbs * per_mb, plan
             assert set(sent) <= {"dp", "cp"}
 
 

@@ -22,6 +22,7 @@ from typing import Callable, Sequence
 
 from costmodel.errors import InputError
 from costmodel.flops import megatron_flops_per_iteration
+from costmodel.limits import number_problem
 from costmodel.profile import RUNTIMES, Profile, for_gpus, load_profile
 from costmodel.shapes import ModelSpec
 from sim.metrics import simulate
@@ -170,8 +171,9 @@ def _row(raw: dict, src: str, line: int) -> RunRow:
         figure = float(raw["figure"])
     except ValueError:
         raise InputError(src, f"{where}.figure", f"must be a number (got {raw['figure']!r})") from None
-    if not (math.isfinite(figure) and figure > 0):
-        raise InputError(src, f"{where}.figure", f"must be a finite number > 0 (got {raw['figure']!r})")
+    problem = number_problem(figure, 0.0, math.inf, lo_open=True, hi_open=True)
+    if problem:
+        raise InputError(src, f"{where}.figure", f"{raw['figure']!r}: {problem}")
     if raw["figure_kind"] not in FIGURE_KINDS:
         raise InputError(src, f"{where}.figure_kind", f"got {raw['figure_kind']!r}; allowed: {', '.join(FIGURE_KINDS)}")
     if raw["network"] not in NETWORKS:

@@ -36,7 +36,9 @@ from typing import Sequence
 import yaml
 
 from costmodel.errors import InputError
+from costmodel.limits import number_problem
 from costmodel.profile import Profile, default_profile
+from costmodel.yamlio import bundled_file, bundled_names, decode, load_yaml, parse_yaml
 from validate.accuracy import (RunRow, load_rows, mape, row_cluster, row_profile,
                                simulate_row)
 
@@ -117,8 +119,9 @@ def fit_params(rows: Sequence[RunRow], src: str) -> list[FitParam]:
 def fold_of(n_rows: int, folds: int, seed: int = 0) -> list[int]:
     """Fold index of each row: a seeded shuffle dealt round-robin, so every row is in
     exactly one fold and fold sizes differ by at most one."""
-    if isinstance(folds, bool) or not isinstance(folds, int) or not 2 <= folds <= n_rows:
-        raise InputError("--folds", None, f"must be an integer in 2..{n_rows} (the number of rows; got {folds!r})")
+    problem = number_problem(folds, 2, n_rows, integer=True)
+    if problem:
+        raise InputError("--folds", None, f"{folds!r}: {problem} (at most the number of rows)")
     order = list(range(n_rows))
     random.Random(seed).shuffle(order)
     out = [0] * n_rows
@@ -297,14 +300,16 @@ def _finite_or_none(v: float) -> float | None:
 
 def _overlay(base_profile: str) -> dict:
     """The raw mapping of a base profile file or bundled profile (what it sets, not merged)."""
-    p = Path(base_profile)
-    if p.is_file():
-        text, src = p.read_text(encoding="utf-8"), base_profile
+    if Path(base_profile).is_file():
+        data = load_yaml(base_profile, base_profile, "profile file")
     else:
-        from importlib import resources
-        res = resources.files("costmodel").joinpath(f"profiles/{base_profile}.yaml")
-        text, src = res.read_text(encoding="utf-8"), base_profile
-    data = yaml.safe_load(text) or {}
+        res = bundled_file("costmodel", base_profile, "profiles")
+        if res is None:
+            raise InputError(base_profile, "--profile", f"no bundled profile or file named {base_profile!r}; "
+                             f"bundled: {', '.join(bundled_names('costmodel', 'profiles'))}")
+        data = parse_yaml(decode(res.read_bytes(), base_profile), base_profile)
+    src = base_profile
+    data = data or {}
     if not isinstance(data, dict):
         raise InputError(src, None, "expected a profile mapping")
     return data
@@ -327,8 +332,9 @@ def calibrate_from_runs(runs_csv: str | Path | None, *, folds: int = 5, seed: in
     k = fold_of(len(rows), folds, seed)
     if jobs is None:
         jobs = min(os.cpu_count() or 1, 4)
-    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
-        raise InputError("--jobs", None, f"must be a positive integer (got {jobs!r})")
+    problem = number_problem(jobs, 1, math.inf, integer=True, hi_open=True)
+    if problem:
+        raise InputError("--jobs", None, f"{jobs!r}: {problem}")
     specs = fit_params(rows, src)
     bundled = [row_profile(r, None) for r in rows]
     if base_profile:

@@ -56,14 +56,18 @@ def coords(plan: Plan, rank: int) -> tuple[int, int, int]:
 
 
 def coords_cp(plan: Plan, rank: int) -> tuple[int, int, int, int]:
-    """(dp_index, stage, tp_index, cp_index) of a global rank: the inverse of Plan.rank."""
-    for d in range(plan.dp):
-        for s in range(plan.pp):
-            for c in range(plan.cp):
-                for t in range(plan.tp):
-                    if plan.rank(d, s, t, c) == rank:
-                        return d, s, t, c
-    raise ValueError(f"rank {rank} is outside the plan's {plan.num_devices} devices")
+    """(dp_index, stage, tp_index, cp_index) of a global rank: the inverse of Plan.rank,
+    read off its mixed-radix digits (tp fastest, then cp, then pp and dp in the order the
+    placement gives), in O(1) rather than a search over every coordinate."""
+    if not 0 <= rank < plan.num_devices:
+        raise ValueError(f"rank {rank} is outside the plan's {plan.num_devices} devices")
+    inner, outer = rank % (plan.tp * plan.cp), rank // (plan.tp * plan.cp)
+    t, c = inner % plan.tp, inner // plan.tp
+    if plan.placement == "tp-pp-dp":
+        s, d = outer % plan.pp, outer // plan.pp
+    else:  # tp-dp-pp
+        d, s = outer % plan.dp, outer // plan.dp
+    return d, s, t, c
 
 
 def vstage_layers(plan: Plan) -> list[list[int]]:
@@ -218,18 +222,24 @@ def _worker(rank: int, world: int, model: ModelSpec, plan: Plan, cfg: RunConfig)
     return out
 
 
+def check_pp_backend(backend: str | None, pp: int, source: str = "--plan") -> None:
+    """Pipeline parallelism is refused on NCCL (the runner's and the adaptive runs' one check).
+
+    validate/pp.py posts each send alone (isend) and tells messages apart by tag. NCCL
+    ignores tags and runs a pair's sends and receives in order on one stream, so two
+    neighbours sending to each other at once (1F1B's steady state) would wait on each
+    other; that needs Megatron-style batched send+recv, not written yet. Refuse rather
+    than hang."""
+    if backend == "nccl" and pp > 1:
+        raise InputError(source, "pp", "pipeline parallelism runs on gloo only for now "
+                         "(NCCL point-to-point needs batched send/recv); set PLANSIM_BACKEND=gloo")
+
+
 def check_supported(model: ModelSpec, plan: Plan, backend: str | None = None) -> None:
     """What the runner does not implement is an input error before any process starts."""
     from validate.gpt import check_tp
     check_tp(model, plan.tp)
-    if backend == "nccl" and plan.pp > 1:
-        # validate/pp.py posts each send alone (isend) and tells messages apart by tag.
-        # NCCL ignores tags and runs a pair's sends and receives in order on one stream,
-        # so two neighbours sending to each other at once (1F1B's steady state) would
-        # wait on each other; that needs Megatron-style batched send+recv, not written
-        # yet. Refuse rather than hang.
-        raise InputError("--plan", "pp", "pipeline parallelism runs on gloo only for now "
-                         "(NCCL point-to-point needs batched send/recv); set PLANSIM_BACKEND=gloo")
+    check_pp_backend(backend, plan.pp)
     if plan.cp > 1 and plan.cp_comm != "ring":
         raise InputError("--plan", "cp_comm", f"the runner implements cp_comm=ring (validate/cp.py), "
                          f"not {plan.cp_comm}")
