@@ -18,14 +18,13 @@ the runtime's overlays, then the user's ``--profile`` file (a path or a bundled 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, replace
-from importlib import resources
 from pathlib import Path
 from typing import Iterable
 
 from costmodel.dtypes import GRAD_REDUCE_CHOICES
 from costmodel.errors import InputError
 from costmodel.limits import LATENCY_US_MAX, number_problem
-from costmodel.yamlio import decode, load_yaml, parse_yaml
+from costmodel.yamlio import bundled_file, bundled_names, decode, load_yaml, parse_yaml
 
 
 @dataclass(frozen=True)
@@ -255,13 +254,12 @@ def _merge(base: Profile, data: dict, source: str) -> Profile:
 
 def bundled_profiles() -> list[str]:
     """Names of the bundled profiles (stems of costmodel/profiles/*.yaml)."""
-    folder = resources.files("costmodel").joinpath("profiles")
-    return sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".yaml"))
+    return bundled_names("costmodel", "profiles")
 
 
 def _bundled(name: str) -> tuple[dict, str]:
-    res = resources.files("costmodel").joinpath(f"profiles/{name}.yaml")
-    if not res.is_file():
+    res = bundled_file("costmodel", name, "profiles")
+    if res is None:
         raise InputError(name, "--profile", f"no bundled profile or file named {name!r}; "
                          f"bundled: {', '.join(bundled_profiles())}")
     src = f"costmodel/profiles/{name}.yaml"
