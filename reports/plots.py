@@ -11,6 +11,8 @@ import io
 import math
 from contextlib import contextmanager
 
+from specs.plan import parse_plan_string
+
 import matplotlib
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
@@ -67,8 +69,9 @@ VALUE_ONLY_KEYS = ("schedule", "allreduce", "placement", "recompute", "precision
 def short_label(rank: int, plan: str, width: int = 48) -> str:
     """'#3 tp2 pp4 dp2 mbs1 interleaved ...' for an axis: the table row of that rank has it all."""
     parts = []
-    for item in plan.split(","):
-        key, _, value = item.partition("=")
+    for key, value in parse_plan_string(plan).items():
+        value = ":".join(value) if isinstance(value, list) else value
+        item = f"{key}={value}"
         if key in NUMERIC_KEYS:
             parts.append(f"{key}{value}")
         elif key == "schedule" and value == "1f1b":

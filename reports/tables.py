@@ -10,6 +10,7 @@ import math
 import pandas as pd
 
 from sim.result import CATEGORIES, StepResult
+from specs.plan import parse_plan_string
 
 # Plan keys that `Plan.to_string()` omits when they hold their default value.
 PLAN_DEFAULTS = {"cp": "1", "cp_comm": "ring", "vpp": "1", "sp": "false", "recompute": "none", "zero": "0", "compress": "none",
@@ -30,9 +31,8 @@ def plan_fields(plan: str) -> dict[str, str]:
     (layers=10:14) stay as written.
     """
     out = dict(PLAN_DEFAULTS)
-    for item in filter(None, (p.strip() for p in plan.split(","))):
-        key, _, value = item.partition("=")
-        out[key.strip()] = value.strip()
+    for key, value in parse_plan_string(plan).items():
+        out[key] = ":".join(value) if isinstance(value, list) else value
     return out
 
 

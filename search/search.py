@@ -250,8 +250,7 @@ def _variants_of(plan: Plan, tables: CostTables, uniform_ok: bool, pr: _Pruner, 
     else:
         reason = R_LAYERS if tables.model.num_layers % (plan.pp * plan.vpp) else R_BATCH
         # The example is the uniform plan that was refused: its string without the split.
-        uniform = [p for p in plan.to_string().split(",") if not p.startswith(("layers=", "mb_shares="))]
-        pr.add(reason, n_below, ",".join(uniform))
+        pr.add(reason, n_below, plan.to_string(split=False))
     if tables.heterogeneous:
         var, _why = nonuniform_variant(tables, plan)
         if var is not None:

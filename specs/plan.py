@@ -172,8 +172,9 @@ class Plan:
         base, extra = divmod(n, self.vpp)
         return [base + (1 if c < extra else 0) for c in range(self.vpp)]
 
-    def to_string(self) -> str:
-        """The plan in --plan syntax; `plansim simulate --plan` reproduces it."""
+    def to_string(self, split: bool = True) -> str:
+        """The plan in --plan syntax; `plansim simulate --plan` reproduces it. split=False
+        leaves out explicit layers= and mb_shares= (the plan's even-split twin)."""
         parts = [
             f"tp={self.tp}", f"pp={self.pp}", f"dp={self.dp}", f"mbs={self.mbs}",
         ]
@@ -202,9 +203,9 @@ class Plan:
             parts.append(f"placement={self.placement}")
         if self.overlap_step != "none":
             parts.append(f"overlap_step={self.overlap_step}")
-        if self.explicit_layers:
+        if self.explicit_layers and split:
             parts.append("layers=" + ":".join(map(str, self.layers)))
-        if self.explicit_shares:
+        if self.explicit_shares and split:
             parts.append("mb_shares=" + ":".join(map(str, self.mb_shares)))
         return ",".join(parts)
 
