@@ -90,3 +90,28 @@ def test_validate_imports_without_torch():
     res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr
     assert "ERR --: torch: plansim validate needs torch: pip install 'plansim[validate]'" in res.stdout
+
+
+def test_host_counters_per_step_by_hand():
+    """validate/runner.host_counters is the difference of two getrusage readings; the
+    record keeps each rank's median over the measured steps (the warm-up's page faults,
+    when the heap first grows, are left out) and the comparison reports the busiest rank.
+    Rank 0 faults [5000 warm-up, 10, 30, 20, 40, 50] -> median of the 5 measured = 30;
+    rank 1 [9000, 2, 2, 900, 2, 2] -> 2; the busiest rank's figure is 30."""
+    from types import SimpleNamespace
+    from validate.compare import Comparison
+    from validate.runner import host_counters
+    got = host_counters(SimpleNamespace(ru_minflt=100, ru_nivcsw=7), SimpleNamespace(ru_minflt=1124, ru_nivcsw=9))
+    assert got == {"minor_faults": 1024, "involuntary_switches": 2}
+    w0 = _worker(0, [9.0, 1.0, 2.0, 3.0, 4.0, 5.0], [8.0] + [0.5] * 5, "F0.0")
+    w1 = _worker(1, [9.0, 1.5, 1.0, 3.5, 4.0, 4.0], [8.0] + [0.7] * 5, "F0.0")
+    for w, faults in ((w0, [5000, 10, 30, 20, 40, 50]), (w1, [9000, 2, 2, 900, 2, 2])):
+        for s, f in zip(w["steps"], faults):
+            s["host"] = {"minor_faults": f, "involuntary_switches": 1}
+    rec = RunRecord.from_workers([w0, w1], model="tiny", plan="dp=2", backend="gloo", device="cpu",
+                                 steps=5, warmup=1, seed=0)
+    assert rec.per_rank[0]["host_per_step"]["minor_faults"] == 30
+    assert rec.per_rank[1]["host_per_step"]["minor_faults"] == 2
+    c = Comparison(plan="dp=2", world=2, measured_step_time_s=3.5, predicted_step_time_s=3.0,
+                   p10_step_time_s=1.7, p90_step_time_s=4.6, phases={}, record=rec.to_dict())
+    assert c.host_per_step() == {"involuntary_switches": 1.0, "minor_faults": 30.0}

@@ -37,7 +37,16 @@ class Comparison:
                 "measured_p10_s": self.p10_step_time_s, "measured_p90_s": self.p90_step_time_s,
                 "phases": self.phases,
                 # the runner's finer measured split (forward, backward, optimizer, each collective)
-                "measured_detail_s": dict(self.record.get("detail_s", {}))}
+                "measured_detail_s": dict(self.record.get("detail_s", {})),
+                "host_per_step": self.host_per_step()}
+
+    def host_per_step(self) -> dict[str, float]:
+        """The busiest rank's median minor page faults and involuntary context switches
+        per measured step (validate/runner.host_counters): where a measured step is slower
+        than predicted, these say whether the host (fresh memory, a taken core) was why."""
+        ranks = [r.get("host_per_step", {}) for r in self.record.get("per_rank", [])]
+        keys = sorted({k for r in ranks for k in r})
+        return {k: float(max(r.get(k, 0.0) for r in ranks)) for k in keys}
 
 
 def compare(record, sim: StepResult) -> Comparison:
@@ -88,6 +97,10 @@ def format_comparison(c: Comparison) -> str:
              f"  {'phase':8s} {'measured (ms)':>14} {'predicted (ms)':>15}"]
     for cat, v in c.phases.items():
         lines.append(f"  {cat:8s} {v['measured_s'] * 1e3:>14.2f} {v['predicted_s'] * 1e3:>15.2f}")
+    host = c.host_per_step()
+    if host:
+        lines.append("  host per step (busiest rank, median): "
+                     + ", ".join(f"{k.replace('_', ' ')} {v:.0f}" for k, v in host.items()))
     return "\n".join(lines)
 
 

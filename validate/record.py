@@ -93,6 +93,8 @@ class RunRecord:
                 "cp_rank": w.get("cp_rank", 0),
                 "phases_s": _median_over_steps(ph_steps),
                 "peak_memory_bytes": int(w["peak_memory_bytes"]),
+                # median over the measured steps (validate/runner.host_counters)
+                "host_per_step": _median_over_steps([w["steps"][j].get("host", {}) for j in measured]),
                 "bytes_sent": {k: float(w["steps"][measured[-1]]["bytes_sent"].get(k, 0.0))
                                for k in ("dp", "tp", "pp", "cp")},
             })

@@ -28,6 +28,7 @@ parallelism (cp=N) runs ring attention (validate/cp.py); zero=3 runs FSDP
 from __future__ import annotations
 
 import argparse
+import resource  # POSIX getrusage: peak RSS and per-step host counters
 import sys
 from dataclasses import dataclass
 
@@ -130,7 +131,6 @@ def _peak_memory_bytes(kind: str, device) -> int:
     if kind == "cuda":
         import torch
         return int(torch.cuda.max_memory_allocated(device))
-    import resource
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux reports KiB
 
 
@@ -184,6 +184,7 @@ def _worker(rank: int, world: int, model: ModelSpec, plan: Plan, cfg: RunConfig)
         mbs = [(split(tokens[row0 + i * plan.mbs: row0 + (i + 1) * plan.mbs, :-1]),
                 split(tokens[row0 + i * plan.mbs: row0 + (i + 1) * plan.mbs, 1:])) for i in range(m)]
         dist.barrier()  # every rank starts the step together: step time = slowest rank's
+        ru0 = resource.getrusage(resource.RUSAGE_SELF)
         rec.begin_step()
         reducer.begin_step()
         loss = stage.run(acts, mbs, loss_scale)
@@ -207,8 +208,10 @@ def _worker(rank: int, world: int, model: ModelSpec, plan: Plan, cfg: RunConfig)
                      for ch in chunks.values() for n in ch.params}
         reducer.step(step + 1)
         meas = rec.end_step()
+        ru1 = resource.getrusage(resource.RUSAGE_SELF)
         last = step == cfg.warmup + cfg.steps - 1
         steps.append({k: v_ for k, v_ in meas.items() if k != "segments"})
+        steps[-1]["host"] = host_counters(ru0, ru1)
         segments = meas["segments"] if last else None
         if holds_loss:
             losses.append(loss)
@@ -220,6 +223,15 @@ def _worker(rank: int, world: int, model: ModelSpec, plan: Plan, cfg: RunConfig)
         out["weights"] = reducer.gathered_weights() if plan.zero >= 3 else {
             n: prm.detach().cpu().numpy().copy() for ch in chunks.values() for n, prm in ch.params.items()}
     return out
+
+
+def host_counters(before, after) -> dict[str, int]:
+    """What the host did to this process during a step (getrusage of the whole process, its
+    communication threads included): minor page faults (fresh memory touched: a
+    parameter-sized temporary costs one per 4 KiB, which no cost model prices) and
+    involuntary context switches (the scheduler took a core away)."""
+    return {"minor_faults": after.ru_minflt - before.ru_minflt,
+            "involuntary_switches": after.ru_nivcsw - before.ru_nivcsw}
 
 
 def check_pp_backend(backend: str | None, pp: int, source: str = "--plan") -> None:
