@@ -108,6 +108,11 @@ class FlowNetwork:
         self._next_id = 0
         self._prepared: dict[tuple, tuple] = {}    # see transfer()
         self._alone_rate: dict[int, tuple] = {}     # id(weights) -> (weights, rate alone)
+        # Sorted ids of the weight maps of a solved component -> rate per map id (bytes/s
+        # per copy): see _solve_known.
+        self._solved: dict[tuple, dict[int, float]] = {}
+        self._kept: set[int] = set()    # ids of the weight maps _prepared holds for good
+        self.solves_reused = 0          # component solves answered by _solved
 
     # ----------------------------------------------------------------- public API
     def transfer(self, path: Sequence[Edge], nbytes: float,
@@ -143,6 +148,7 @@ class FlowNetwork:
             weights, latency = self._prepare(path, multiplicity, shares, label)
             if type(path) is tuple:
                 self._prepared[key] = (path, multiplicity, shares, weights, latency)
+                self._kept.add(id(weights))
         latency = latency * latency_steps + delay_s
         if nbytes == 0 or not weights:
             if event is None:
@@ -217,6 +223,7 @@ class FlowNetwork:
         base = self._bw_base.setdefault(e, self._bw[e])
         self._bw[e] = base * factor
         self._alone_rate.clear()  # lone-flow rates were computed with the old bandwidth
+        self._solved.clear()
         self._pending_edges.append(e)
         self._request_flush()
 
@@ -347,7 +354,7 @@ class FlowNetwork:
             else:
                 still.append(f)
         old = {f: f.rate for f in still}
-        self._solve(still, edges)
+        self._solve_known(still, edges)
         self.resolves += 1
         fresh = set(added)
         for f in still:
@@ -407,6 +414,29 @@ class FlowNetwork:
                             edges.append(e2)
             i += 1
         return flows, edges
+
+    def _solve_known(self, flows: list[_Flow], edges: list[Edge]) -> None:
+        """_solve, or the rates of an earlier solve of the same flows. A component's
+        max-min rates depend only on its flows' weight maps and the edges' bandwidths:
+        flows with the same map cross the same edges and freeze together, so one rate per
+        map. Gradient buckets repeat a few sizes and paths, so the same set of maps
+        (a multiset: two calls can share one) recurs step after step. Maps are keyed by
+        identity; only maps kept for good (those of a transfer's cached path, see
+        transfer) are remembered, so an id is never reused while it is a key, and
+        one-off maps do not pile up. A bandwidth change (scale_edge) drops the entries."""
+        if len(flows) < 2:
+            self._solve(flows, edges)
+            return
+        key = tuple(sorted([id(f.weights) for f in flows]))
+        got = self._solved.get(key)
+        if got is not None:
+            self.solves_reused += 1
+            for f in flows:
+                f.rate = got[id(f.weights)]
+            return
+        self._solve(flows, edges)
+        if self._kept.issuperset(key):
+            self._solved[key] = {id(f.weights): f.rate for f in flows}
 
     def _solve(self, flows: list[_Flow], edges: list[Edge]) -> None:
         """Weighted progressive filling: raise all unfrozen flows' rate together; when an
