@@ -29,7 +29,9 @@ from sim.program import Program
 
 class Handoff(NamedTuple):
     """Microbatch ``mb``'s activation ('F') or activation gradient ('B') leaving virtual
-    stage ``vstage`` of simulated class ``pipeline``: what the next stage waits for."""
+    stage ``vstage`` of simulated class ``pipeline``: what the next stage waits for. The
+    compute stream keys its dictionaries with plain tuples of these four fields (equal
+    and hashed alike, and cheaper to build)."""
 
     pipeline: int
     direction: str
@@ -66,11 +68,19 @@ class PipelineExecutor(EnginePart):
     # ------------------------------------------------------------ time on the compute stream
     def _busy(self, key: RankKey, cat: str, dt: float, label: str):
         t0 = self.env.now
-        s = key[1]
-        busy0 = self.acct.dp_busy_s(s, t0)
+        busy0 = self.acct.dp_busy_s(key[1], t0)
         if dt > 0:
             yield self.env.timeout(dt)
+        slow = self._busy_done(key, cat, dt, t0, busy0, label)
+        if slow > 0:
+            yield from self._slowed(key, slow, label)
+
+    def _busy_done(self, key: RankKey, cat: str, dt: float, t0: float, busy0: float, label: str) -> float:
+        """Book ``dt`` seconds of ``cat`` on ``key``'s compute stream that began at ``t0``
+        (when the stage's gradient collectives had run ``busy0`` seconds); returns the
+        seconds the kernel is slowed by the collectives that overlapped it (0 if none)."""
         self.acct.seg(key, "compute", cat, t0, self.env.now, label)
+        s = key[1]
         if cat == "compute" and dt > 0 and self._dp_slowdown[s] > 0:
             overlap = self.acct.dp_busy_s(s, self.env.now) - busy0
             if overlap > 0:
@@ -78,9 +88,13 @@ class PipelineExecutor(EnginePart):
                 # communication kernels took SMs and memory bandwidth, costing
                 # compute_slowdown x overlap (profile fabrics.<kind>.compute_slowdown).
                 # That loss is a cost of data-parallel communication: booked as 'dp'.
-                t1 = self.env.now
-                yield self.env.timeout(overlap * self._dp_slowdown[s])
-                self.acct.seg(key, "compute", "dp", t1, self.env.now, f"{label} (slowed by DP comm)")
+                return overlap * self._dp_slowdown[s]
+        return 0.0
+
+    def _slowed(self, key: RankKey, slow: float, label: str):
+        t1 = self.env.now
+        yield self.env.timeout(slow)
+        self.acct.seg(key, "compute", "dp", t1, self.env.now, f"{label} (slowed by DP comm)")
 
     def _wait(self, key: RankKey, ev: simpy.Event, cat: str, label: str):
         """Wait for ``ev`` on the compute stream, booking the wait under ``cat``."""
@@ -97,8 +111,7 @@ class PipelineExecutor(EnginePart):
         return ev
 
     def _wait_dep(self, key: RankKey, k: Handoff, label: str):
-        """Wait for an arrival; split the wait into bubble (producer still computing)
-        and exposed pipeline communication (data in flight)."""
+        """Wait for an arrival (compute_stream writes this out for its own waits)."""
         if self.prog.p2p_rendezvous:
             yield from self._rendezvous_recv(key, k, label)
             return
@@ -106,11 +119,17 @@ class PipelineExecutor(EnginePart):
         t0 = self.env.now
         if not ev.triggered:
             yield ev
+        self._arrived(key, k, t0, label)
+
+    def _arrived(self, key: RankKey, k: Handoff, t0: float, label: str) -> None:
+        """Book the wait since ``t0`` for arrival ``k`` (there now): bubble while the
+        producer was still computing, exposed pipeline communication ('pp') after."""
         t1 = self.env.now
         tp = self._produced.get(k, t1)
         split = min(max(tp, t0), t1)
-        self.acct.seg(key, "compute", "bubble", t0, split, f"wait {label}")
-        self.acct.seg(key, "compute", "pp", split, t1, f"recv {label}")
+        rec = self.acct.record
+        self.acct.seg(key, "compute", "bubble", t0, split, f"wait {label}" if rec else "")
+        self.acct.seg(key, "compute", "pp", split, t1, f"recv {label}" if rec else "")
 
     def _rendezvous_recv(self, key: RankKey, k: Handoff, label: str):
         """Receive under rendezvous semantics (Program.p2p_rendezvous): the sender's bytes
@@ -136,7 +155,7 @@ class PipelineExecutor(EnginePart):
                 steps = 1 if t1 > t0 else 2  # receive posted first: the notification is already there
                 self.net.transfer(path, nbytes, mult, latency_steps=steps, label=lbl, delay_s=call_s, event=ev)
                 if self.acct.record:
-                    src = RankKey(k.pipeline, k.vstage % self.p)
+                    src = RankKey(k[0], k[2] % self.p)  # (pipeline, vstage % p)
                     ev.callbacks.append(lambda _e: self.acct.seg(src, "pp", "send", t1, self.env.now, lbl))
             yield ev
         self.acct.seg(key, "compute", "pp", t1, self.env.now, f"recv {label}")
@@ -274,50 +293,77 @@ class PipelineExecutor(EnginePart):
                 first_f.setdefault(a.chunk, idx)
         if early:
             self.reducer.param_gather_bucket(s, actions[first_f[0]].chunk if first_f else 0, 0)
+        # This loop runs for every action of every simulated rank: the plain case (one
+        # compute kernel and the TP collectives, no context parallelism, no hook of a
+        # subclass) is _busy written out here, and labels are built only when recorded.
+        env, acct = self.env, self.acct
+        rec = acct.record
+        p, last_vs = self.p, self.V - 1
+        arrive = self._arrive
+        rendezvous, blocking = self.prog.p2p_rendezvous, self.prog.p2p_blocking
+        inline = self.cp is None and type(self)._forward is PipelineExecutor._forward
         for idx, a in enumerate(actions):
-            vs = a.chunk * self.p + s
-            w = pipe.chunks[(s, a.chunk)]
-            label = f"{a.kind}{a.mb} c{a.chunk}"
-            if a.kind == "F":
-                if vs > 0:
-                    yield from self._wait_dep(key, Handoff(pi, "F", vs - 1, a.mb), label)
+            chunk, mb, kind = a.chunk, a.mb, a.kind
+            fwd = kind == "F"
+            vs = chunk * p + s
+            w = pipe.chunks[(s, chunk)]
+            label = f"{kind}{mb} c{chunk}" if rec else ""
+            # The input: the previous virtual stage's activation, or the next one's gradient.
+            src = vs - 1 if fwd else vs + 1
+            if 0 <= src <= last_vs:
+                k = (pi, kind, src, mb)      # a Handoff
+                if rendezvous:
+                    yield from self._rendezvous_recv(key, k, label)
+                else:
+                    ev = arrive.get(k)
+                    if ev is None:
+                        ev = arrive[k] = env.event()
+                    t0 = env.now
+                    if not ev.triggered:
+                        yield ev
+                    self._arrived(key, k, t0, label)
+            tp_s = w.fwd_tp_s if fwd else w.bwd_tp_s
+            work = None                      # a generator for the cases _busy does not cover
+            if fwd:
                 if fsdp is not None:
-                    yield from fsdp.run(key, w, False, label)
-                elif early and first_f.get(a.chunk) == idx:
-                    yield from self._forward_gathering(key, pi, s, a.chunk, w, label, first_f)
-                else:
-                    yield from self._forward(key, a, w, label)
-                yield from self._busy(key, "tp", w.fwd_tp_s, f"tp {label}")
-                if vs < self.V - 1:
-                    out = Handoff(pi, "F", vs, a.mb)
-                    self._send(pi, s, (vs + 1) % self.p, w.p2p_bytes, out, f"act {label}")
-                    if self.prog.p2p_blocking:
-                        yield from self._wait_sent(key, out, f"act {label}")
-                else:
-                    self._produced[Handoff(pi, "F", vs, a.mb)] = self.env.now
-            else:
-                if vs < self.V - 1:
-                    yield from self._wait_dep(key, Handoff(pi, "B", vs + 1, a.mb), label)
-                buckets = w.grad_buckets if (idx == last_b[a.chunk] and overlap) else ()
-                if buckets:
-                    # Gradients of the last microbatch complete layer by layer: bucket j
-                    # is ready after (j+1)/K of this backward pass.
-                    k = len(buckets)
-                    for j in range(k):
-                        yield from self._compute(key, pi, s, w, True, w.bwd_s / k, label, k)
-                        yield from self._busy(key, "tp", w.bwd_tp_s / k, f"tp {label}")
-                        yield from self._grad_ready(key, s, a.chunk, j)
-                elif fsdp is not None:
-                    yield from fsdp.run(key, w, True, label)
-                    yield from self._busy(key, "tp", w.bwd_tp_s, f"tp {label}")
-                else:
-                    yield from self._compute(key, pi, s, w, True, w.bwd_s, label)
-                    yield from self._busy(key, "tp", w.bwd_tp_s, f"tp {label}")
-                if vs > 0:
-                    out = Handoff(pi, "B", vs, a.mb)
-                    self._send(pi, s, (vs - 1) % self.p, w.p2p_bytes, out, f"grad {label}")
-                    if self.prog.p2p_blocking:
-                        yield from self._wait_sent(key, out, f"grad {label}")
+                    work = fsdp.run(key, w, False, label)
+                elif early and first_f.get(chunk) == idx:
+                    work = self._forward_gathering(key, pi, s, chunk, w, label, first_f)
+                elif not inline:
+                    work = self._forward(key, a, w, label)
+            elif idx == last_b[chunk] and overlap and w.grad_buckets:
+                work, tp_s = self._backward_buckets(key, pi, s, chunk, w, label), None
+            elif fsdp is not None:
+                work = fsdp.run(key, w, True, label)
+            elif not inline:
+                work = self._compute(key, pi, s, w, True, w.bwd_s, label)
+            if work is not None:
+                yield from work
+            else:                            # _busy(key, "compute", dt, label)
+                dt = w.fwd_s if fwd else w.bwd_s
+                t0 = env.now
+                busy0 = acct.dp_busy_s(s, t0)
+                if dt > 0:
+                    yield env.timeout(dt)
+                slow = self._busy_done(key, "compute", dt, t0, busy0, label)
+                if slow > 0:
+                    yield from self._slowed(key, slow, label)
+            if tp_s is not None:             # _busy(key, "tp", tp_s, ...): never slowed
+                t0 = env.now
+                if tp_s > 0:
+                    yield env.timeout(tp_s)
+                acct.seg(key, "compute", "tp", t0, env.now, f"tp {label}" if rec else "")
+            # The output: this activation to the next virtual stage, or this gradient to
+            # the previous one (the last stage's forward output stays: the loss).
+            dst = vs + 1 if fwd else vs - 1
+            if 0 <= dst <= last_vs:
+                out = (pi, kind, vs, mb)     # a Handoff
+                what = (f"act {label}" if fwd else f"grad {label}") if rec else ""
+                self._send(pi, s, dst % p, w.p2p_bytes, out, what)
+                if blocking:
+                    yield from self._wait_sent(key, out, what)
+            elif fwd:
+                self._produced[(pi, kind, vs, mb)] = env.now
         if pipe.embedding_sync_s > 0 and s in (0, self.p - 1):
             yield from self._embedding_sync(key, pi, s, pipe.embedding_sync_s)
         if not overlap and not zero3:
@@ -329,6 +375,16 @@ class PipelineExecutor(EnginePart):
             yield self.env.all_of(scatters)
             self.acct.seg(key, "compute", "dp", t0, self.env.now, "zero3 reduce-scatter")
         yield from self._finish_step(key, pi, s)
+
+    def _backward_buckets(self, key: RankKey, pi: int, s: int, chunk: int, w, label: str):
+        """The last backward of ``chunk`` with overlapped gradient reduction: its gradients
+        complete layer by layer, so bucket j is ready after (j+1)/K of the pass (compute
+        and TP collectives)."""
+        k = len(w.grad_buckets)
+        for j in range(k):
+            yield from self._compute(key, pi, s, w, True, w.bwd_s / k, label, k)
+            yield from self._busy(key, "tp", w.bwd_tp_s / k, f"tp {label}")
+            yield from self._grad_ready(key, s, chunk, j)
 
     def _forward(self, key: RankKey, a, w, label: str):
         """The forward compute of action ``a`` on chunk work ``w`` (a hook: the multi-step
