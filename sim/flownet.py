@@ -324,10 +324,15 @@ class FlowNetwork:
         self._flush_at = None
         added, self._pending_add = self._pending_add, []
         finished, self._pending_done = self._pending_done, []
+        on_edge = self._on_edge
         seeds: dict[Edge, None] = {}
         for f in added:
-            for e in f.weights:
-                self._on_edge.setdefault(e, {})[f] = f.weights[e]
+            for e, w in f.weights.items():
+                on = on_edge.get(e)
+                if on is None:
+                    on_edge[e] = {f: w}
+                else:
+                    on[f] = w
                 seeds[e] = None
         for f in finished:
             seeds.update(dict.fromkeys(f.weights))
@@ -335,36 +340,35 @@ class FlowNetwork:
             seeds.update(dict.fromkeys(self._pending_edges))
             self._pending_edges = []
         flows, edges = self._component(seeds)
-        # Bring every flow of the component to `now` at its old rate.
-        for f in flows:
-            if f.rate > 0:
-                f.remaining -= f.rate * (now - f.t_last)
-            f.t_last = now
-        # Retire flows that are done (the woken ones and any that finish at the same time):
-        # a few bytes of rounding residue, or a finish time that `now` cannot be told
-        # apart from (a timeout that short would fire at `now` again and make no progress).
-        woken = set(finished)
+        # Bring every flow of the component to `now` at its old rate, and retire those
+        # that are done (the woken ones and any that finish at the same time): a few bytes
+        # of rounding residue, or a finish time that `now` cannot be told apart from (a
+        # timeout that short would fire at `now` again and make no progress).
+        level_now = _LEVEL_REL * now
         still = []
+        old = []
         for f in flows:
-            if f.done:
-                continue
-            if (f.remaining <= _DONE_REL * f.size
-                    or (f.rate > 0 and f.remaining / f.rate <= _LEVEL_REL * now)):
+            rate = f.rate
+            if rate > 0:
+                f.remaining -= rate * (now - f.t_last)
+            f.t_last = now
+            if f.remaining <= _DONE_REL * f.size or (rate > 0 and f.remaining / rate <= level_now):
                 self._retire(f)
             else:
                 still.append(f)
-        old = {f: f.rate for f in still}
+                old.append(rate)
         self._solve_known(still, edges)
         self.resolves += 1
-        fresh = set(added)
-        for f in still:
-            # New flows, flows whose rate changed, and woken flows that rounding left a
-            # little short of done all need a (new) wake-up; the others keep theirs.
-            if f.rate != old[f] or f in fresh or f in woken:
+        # New flows (no wake-up yet: version 0), flows whose rate changed, and woken flows
+        # that rounding left a little short of done all need a (new) wake-up; the others
+        # keep theirs.
+        woken = set(finished) if finished else ()
+        for f, rate in zip(still, old):
+            if f.rate != rate or not f.version or f in woken:
                 self._schedule_wake(f)
         if self.record:
             for e in edges:
-                total = sum((w * f.rate for f, w in self._on_edge.get(e, {}).items()), 0.0)
+                total = sum((w * f.rate for f, w in on_edge.get(e, {}).items()), 0.0)
                 if total != self._last_sample.get(e, 0.0):
                     self._last_sample[e] = total
                     self.samples.append(LinkSample(now, e, total))
@@ -397,14 +401,18 @@ class FlowNetwork:
 
     def _component(self, seeds: Mapping[Edge, None]) -> tuple[list[_Flow], list[Edge]]:
         """Active flows reachable from the seed edges through shared edges, and all edges
-        visited (seeds included, even if now idle, so their rate drops get recorded)."""
+        visited (seeds included, even if now idle, so their rate drops get recorded), in
+        the order first reached (the solver's arithmetic follows it: deterministic)."""
+        on_edge = self._on_edge
         edges = list(seeds)
         seen_e = set(edges)
         flows: list[_Flow] = []
         seen_f: set[_Flow] = set()
-        i = 0
-        while i < len(edges):
-            for f in self._on_edge.get(edges[i], ()):
+        for e in edges:         # (the list grows while it is walked: breadth first)
+            on = on_edge.get(e)
+            if on is None:
+                continue
+            for f in on:
                 if f not in seen_f:
                     seen_f.add(f)
                     flows.append(f)
@@ -412,7 +420,6 @@ class FlowNetwork:
                         if e2 not in seen_e:
                             seen_e.add(e2)
                             edges.append(e2)
-            i += 1
         return flows, edges
 
     def _solve_known(self, flows: list[_Flow], edges: list[Edge]) -> None:
