@@ -10,8 +10,12 @@ not simulated: each copy gets the same rate and uses the edge's capacity.
 Cost: each change (flows starting or finishing at one instant) re-solves only the
 connected component of active flows that share links with the changed ones, found by a
 walk from the changed flows' edges; no per-event work touches idle edges. Changes at the
-same simulated instant are batched into one re-solve. Completions are per-flow SimPy
-timeouts; a version counter makes timeouts of flows whose rate later changed no-ops.
+same simulated instant are batched into one re-solve. While no flow is held below its
+rate alone on its links, a flow that fits its links at that rate starts, and any flow
+finishes, without a re-solve (every flow at its lone rate is then the max-min
+allocation). A component whose set of flow weight maps was solved before reuses those
+rates. Completions are per-flow SimPy timeouts; a version counter makes timeouts of
+flows whose rate later changed no-ops.
 """
 from __future__ import annotations
 
@@ -51,7 +55,7 @@ _FOLD_LATER = 32
 
 class _Flow:
     __slots__ = ("fid", "weights", "carried", "size", "remaining", "rate", "t_last", "version",
-                 "done", "event", "label")
+                 "done", "event", "label", "contended")
 
     def __init__(self, fid: int, weights: dict, size: float, event: simpy.Event, label: str,
                  carried: Mapping[Edge, float] | None = None):
@@ -66,6 +70,7 @@ class _Flow:
         self.t_last = 0.0
         self.version = 0
         self.done = False
+        self.contended = False      # rate below its rate alone on its links (FlowNetwork._contended)
         self.event = event
         self.label = label
 
@@ -111,6 +116,7 @@ class FlowNetwork:
         # Sorted ids of the weight maps of a solved component -> rate per map id (bytes/s
         # per copy): see _solve_known.
         self._solved: dict[tuple, dict[int, float]] = {}
+        self._contended = 0         # active flows whose rate is below their lone rate
         self._kept: set[int] = set()    # ids of the weight maps _prepared holds for good
         self.solves_reused = 0          # component solves answered by _solved
 
@@ -259,26 +265,49 @@ class FlowNetwork:
         # flows starting or finishing at the same time are solved together once.
         self.env.timeout(0).callbacks.append(self._flush)
 
+    def _alone(self, weights: dict) -> float:
+        """The rate (bytes/s per copy) of a flow with ``weights`` alone on its links: its
+        tightest link's bandwidth over its multiplicity there (what _solve gives one flow)."""
+        got = self._alone_rate.get(id(weights))
+        if got is None or got[0] is not weights:
+            bw = self._bw
+            got = self._alone_rate[id(weights)] = (
+                weights, max(min(bw[e] / (0.0 + w) for e, w in weights.items()), 0.0))
+        return got[1]
+
+    def _fits(self, weights: dict, rate: float) -> bool:
+        """Whether each link of ``weights`` can carry a flow at ``rate`` on top of the
+        flows on it now, at their rates."""
+        on_edge, bw = self._on_edge, self._bw
+        for e, w in weights.items():
+            on = on_edge.get(e)
+            if on and sum((w2 * g.rate for g, w2 in on.items()), 0.0) + w * rate > bw[e]:
+                return False
+        return True
+
     def _activate(self, flow: _Flow, _ev=None) -> None:
         now = flow.t_last = self.env.now
         on_edge = self._on_edge
         weights = flow.weights
-        if self._flush_at != now and on_edge.keys().isdisjoint(weights):
-            # Alone on every link and nothing else changing at this instant (most pipeline
-            # sends): the re-solve _flush would run has this one flow; do it here, without
-            # the zero-delay flush event. Same arithmetic as _flush and _solve.
+        if self._flush_at != now and (on_edge.keys().isdisjoint(weights)
+                                      or (not self._contended and self._fits(weights, self._alone(weights)))):
+            # Nothing else changes at this instant and the flow is alone on its links (most
+            # pipeline sends), or every active flow runs at its lone rate (no link limits
+            # two flows) and its links have room for this one at its own: then every flow
+            # at its lone rate is feasible and no flow can go faster, which is the max-min
+            # allocation _flush would compute. Done here, without the zero-delay flush
+            # event and the component walk.
             for e, w in weights.items():
-                on_edge[e] = {flow: w}
-            got = self._alone_rate.get(id(weights))
-            if got is None or got[0] is not weights:
-                bw = self._bw
-                got = self._alone_rate[id(weights)] = (
-                    weights, max(min(bw[e] / (0.0 + w) for e, w in weights.items()), 0.0))
-            flow.rate = got[1]
+                on = on_edge.get(e)
+                if on is None:
+                    on_edge[e] = {flow: w}
+                else:
+                    on[flow] = w
+            flow.rate = self._alone(weights)
             self.resolves += 1
             self._schedule_wake(flow)
             if self.record:
-                self._sample_alone(flow, now)
+                self._sample(weights, now)
             return
         self._pending_add.append(flow)
         self._request_flush()
@@ -289,9 +318,11 @@ class FlowNetwork:
         now = self.env.now
         on_edge = self._on_edge
         weights = flow.weights
-        # (each of its links holds at least this flow: alone iff the sizes sum to its count)
-        if self._flush_at != now and sum(map(len, map(on_edge.__getitem__, weights))) == len(weights):
-            # Alone on every link: _flush's work for this flow alone, done here.
+        # Alone on every link (each holds at least this flow: alone iff the sizes sum to
+        # its count), or no flow limited by another: the others' rates stay as they are,
+        # so _flush's work is this flow's alone, done here.
+        if self._flush_at != now and (not self._contended
+                                      or sum(map(len, map(on_edge.__getitem__, weights))) == len(weights)):
             self.resolves += 1
             if flow.rate > 0:
                 flow.remaining -= flow.rate * (now - flow.t_last)
@@ -302,7 +333,7 @@ class FlowNetwork:
             else:
                 self._schedule_wake(flow)
             if self.record:
-                self._sample_alone(flow, now)
+                self._sample(weights, now)
             return
         self._pending_done.append(flow)
         self._request_flush()
@@ -311,10 +342,11 @@ class FlowNetwork:
         f.version += 1
         self.env.timeout(f.remaining / f.rate).callbacks.append(partial(self._wake, flow=f, version=f.version))
 
-    def _sample_alone(self, f: _Flow, now: float) -> None:
-        """Record the link totals of a flow that is alone on its links (as _flush does)."""
-        for e, w in f.weights.items():
-            total = 0.0 if f.done else w * f.rate
+    def _sample(self, edges, now: float) -> None:
+        """Record the total rate on each of ``edges`` where it changed (as _flush does)."""
+        on_edge = self._on_edge
+        for e in edges:
+            total = sum((w * f.rate for f, w in on_edge.get(e, {}).items()), 0.0)
             if total != self._last_sample.get(e, 0.0):
                 self._last_sample[e] = total
                 self.samples.append(LinkSample(now, e, total))
@@ -363,18 +395,23 @@ class FlowNetwork:
         # that rounding left a little short of done all need a (new) wake-up; the others
         # keep theirs.
         woken = set(finished) if finished else ()
+        alone = self._alone
         for f, rate in zip(still, old):
             if f.rate != rate or not f.version or f in woken:
                 self._schedule_wake(f)
+            # Count the flows held below their lone rate (see _activate).
+            held = f.rate != alone(f.weights)
+            if held is not f.contended:
+                f.contended = held
+                self._contended += 1 if held else -1
         if self.record:
-            for e in edges:
-                total = sum((w * f.rate for f, w in on_edge.get(e, {}).items()), 0.0)
-                if total != self._last_sample.get(e, 0.0):
-                    self._last_sample[e] = total
-                    self.samples.append(LinkSample(now, e, total))
+            self._sample(edges, now)
 
     def _retire(self, f: _Flow) -> None:
         f.done = True
+        if f.contended:
+            f.contended = False
+            self._contended -= 1
         f.rate = 0.0
         f.remaining = 0.0
         for e in f.weights:

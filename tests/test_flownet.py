@@ -308,3 +308,39 @@ def test_reused_component_solves_match_fresh_solves():
     for k in done:
         assert done[k] == pytest.approx(ref_done[k], rel=1e-12)
     assert net.bytes_carried == pytest.approx(ref.bytes_carried, rel=1e-12)
+
+
+def test_flows_with_room_run_at_their_lone_rates_without_a_re_solve():
+    """Hand numbers: a 10 GB/s trunk t->u shared by flows from a and b, each behind its
+    own 2 GB/s access link. Both fit the trunk at their lone 2 GB/s (4 of 10 GB/s), so
+    1 GB each takes 0.5 s, and the network starts and finishes them without the batched
+    re-solve. A third flow from c behind a 7 GB/s link, started at 0.1 s, does not fit
+    (4 + 7 > 10): a re-solve shares the trunk max-min (2, 2 and 6 GB/s); a and b still
+    end at 0.5 s, and c, having sent 2.4 GB of 2.8 GB by then, sends the rest at its
+    lone 7 GB/s."""
+    g = graph(Link("a", "t", 2e9, 0.0), Link("b", "t", 2e9, 0.0), Link("c", "t", 7e9, 0.0),
+              Link("t", "u", 10e9, 0.0))
+
+    def run(sends):
+        env = simpy.Environment()
+        net = FlowNetwork(env, g)
+        flushes = []
+        flush = net._flush
+        net._flush = lambda ev: (flushes.append(env.now), flush(ev))
+        done = {}
+
+        def go(src, start, nbytes):
+            yield env.timeout(start)
+            yield net.transfer(((src, "t"), ("t", "u")), nbytes)
+            done[src] = env.now
+        for src, start, nbytes in sends:
+            env.process(go(src, start, nbytes))
+        env.run()
+        return done, flushes
+    done, flushes = run([("a", 0.0, 1e9), ("b", 0.0, 1e9)])
+    assert done == {"a": pytest.approx(0.5, rel=1e-12), "b": pytest.approx(0.5, rel=1e-12)}
+    assert flushes == []
+    done, flushes = run([("a", 0.0, 1e9), ("b", 0.0, 1e9), ("c", 0.1, 2.8e9)])
+    assert done["a"] == pytest.approx(0.5, rel=1e-12) and done["b"] == pytest.approx(0.5, rel=1e-12)
+    assert done["c"] == pytest.approx(0.5 + 0.4e9 / 7e9, rel=1e-12)
+    assert flushes, "the flow that does not fit is placed by a re-solve"
