@@ -312,7 +312,7 @@ class FlowNetwork:
         self._pending_add.append(flow)
         self._request_flush()
 
-    def _wake(self, _ev, flow: _Flow, version: int) -> None:
+    def _wake(self, flow: _Flow, version: int, _ev) -> None:
         if flow.done or flow.version != version:
             return      # stale: the flow's rate changed after this wake-up was set
         now = self.env.now
@@ -340,7 +340,7 @@ class FlowNetwork:
 
     def _schedule_wake(self, f: _Flow) -> None:
         f.version += 1
-        self.env.timeout(f.remaining / f.rate).callbacks.append(partial(self._wake, flow=f, version=f.version))
+        self.env.timeout(f.remaining / f.rate).callbacks.append(partial(self._wake, f, f.version))
 
     def _sample(self, edges, now: float) -> None:
         """Record the total rate on each of ``edges`` where it changed (as _flush does)."""

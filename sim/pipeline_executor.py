@@ -188,10 +188,9 @@ class PipelineExecutor(EnginePart):
             # pair (d0, 0, 0) comes first and is dropped.
             sd, ss, st, sc = self.plan.rank_strides()
             base = self.plan.rank(0, src_stage, 0, 0)
-            shift = ss * (dst_stage - src_stage)
-            srcs = [base + sd * d + sc * c + st * t
-                    for d in pipe.dp_indices for c in range(self.plan.cp) for t in range(self.plan.tp)][1:]
-            replicas = tuple(zip(srcs, [r + shift for r in srcs]))
+            inner = [sc * c + st * t for c in range(self.plan.cp) for t in range(self.plan.tp)]
+            srcs = [b + o for b in [base + sd * d for d in pipe.dp_indices] for o in inner][1:]
+            replicas = tuple(zip(srcs, map((ss * (dst_stage - src_stage)).__add__, srcs)))
             route = self._p2p_routes[(pi, src_stage, dst_stage)] = (
                 *cf.p2p_route(self.net, self.cluster.route, src, dst, replicas), self.call_latency_s([src, dst]))
         # One flow: the call's software cost and the path latency in one timeout, then
@@ -302,11 +301,13 @@ class PipelineExecutor(EnginePart):
         arrive = self._arrive
         rendezvous, blocking = self.prog.p2p_rendezvous, self.prog.p2p_blocking
         inline = self.cp is None and type(self)._forward is PipelineExecutor._forward
+        slowed = self._dp_slowdown[s] > 0   # else the DP busy time is never read (_busy_done)
+        works = [pipe.chunks[(s, c)] for c in range(self.v)]
         for idx, a in enumerate(actions):
             chunk, mb, kind = a.chunk, a.mb, a.kind
             fwd = kind == "F"
             vs = chunk * p + s
-            w = pipe.chunks[(s, chunk)]
+            w = works[chunk]
             label = f"{kind}{mb} c{chunk}" if rec else ""
             # The input: the previous virtual stage's activation, or the next one's gradient.
             src = vs - 1 if fwd else vs + 1
@@ -342,7 +343,7 @@ class PipelineExecutor(EnginePart):
             else:                            # _busy(key, "compute", dt, label)
                 dt = w.fwd_s if fwd else w.bwd_s
                 t0 = env.now
-                busy0 = acct.dp_busy_s(s, t0)
+                busy0 = acct.dp_busy_s(s, t0) if slowed else 0.0
                 if dt > 0:
                     yield env.timeout(dt)
                 slow = self._busy_done(key, "compute", dt, t0, busy0, label)

@@ -190,7 +190,7 @@ class _BatchedOnly(FlowNetwork):
         self._pending_add.append(flow)
         self._request_flush()
 
-    def _wake(self, _ev, flow, version):
+    def _wake(self, flow, version, _ev):
         if flow.done or flow.version != version:
             return
         self._pending_done.append(flow)
