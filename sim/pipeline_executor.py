@@ -71,17 +71,17 @@ class PipelineExecutor(EnginePart):
         busy0 = self.acct.dp_busy_s(key[1], t0)
         if dt > 0:
             yield self.env.timeout(dt)
-        slow = self._busy_done(key, cat, dt, t0, busy0, label)
-        if slow > 0:
-            yield from self._slowed(key, slow, label)
-
-    def _busy_done(self, key: RankKey, cat: str, dt: float, t0: float, busy0: float, label: str) -> float:
-        """Book ``dt`` seconds of ``cat`` on ``key``'s compute stream that began at ``t0``
-        (when the stage's gradient collectives had run ``busy0`` seconds); returns the
-        seconds the kernel is slowed by the collectives that overlapped it (0 if none)."""
         self.acct.seg(key, "compute", cat, t0, self.env.now, label)
-        s = key[1]
-        if cat == "compute" and dt > 0 and self._dp_slowdown[s] > 0:
+        if cat == "compute" and dt > 0:
+            slow = self._slowdown_s(key[1], busy0)
+            if slow > 0:
+                yield from self._slowed(key, slow, label)
+
+    def _slowdown_s(self, s: int, busy0: float) -> float:
+        """Seconds a compute kernel of stage ``s`` that ends now is slowed by the stage's
+        gradient collectives, which had run ``busy0`` seconds when it began (0 if none
+        overlapped it)."""
+        if self._dp_slowdown[s] > 0:
             overlap = self.acct.dp_busy_s(s, self.env.now) - busy0
             if overlap > 0:
                 # Gradient collectives overlapped this kernel for `overlap` seconds; their
@@ -301,7 +301,7 @@ class PipelineExecutor(EnginePart):
         arrive = self._arrive
         rendezvous, blocking = self.prog.p2p_rendezvous, self.prog.p2p_blocking
         inline = self.cp is None and type(self)._forward is PipelineExecutor._forward
-        slowed = self._dp_slowdown[s] > 0   # else the DP busy time is never read (_busy_done)
+        slowed = self._dp_slowdown[s] > 0   # else the DP busy time is never read (_slowdown_s)
         works = [pipe.chunks[(s, c)] for c in range(self.v)]
         for idx, a in enumerate(actions):
             chunk, mb, kind = a.chunk, a.mb, a.kind
@@ -319,10 +319,10 @@ class PipelineExecutor(EnginePart):
                     ev = arrive.get(k)
                     if ev is None:
                         ev = arrive[k] = env.event()
-                    t0 = env.now
-                    if not ev.triggered:
+                    if not ev.triggered:     # (else it is there: nothing to book)
+                        t0 = env.now
                         yield ev
-                    self._arrived(key, k, t0, label)
+                        self._arrived(key, k, t0, label)
             tp_s = w.fwd_tp_s if fwd else w.bwd_tp_s
             work = None                      # a generator for the cases _busy does not cover
             if fwd:
@@ -346,9 +346,11 @@ class PipelineExecutor(EnginePart):
                 busy0 = acct.dp_busy_s(s, t0) if slowed else 0.0
                 if dt > 0:
                     yield env.timeout(dt)
-                slow = self._busy_done(key, "compute", dt, t0, busy0, label)
-                if slow > 0:
-                    yield from self._slowed(key, slow, label)
+                acct.seg(key, "compute", "compute", t0, env.now, label)
+                if slowed and dt > 0:
+                    slow = self._slowdown_s(s, busy0)
+                    if slow > 0:
+                        yield from self._slowed(key, slow, label)
             if tp_s is not None:             # _busy(key, "tp", tp_s, ...): never slowed
                 t0 = env.now
                 if tp_s > 0:
