@@ -139,35 +139,48 @@ class FlowNetwork:
         latency. Returns an event that succeeds at completion: ``event`` if given (so a
         caller's own event needs no forwarding callback), else a new one. ``path``,
         ``multiplicity`` and ``shares`` must not be changed once passed (they are kept)."""
-        if nbytes < 0 or not math.isfinite(nbytes):
-            raise ValueError(f"transfer {label!r}: nbytes={nbytes!r} must be finite and >= 0")
         if latency_steps < 0:
             raise ValueError(f"transfer {label!r}: latency_steps={latency_steps!r} must be >= 0")
+        weights, latency = self.prepare(path, multiplicity, shares, label)
+        return self.start(weights, latency * latency_steps + delay_s, nbytes, event, label, carried)
+
+    def prepare(self, path: Sequence[Edge], multiplicity: Mapping[Edge, int] | None = None,
+                shares: Mapping[Edge, int] | None = None, label: str = "") -> tuple[dict, float]:
+        """(multiplicity per edge, summed path latency in s) of a transfer (see transfer),
+        checked; what start() takes. Kept for a tuple path under the identities of the
+        path and maps, which must not change once passed."""
         # A pipeline send or a collective's representative passes the same (cached) path
         # and maps at every call: their checked weights and summed latency are kept,
         # under the objects' identities (the entry holds them, so an id is not reused).
         key = (id(path), id(multiplicity), id(shares))
         hit = self._prepared.get(key)
         if hit is not None and hit[0] is path and hit[1] is multiplicity and hit[2] is shares:
-            weights, latency = hit[3], hit[4]
-        else:
-            weights, latency = self._prepare(path, multiplicity, shares, label)
-            if type(path) is tuple:
-                self._prepared[key] = (path, multiplicity, shares, weights, latency)
-                self._kept.add(id(weights))
-        latency = latency * latency_steps + delay_s
+            return hit[3]
+        got = self._prepare(path, multiplicity, shares, label)
+        if type(path) is tuple:
+            self._prepared[key] = (path, multiplicity, shares, got)
+            self._kept.add(id(got[0]))
+        return got
+
+    def start(self, weights: dict, latency_s: float, nbytes: float, event: simpy.Event | None = None,
+              label: str = "", carried: Mapping[Edge, float] | None = None) -> simpy.Event:
+        """Start a flow of ``nbytes`` with ``weights`` from prepare() after ``latency_s``
+        seconds; returns its completion event (``event`` if given). A caller that sends
+        on one path again and again (a pipeline send) prepares it once."""
+        if nbytes < 0 or not math.isfinite(nbytes):
+            raise ValueError(f"transfer {label!r}: nbytes={nbytes!r} must be finite and >= 0")
         if nbytes == 0 or not weights:
             if event is None:
-                return self.env.timeout(latency)
-            self.env.timeout(latency).callbacks.append(lambda _ev: event.succeed())
+                return self.env.timeout(latency_s)
+            self.env.timeout(latency_s).callbacks.append(lambda _ev: event.succeed())
             return event
         if event is None:
             event = self.env.event()
         flow = _Flow(self._next_id, weights, float(nbytes), event, label, carried)
         self._next_id += 1
         self.flows_started += 1
-        if latency > 0:
-            self.env.timeout(latency).callbacks.append(partial(self._activate, flow))
+        if latency_s > 0:
+            self.env.timeout(latency_s).callbacks.append(partial(self._activate, flow))
         else:
             self._activate(flow)
         return event

@@ -169,7 +169,9 @@ class PipelineExecutor(EnginePart):
     def _send(self, pi: int, src_stage: int, dst_stage: int, nbytes: float, k: Handoff, label: str) -> None:
         """Point-to-point of one microbatch's activations (or gradients); the TP peers
         and identical replicas send alongside, so their flows share the links."""
-        ev = self._event(k)
+        ev = self._arrive.get(k)
+        if ev is None:
+            ev = self._arrive[k] = self.env.event()
         self._produced[k] = self.env.now
         if src_stage == dst_stage or nbytes <= 0:
             if self.prog.p2p_rendezvous:
@@ -191,16 +193,21 @@ class PipelineExecutor(EnginePart):
             inner = [sc * c + st * t for c in range(self.plan.cp) for t in range(self.plan.tp)]
             srcs = [b + o for b in [base + sd * d for d in pipe.dp_indices] for o in inner][1:]
             replicas = tuple(zip(srcs, map((ss * (dst_stage - src_stage)).__add__, srcs)))
+            path, mult = cf.p2p_route(self.net, self.cluster.route, src, dst, replicas)
+            call_s = self.call_latency_s([src, dst])
+            weights, latency = self.net.prepare(path, mult)
+            # (path, multiplicity, call latency) for the rendezvous receiver; the flow's
+            # weights and its start delay: the call's software cost, then one path
+            # latency (transfer's latency * latency_steps + delay_s with one step).
             route = self._p2p_routes[(pi, src_stage, dst_stage)] = (
-                *cf.p2p_route(self.net, self.cluster.route, src, dst, replicas), self.call_latency_s([src, dst]))
+                (path, mult, call_s), weights, latency * 1 + call_s)
         # One flow: the call's software cost and the path latency in one timeout, then
         # the bytes; the arrival event is the flow's own (no process, no forwarding).
         if self.prog.p2p_rendezvous:  # the receiver starts the transfer (_rendezvous_recv)
-            self._pending[k] = (nbytes, route, label)
+            self._pending[k] = (nbytes, route[0], label)
             self._posted_event(k).succeed()
             return
-        path, mult, call_s = route
-        self.net.transfer(path, nbytes, mult, latency_steps=1, label=label, delay_s=call_s, event=ev)
+        self.net.start(route[1], route[2], nbytes, ev, label)
         if self.acct.record:
             key, t_start = RankKey(pi, src_stage), self.env.now
             ev.callbacks.append(lambda _e: self.acct.seg(key, "pp", "send", t_start, self.env.now, label))
