@@ -49,8 +49,6 @@ _DONE_REL = 1e-9
 # Edges whose remaining capacity or rates differ by less than this relative amount are
 # treated as saturating at the same level, so symmetric flows freeze together.
 _LEVEL_REL = 1e-12
-# Flows crediting more links than this have their bytes added per link lazily (_retire).
-_FOLD_LATER = 32
 
 
 class _Flow:
@@ -432,20 +430,15 @@ class FlowNetwork:
             del on[f]
             if not on:
                 del self._on_edge[e]
+        # A pipeline send or a symmetric collective's representative (which credits every
+        # link of its class, thousands at 16k GPUs) passes the same map at every call: sum
+        # the sizes per map now, add them per link when bytes_carried is read.
         carried = f.carried
-        if len(carried) > _FOLD_LATER:
-            # A symmetric collective's representative credits every link of its class
-            # (thousands at 16k GPUs), with the same map on every call: sum its sizes now,
-            # add them per link when bytes_carried is read.
-            got = self._carried_later.get(id(carried))
-            if got is None:
-                self._carried_later[id(carried)] = [carried, f.size]
-            else:
-                got[1] += f.size
+        got = self._carried_later.get(id(carried))
+        if got is None:
+            self._carried_later[id(carried)] = [carried, f.size]
         else:
-            bc = self._bytes_carried
-            for e, w in carried.items():
-                bc[e] = bc.get(e, 0.0) + w * f.size
+            got[1] += f.size
         self.flows_finished += 1
         f.event.succeed()
 
