@@ -300,26 +300,33 @@ class FlowNetwork:
         now = flow.t_last = self.env.now
         on_edge = self._on_edge
         weights = flow.weights
-        if self._flush_at != now and (on_edge.keys().isdisjoint(weights)
-                                      or (not self._contended and self._fits(weights, self._alone(weights)))):
+        if self._flush_at != now:
             # Nothing else changes at this instant and the flow is alone on its links (most
             # pipeline sends), or every active flow runs at its lone rate (no link limits
             # two flows) and its links have room for this one at its own: then every flow
             # at its lone rate is feasible and no flow can go faster, which is the max-min
             # allocation _flush would compute. Done here, without the zero-delay flush
             # event and the component walk.
-            for e, w in weights.items():
-                on = on_edge.get(e)
-                if on is None:
+            if on_edge.keys().isdisjoint(weights):
+                for e, w in weights.items():
                     on_edge[e] = {flow: w}
-                else:
-                    on[flow] = w
-            flow.rate = self._alone(weights)
-            self.resolves += 1
-            self._schedule_wake(flow)
-            if self.record:
-                self._sample(weights, now)
-            return
+                rate = self._alone(weights)
+            elif not self._contended and self._fits(weights, rate := self._alone(weights)):
+                for e, w in weights.items():
+                    on = on_edge.get(e)
+                    if on is None:
+                        on_edge[e] = {flow: w}
+                    else:
+                        on[flow] = w
+            else:
+                rate = None
+            if rate is not None:
+                flow.rate = rate
+                self.resolves += 1
+                self._schedule_wake(flow)
+                if self.record:
+                    self._sample(weights, now)
+                return
         self._pending_add.append(flow)
         self._request_flush()
 
