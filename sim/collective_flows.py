@@ -483,9 +483,12 @@ def _shifted_representatives(net: FlowNetwork, route: Route, rkey, group: tuple[
         return None
     if not flows or not group:
         return None
-    for base in net.cache.get("symmetric_bases", {}).get(_base_key(rkey, flows), ()):
-        # (same key: the bytes are uniform in both, or equal flow by flow)
-        # (the stages of one class of leaf alignment are shifts of each other; try each)
+    bases = net.cache.get("symmetric_bases", {}).get(_base_key(rkey, flows), ())
+    # (same key: the bytes are uniform in both, or equal flow by flow)
+    # (the stages of one class of leaf alignment are shifts of each other; try each, the
+    # nearest shift first: a failed try can walk most of the nodes before it fails, and
+    # the nearest base is the likeliest to share this phase's alignment)
+    for base in sorted(bases, key=lambda b: abs(flows[0].src - b[2][0].src)):
         out = _renamed(owner, base, group, reps, flows)
         if out is not None:
             return out
