@@ -324,18 +324,13 @@ def _replica_counts(net: FlowNetwork, route: Route, rkey, path: tuple[Edge, ...]
 def p2p_route(net: FlowNetwork, route: Route, src: int, dst: int,
               replicas: Sequence[tuple[int, int]]) -> tuple[tuple[Edge, ...], dict | None]:
     """Path and multiplicity map of a point-to-point send src -> dst whose unsimulated
-    replica sends ``replicas`` (pairs) run alongside, as run_phases would compute them;
-    cached on ``net.cache`` by (src, dst, replicas), so that a pipeline send costs one
-    dictionary look-up after the first."""
+    replica sends ``replicas`` (pairs) run alongside, as run_phases would compute them.
+    Not cached here: the pipeline executor keeps the result per stage pair (hashing a
+    few thousand replica pairs at 16k GPUs would cost more than the look-up saves)."""
     rkey = _route_key(route)
     net.cache.setdefault("collective_route_owners", {})[rkey] = route
-    cache = net.cache.setdefault("p2p_routes", {})
-    key = (rkey, src, dst, replicas)
-    out = cache.get(key)
-    if out is None:
-        path = _cached_route(net, route, rkey, src, dst)
-        out = cache[key] = (path, _replica_counts(net, route, rkey, path, replicas))
-    return out
+    path = _cached_route(net, route, rkey, src, dst)
+    return path, _replica_counts(net, route, rkey, path, replicas)
 
 
 def run_phases(env: simpy.Environment, net: FlowNetwork, route: Route,

@@ -49,9 +49,10 @@ class PipelineExecutor(EnginePart):
         # Cross-rank dependencies: arrival events and the time the producer finished.
         self._arrive: dict[Handoff, simpy.Event] = {}
         self._produced: dict[Handoff, float] = {}
-        # Per (pipeline, source stage, destination stage): the send's path, its
-        # multiplicity map (the TP peers and identical replicas that send alongside) and
-        # the call latency, built once and reused for every microbatch.
+        # Per (pipeline, source stage, destination stage): ((path, multiplicity map, call
+        # latency), the flow's weights, its start delay in s), built once and reused for
+        # every microbatch (the map counts the TP peers and identical replicas that send
+        # alongside).
         self._p2p_routes: dict[tuple[int, int, int], tuple] = {}
         # Rendezvous transfers (Program.p2p_rendezvous): the send was posted (event) with
         # (bytes, route, label); the receiver starts the transfer when it posts its receive.
@@ -192,7 +193,7 @@ class PipelineExecutor(EnginePart):
             base = self.plan.rank(0, src_stage, 0, 0)
             inner = [sc * c + st * t for c in range(self.plan.cp) for t in range(self.plan.tp)]
             srcs = [b + o for b in [base + sd * d for d in pipe.dp_indices] for o in inner][1:]
-            replicas = tuple(zip(srcs, map((ss * (dst_stage - src_stage)).__add__, srcs)))
+            replicas = list(zip(srcs, map((ss * (dst_stage - src_stage)).__add__, srcs)))
             path, mult = cf.p2p_route(self.net, self.cluster.route, src, dst, replicas)
             call_s = self.call_latency_s([src, dst])
             weights, latency = self.net.prepare(path, mult)
