@@ -108,7 +108,6 @@ class FlowNetwork:
         self._pending_done: list[_Flow] = []
         self._pending_edges: list[Edge] = []   # edges whose bandwidth changed (scale_edge)
         self._flush_at: float | None = None
-        self._next_id = 0
         self._prepared: dict[tuple, tuple] = {}    # see transfer()
         self._alone_rate: dict[int, tuple] = {}     # id(weights) -> (weights, rate alone)
         # Sorted ids of the weight maps of a solved component -> rate per map id (bytes/s
@@ -174,8 +173,7 @@ class FlowNetwork:
             return event
         if event is None:
             event = self.env.event()
-        flow = _Flow(self._next_id, weights, float(nbytes), event, label, carried)
-        self._next_id += 1
+        flow = _Flow(self.flows_started, weights, float(nbytes), event, label, carried)
         self.flows_started += 1
         if latency_s > 0:
             self.env.timeout(latency_s).callbacks.append(partial(self._activate, flow))
@@ -432,11 +430,12 @@ class FlowNetwork:
             self._contended -= 1
         f.rate = 0.0
         f.remaining = 0.0
+        on_edge = self._on_edge
         for e in f.weights:
-            on = self._on_edge[e]
+            on = on_edge[e]
             del on[f]
             if not on:
-                del self._on_edge[e]
+                del on_edge[e]
         # A pipeline send or a symmetric collective's representative (which credits every
         # link of its class, thousands at 16k GPUs) passes the same map at every call: sum
         # the sizes per map now, add them per link when bytes_carried is read.

@@ -304,7 +304,7 @@ class PipelineExecutor(EnginePart):
         # compute kernel and the TP collectives, no context parallelism, no hook of a
         # subclass) is _busy written out here, and labels are built only when recorded.
         env, acct = self.env, self.acct
-        rec = acct.record
+        rec, seg, timeout = acct.record, acct.seg, env.timeout
         p, last_vs = self.p, self.V - 1
         arrive = self._arrive
         rendezvous, blocking = self.prog.p2p_rendezvous, self.prog.p2p_blocking
@@ -353,8 +353,8 @@ class PipelineExecutor(EnginePart):
                 t0 = env.now
                 busy0 = acct.dp_busy_s(s, t0) if slowed else 0.0
                 if dt > 0:
-                    yield env.timeout(dt)
-                acct.seg(key, "compute", "compute", t0, env.now, label)
+                    yield timeout(dt)
+                seg(key, "compute", "compute", t0, env.now, label)
                 if slowed and dt > 0:
                     slow = self._slowdown_s(s, busy0)
                     if slow > 0:
@@ -362,8 +362,8 @@ class PipelineExecutor(EnginePart):
             if tp_s is not None:             # _busy(key, "tp", tp_s, ...): never slowed
                 t0 = env.now
                 if tp_s > 0:
-                    yield env.timeout(tp_s)
-                acct.seg(key, "compute", "tp", t0, env.now, f"tp {label}" if rec else "")
+                    yield timeout(tp_s)
+                seg(key, "compute", "tp", t0, env.now, f"tp {label}" if rec else "")
             # The output: this activation to the next virtual stage, or this gradient to
             # the previous one (the last stage's forward output stays: the loss).
             dst = vs + 1 if fwd else vs - 1
