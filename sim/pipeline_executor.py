@@ -111,20 +111,10 @@ class PipelineExecutor(EnginePart):
             ev = self._arrive[k] = self.env.event()
         return ev
 
-    def _wait_dep(self, key: RankKey, k: Handoff, label: str):
-        """Wait for an arrival (compute_stream writes this out for its own waits)."""
-        if self.prog.p2p_rendezvous:
-            yield from self._rendezvous_recv(key, k, label)
-            return
-        ev = self._event(k)
-        t0 = self.env.now
-        if not ev.triggered:
-            yield ev
-        self._arrived(key, k, t0, label)
-
     def _arrived(self, key: RankKey, k: Handoff, t0: float, label: str) -> None:
-        """Book the wait since ``t0`` for arrival ``k`` (there now): bubble while the
-        producer was still computing, exposed pipeline communication ('pp') after."""
+        """Book the compute stream's wait since ``t0`` for arrival ``k`` (there now):
+        bubble while the producer was still computing, exposed pipeline communication
+        ('pp') after (the data in flight)."""
         t1 = self.env.now
         tp = self._produced.get(k, t1)
         split = min(max(tp, t0), t1)
