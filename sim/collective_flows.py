@@ -324,18 +324,13 @@ def _replica_counts(net: FlowNetwork, route: Route, rkey, path: tuple[Edge, ...]
 def p2p_route(net: FlowNetwork, route: Route, src: int, dst: int,
               replicas: Sequence[tuple[int, int]]) -> tuple[tuple[Edge, ...], dict | None]:
     """Path and multiplicity map of a point-to-point send src -> dst whose unsimulated
-    replica sends ``replicas`` (pairs) run alongside, as run_phases would compute them;
-    cached on ``net.cache`` by (src, dst, replicas), so that a pipeline send costs one
-    dictionary look-up after the first."""
+    replica sends ``replicas`` (pairs) run alongside, as run_phases would compute them.
+    Not cached here: the pipeline executor keeps the result per stage pair (hashing a
+    few thousand replica pairs at 16k GPUs would cost more than the look-up saves)."""
     rkey = _route_key(route)
     net.cache.setdefault("collective_route_owners", {})[rkey] = route
-    cache = net.cache.setdefault("p2p_routes", {})
-    key = (rkey, src, dst, replicas)
-    out = cache.get(key)
-    if out is None:
-        path = _cached_route(net, route, rkey, src, dst)
-        out = cache[key] = (path, _replica_counts(net, route, rkey, path, replicas))
-    return out
+    path = _cached_route(net, route, rkey, src, dst)
+    return path, _replica_counts(net, route, rkey, path, replicas)
 
 
 def run_phases(env: simpy.Environment, net: FlowNetwork, route: Route,
@@ -354,6 +349,16 @@ def run_phases(env: simpy.Environment, net: FlowNetwork, route: Route,
     phase's flows may run as one representative per class of identical flows
     (sim/symmetric_collective.py), with the same rates, bytes per link and end time."""
     rkey = _route_key(route)
+    # A call repeats with the very same phases and replicas (a stage's gradient buckets):
+    # the flows each phase starts (their checked weights, latency, bytes and credited
+    # links) are kept under those objects' identities (the entry holds them, so an id is
+    # not reused), and a repeat starts them without routing, multiplicity or
+    # representative look-ups. Nothing else they depend on changes during a run.
+    plans = net.cache.setdefault("phase_plans", {})
+    pkey = (rkey, id(phases), id(replicas), id(group), symmetric)
+    hit = plans.get(pkey)
+    if hit is not None and hit[0] is phases and hit[1] is replicas and hit[2] is group:
+        return env.process(_replay(env, net, hit[3], label))
     # Keep the route's owner alive while its id is a cache key, so the id is not reused.
     net.cache.setdefault("collective_route_owners", {})[rkey] = route
     reps = replicas if type(replicas) is tuple and all(type(r) is tuple for r in replicas) \
@@ -412,24 +417,39 @@ def run_phases(env: simpy.Environment, net: FlowNetwork, route: Route,
             scache[key] = out
         return out
 
+    def phase_flows(ph: Phase, cached: dict | None) -> list[tuple]:
+        """(weights, latency s, bytes, credited links) of each flow ``ph`` starts."""
+        steps = ph.latency_steps
+        if steps < 0:
+            raise ValueError(f"transfer {label!r}: latency_steps={steps!r} must be >= 0")
+        out = []
+        if symmetric and len(ph.flows) > 2:
+            for rep in symmetric_reps(ph, cached):
+                weights, latency = net.prepare(rep.path, None, rep.weights, label)
+                out.append((weights, latency * steps + 0.0, ph.flows[rep.index].nbytes, rep.carried))
+            return out
+        for s, d, nbytes in ph.flows:
+            path = _cached_route(net, route, rkey, s, d)
+            mult = None if cached is None else multiplicity(cached, s, d, path)
+            weights, latency = net.prepare(path, mult, None, label)
+            out.append((weights, latency * steps + 0.0, nbytes, None))
+        return out
+
     def proc():
+        plan = []
         for ph, cached in zip(phases, per_phase):
-            events = []
-            if symmetric and len(ph.flows) > 2:
-                for rep in symmetric_reps(ph, cached):
-                    events.append(net.transfer(rep.path, ph.flows[rep.index].nbytes,
-                                               latency_steps=ph.latency_steps, label=label,
-                                               carried=rep.carried, shares=rep.weights))
-                yield env.all_of(events)
-                continue
-            for s, d, nbytes in ph.flows:
-                path = _cached_route(net, route, rkey, s, d)
-                mult = None if cached is None else multiplicity(cached, s, d, path)
-                events.append(net.transfer(path, nbytes, mult,
-                                           latency_steps=ph.latency_steps, label=label))
-            yield env.all_of(events)
+            flows = phase_flows(ph, cached)
+            plan.append(flows)
+            yield env.all_of([net.start(w, lat, nbytes, None, label, carried) for w, lat, nbytes, carried in flows])
+        plans[pkey] = (phases, replicas, group, plan)
 
     return env.process(proc())
+
+
+def _replay(env: simpy.Environment, net: FlowNetwork, plan: list[list[tuple]], label: str):
+    """run_phases' process for a call whose flows were kept (see there)."""
+    for flows in plan:
+        yield env.all_of([net.start(w, lat, nbytes, None, label, carried) for w, lat, nbytes, carried in flows])
 
 
 def _base_key(rkey, flows: tuple[Flow, ...]) -> tuple:
@@ -458,9 +478,12 @@ def _shifted_representatives(net: FlowNetwork, route: Route, rkey, group: tuple[
         return None
     if not flows or not group:
         return None
-    for base in net.cache.get("symmetric_bases", {}).get(_base_key(rkey, flows), ()):
-        # (same key: the bytes are uniform in both, or equal flow by flow)
-        # (the stages of one class of leaf alignment are shifts of each other; try each)
+    bases = net.cache.get("symmetric_bases", {}).get(_base_key(rkey, flows), ())
+    # (same key: the bytes are uniform in both, or equal flow by flow)
+    # (the stages of one class of leaf alignment are shifts of each other; try each, the
+    # nearest shift first: a failed try can walk most of the nodes before it fails, and
+    # the nearest base is the likeliest to share this phase's alignment)
+    for base in sorted(bases, key=lambda b: abs(flows[0].src - b[2][0].src)):
         out = _renamed(owner, base, group, reps, flows)
         if out is not None:
             return out
@@ -472,24 +495,20 @@ def _renamed(cluster, base: tuple, group: tuple[int, ...], reps: tuple,
     """``base``'s representatives renamed onto the shifted phase, or None (see above)."""
     bgroup, breps, bflows, bout = base
     delta = flows[0].src - bflows[0].src
+    # (checks and renaming as maps and comprehensions: at 16k GPUs a stage's group and
+    # replicas hold 2048 ranks and a representative credits about 600 links)
+    shift = delta.__add__
     if delta == 0 or len(bgroup) != len(group) or len(breps) != len(reps) \
-            or any(a + delta != b for a, b in zip(bgroup, group)) \
-            or any(f.src != b.src + delta or f.dst != b.dst + delta for f, b in zip(flows, bflows)) \
-            or any(len(r) != len(br) or any(a + delta != b for a, b in zip(br, r)) for r, br in zip(reps, breps)):
+            or list(map(shift, bgroup)) != list(group) \
+            or [(f.src, f.dst) for f in flows] != [(b.src + delta, b.dst + delta) for b in bflows] \
+            or any(list(map(shift, br)) != list(r) for r, br in zip(reps, breps)):
         return None
     vmap = cluster.shift_map([*bgroup, *(x for r in breps for x in r)], delta)
     if vmap is None:
         return None
-    emap: dict[Edge, Edge] = {}
-
-    def moved(e: Edge) -> Edge:
-        m = emap.get(e)
-        if m is None:
-            m = emap[e] = (vmap[e[0]], vmap[e[1]])
-        return m
     try:
-        return [Representative(r.index, tuple(moved(e) for e in r.path),
-                               {moved(e): w for e, w in r.weights.items()},
-                               {moved(e): w for e, w in r.carried.items()}) for r in bout]
+        return [Representative(r.index, tuple([(vmap[u], vmap[v]) for u, v in r.path]),
+                               {(vmap[u], vmap[v]): w for (u, v), w in r.weights.items()},
+                               {(vmap[u], vmap[v]): w for (u, v), w in r.carried.items()}) for r in bout]
     except KeyError:        # a link outside the mapped nodes: solve it directly
         return None

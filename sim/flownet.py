@@ -10,8 +10,12 @@ not simulated: each copy gets the same rate and uses the edge's capacity.
 Cost: each change (flows starting or finishing at one instant) re-solves only the
 connected component of active flows that share links with the changed ones, found by a
 walk from the changed flows' edges; no per-event work touches idle edges. Changes at the
-same simulated instant are batched into one re-solve. Completions are per-flow SimPy
-timeouts; a version counter makes timeouts of flows whose rate later changed no-ops.
+same simulated instant are batched into one re-solve. While no flow is held below its
+rate alone on its links, a flow that fits its links at that rate starts, and any flow
+finishes, without a re-solve (every flow at its lone rate is then the max-min
+allocation). A component whose set of flow weight maps was solved before reuses those
+rates. Completions are per-flow SimPy timeouts; a version counter makes timeouts of
+flows whose rate later changed no-ops.
 """
 from __future__ import annotations
 
@@ -45,13 +49,11 @@ _DONE_REL = 1e-9
 # Edges whose remaining capacity or rates differ by less than this relative amount are
 # treated as saturating at the same level, so symmetric flows freeze together.
 _LEVEL_REL = 1e-12
-# Flows crediting more links than this have their bytes added per link lazily (_retire).
-_FOLD_LATER = 32
 
 
 class _Flow:
     __slots__ = ("fid", "weights", "carried", "size", "remaining", "rate", "t_last", "version",
-                 "done", "event", "label")
+                 "done", "event", "label", "contended")
 
     def __init__(self, fid: int, weights: dict, size: float, event: simpy.Event, label: str,
                  carried: Mapping[Edge, float] | None = None):
@@ -66,6 +68,7 @@ class _Flow:
         self.t_last = 0.0
         self.version = 0
         self.done = False
+        self.contended = False      # rate below its rate alone on its links (FlowNetwork._contended)
         self.event = event
         self.label = label
 
@@ -105,9 +108,14 @@ class FlowNetwork:
         self._pending_done: list[_Flow] = []
         self._pending_edges: list[Edge] = []   # edges whose bandwidth changed (scale_edge)
         self._flush_at: float | None = None
-        self._next_id = 0
         self._prepared: dict[tuple, tuple] = {}    # see transfer()
         self._alone_rate: dict[int, tuple] = {}     # id(weights) -> (weights, rate alone)
+        # Sorted ids of the weight maps of a solved component -> rate per map id (bytes/s
+        # per copy): see _solve_known.
+        self._solved: dict[tuple, dict[int, float]] = {}
+        self._contended = 0         # active flows whose rate is below their lone rate
+        self._kept: set[int] = set()    # ids of the weight maps _prepared holds for good
+        self.solves_reused = 0          # component solves answered by _solved
 
     # ----------------------------------------------------------------- public API
     def transfer(self, path: Sequence[Edge], nbytes: float,
@@ -128,34 +136,47 @@ class FlowNetwork:
         latency. Returns an event that succeeds at completion: ``event`` if given (so a
         caller's own event needs no forwarding callback), else a new one. ``path``,
         ``multiplicity`` and ``shares`` must not be changed once passed (they are kept)."""
-        if nbytes < 0 or not math.isfinite(nbytes):
-            raise ValueError(f"transfer {label!r}: nbytes={nbytes!r} must be finite and >= 0")
         if latency_steps < 0:
             raise ValueError(f"transfer {label!r}: latency_steps={latency_steps!r} must be >= 0")
+        weights, latency = self.prepare(path, multiplicity, shares, label)
+        return self.start(weights, latency * latency_steps + delay_s, nbytes, event, label, carried)
+
+    def prepare(self, path: Sequence[Edge], multiplicity: Mapping[Edge, int] | None = None,
+                shares: Mapping[Edge, int] | None = None, label: str = "") -> tuple[dict, float]:
+        """(multiplicity per edge, summed path latency in s) of a transfer (see transfer),
+        checked; what start() takes. Kept for a tuple path under the identities of the
+        path and maps, which must not change once passed."""
         # A pipeline send or a collective's representative passes the same (cached) path
         # and maps at every call: their checked weights and summed latency are kept,
         # under the objects' identities (the entry holds them, so an id is not reused).
         key = (id(path), id(multiplicity), id(shares))
         hit = self._prepared.get(key)
         if hit is not None and hit[0] is path and hit[1] is multiplicity and hit[2] is shares:
-            weights, latency = hit[3], hit[4]
-        else:
-            weights, latency = self._prepare(path, multiplicity, shares, label)
-            if type(path) is tuple:
-                self._prepared[key] = (path, multiplicity, shares, weights, latency)
-        latency = latency * latency_steps + delay_s
+            return hit[3]
+        got = self._prepare(path, multiplicity, shares, label)
+        if type(path) is tuple:
+            self._prepared[key] = (path, multiplicity, shares, got)
+            self._kept.add(id(got[0]))
+        return got
+
+    def start(self, weights: dict, latency_s: float, nbytes: float, event: simpy.Event | None = None,
+              label: str = "", carried: Mapping[Edge, float] | None = None) -> simpy.Event:
+        """Start a flow of ``nbytes`` with ``weights`` from prepare() after ``latency_s``
+        seconds; returns its completion event (``event`` if given). A caller that sends
+        on one path again and again (a pipeline send) prepares it once."""
+        if nbytes < 0 or not math.isfinite(nbytes):
+            raise ValueError(f"transfer {label!r}: nbytes={nbytes!r} must be finite and >= 0")
         if nbytes == 0 or not weights:
             if event is None:
-                return self.env.timeout(latency)
-            self.env.timeout(latency).callbacks.append(lambda _ev: event.succeed())
+                return self.env.timeout(latency_s)
+            self.env.timeout(latency_s).callbacks.append(lambda _ev: event.succeed())
             return event
         if event is None:
             event = self.env.event()
-        flow = _Flow(self._next_id, weights, float(nbytes), event, label, carried)
-        self._next_id += 1
+        flow = _Flow(self.flows_started, weights, float(nbytes), event, label, carried)
         self.flows_started += 1
-        if latency > 0:
-            self.env.timeout(latency).callbacks.append(partial(self._activate, flow))
+        if latency_s > 0:
+            self.env.timeout(latency_s).callbacks.append(partial(self._activate, flow))
         else:
             self._activate(flow)
         return event
@@ -217,6 +238,7 @@ class FlowNetwork:
         base = self._bw_base.setdefault(e, self._bw[e])
         self._bw[e] = base * factor
         self._alone_rate.clear()  # lone-flow rates were computed with the old bandwidth
+        self._solved.clear()
         self._pending_edges.append(e)
         self._request_flush()
 
@@ -252,39 +274,71 @@ class FlowNetwork:
         # flows starting or finishing at the same time are solved together once.
         self.env.timeout(0).callbacks.append(self._flush)
 
+    def _alone(self, weights: dict) -> float:
+        """The rate (bytes/s per copy) of a flow with ``weights`` alone on its links: its
+        tightest link's bandwidth over its multiplicity there (what _solve gives one flow)."""
+        got = self._alone_rate.get(id(weights))
+        if got is None or got[0] is not weights:
+            bw = self._bw
+            got = self._alone_rate[id(weights)] = (
+                weights, max(min(bw[e] / (0.0 + w) for e, w in weights.items()), 0.0))
+        return got[1]
+
+    def _fits(self, weights: dict, rate: float) -> bool:
+        """Whether each link of ``weights`` can carry a flow at ``rate`` on top of the
+        flows on it now, at their rates."""
+        on_edge, bw = self._on_edge, self._bw
+        for e, w in weights.items():
+            on = on_edge.get(e)
+            if on and sum((w2 * g.rate for g, w2 in on.items()), 0.0) + w * rate > bw[e]:
+                return False
+        return True
+
     def _activate(self, flow: _Flow, _ev=None) -> None:
         now = flow.t_last = self.env.now
         on_edge = self._on_edge
         weights = flow.weights
-        if self._flush_at != now and on_edge.keys().isdisjoint(weights):
-            # Alone on every link and nothing else changing at this instant (most pipeline
-            # sends): the re-solve _flush would run has this one flow; do it here, without
-            # the zero-delay flush event. Same arithmetic as _flush and _solve.
-            for e, w in weights.items():
-                on_edge[e] = {flow: w}
-            got = self._alone_rate.get(id(weights))
-            if got is None or got[0] is not weights:
-                bw = self._bw
-                got = self._alone_rate[id(weights)] = (
-                    weights, max(min(bw[e] / (0.0 + w) for e, w in weights.items()), 0.0))
-            flow.rate = got[1]
-            self.resolves += 1
-            self._schedule_wake(flow)
-            if self.record:
-                self._sample_alone(flow, now)
-            return
+        if self._flush_at != now:
+            # Nothing else changes at this instant and the flow is alone on its links (most
+            # pipeline sends), or every active flow runs at its lone rate (no link limits
+            # two flows) and its links have room for this one at its own: then every flow
+            # at its lone rate is feasible and no flow can go faster, which is the max-min
+            # allocation _flush would compute. Done here, without the zero-delay flush
+            # event and the component walk.
+            if on_edge.keys().isdisjoint(weights):
+                for e, w in weights.items():
+                    on_edge[e] = {flow: w}
+                rate = self._alone(weights)
+            elif not self._contended and self._fits(weights, rate := self._alone(weights)):
+                for e, w in weights.items():
+                    on = on_edge.get(e)
+                    if on is None:
+                        on_edge[e] = {flow: w}
+                    else:
+                        on[flow] = w
+            else:
+                rate = None
+            if rate is not None:
+                flow.rate = rate
+                self.resolves += 1
+                self._schedule_wake(flow)
+                if self.record:
+                    self._sample(weights, now)
+                return
         self._pending_add.append(flow)
         self._request_flush()
 
-    def _wake(self, _ev, flow: _Flow, version: int) -> None:
+    def _wake(self, flow: _Flow, version: int, _ev) -> None:
         if flow.done or flow.version != version:
             return      # stale: the flow's rate changed after this wake-up was set
         now = self.env.now
         on_edge = self._on_edge
         weights = flow.weights
-        # (each of its links holds at least this flow: alone iff the sizes sum to its count)
-        if self._flush_at != now and sum(map(len, map(on_edge.__getitem__, weights))) == len(weights):
-            # Alone on every link: _flush's work for this flow alone, done here.
+        # Alone on every link (each holds at least this flow: alone iff the sizes sum to
+        # its count), or no flow limited by another: the others' rates stay as they are,
+        # so _flush's work is this flow's alone, done here.
+        if self._flush_at != now and (not self._contended
+                                      or sum(map(len, map(on_edge.__getitem__, weights))) == len(weights)):
             self.resolves += 1
             if flow.rate > 0:
                 flow.remaining -= flow.rate * (now - flow.t_last)
@@ -295,19 +349,20 @@ class FlowNetwork:
             else:
                 self._schedule_wake(flow)
             if self.record:
-                self._sample_alone(flow, now)
+                self._sample(weights, now)
             return
         self._pending_done.append(flow)
         self._request_flush()
 
     def _schedule_wake(self, f: _Flow) -> None:
         f.version += 1
-        self.env.timeout(f.remaining / f.rate).callbacks.append(partial(self._wake, flow=f, version=f.version))
+        self.env.timeout(f.remaining / f.rate).callbacks.append(partial(self._wake, f, f.version))
 
-    def _sample_alone(self, f: _Flow, now: float) -> None:
-        """Record the link totals of a flow that is alone on its links (as _flush does)."""
-        for e, w in f.weights.items():
-            total = 0.0 if f.done else w * f.rate
+    def _sample(self, edges, now: float) -> None:
+        """Record the total rate on each of ``edges`` where it changed (as _flush does)."""
+        on_edge = self._on_edge
+        for e in edges:
+            total = sum((w * f.rate for f, w in on_edge.get(e, {}).items()), 0.0)
             if total != self._last_sample.get(e, 0.0):
                 self._last_sample[e] = total
                 self.samples.append(LinkSample(now, e, total))
@@ -317,10 +372,15 @@ class FlowNetwork:
         self._flush_at = None
         added, self._pending_add = self._pending_add, []
         finished, self._pending_done = self._pending_done, []
+        on_edge = self._on_edge
         seeds: dict[Edge, None] = {}
         for f in added:
-            for e in f.weights:
-                self._on_edge.setdefault(e, {})[f] = f.weights[e]
+            for e, w in f.weights.items():
+                on = on_edge.get(e)
+                if on is None:
+                    on_edge[e] = {f: w}
+                else:
+                    on[f] = w
                 seeds[e] = None
         for f in finished:
             seeds.update(dict.fromkeys(f.weights))
@@ -328,76 +388,80 @@ class FlowNetwork:
             seeds.update(dict.fromkeys(self._pending_edges))
             self._pending_edges = []
         flows, edges = self._component(seeds)
-        # Bring every flow of the component to `now` at its old rate.
-        for f in flows:
-            if f.rate > 0:
-                f.remaining -= f.rate * (now - f.t_last)
-            f.t_last = now
-        # Retire flows that are done (the woken ones and any that finish at the same time):
-        # a few bytes of rounding residue, or a finish time that `now` cannot be told
-        # apart from (a timeout that short would fire at `now` again and make no progress).
-        woken = set(finished)
+        # Bring every flow of the component to `now` at its old rate, and retire those
+        # that are done (the woken ones and any that finish at the same time): a few bytes
+        # of rounding residue, or a finish time that `now` cannot be told apart from (a
+        # timeout that short would fire at `now` again and make no progress).
+        level_now = _LEVEL_REL * now
         still = []
+        old = []
         for f in flows:
-            if f.done:
-                continue
-            if (f.remaining <= _DONE_REL * f.size
-                    or (f.rate > 0 and f.remaining / f.rate <= _LEVEL_REL * now)):
+            rate = f.rate
+            if rate > 0:
+                f.remaining -= rate * (now - f.t_last)
+            f.t_last = now
+            if f.remaining <= _DONE_REL * f.size or (rate > 0 and f.remaining / rate <= level_now):
                 self._retire(f)
             else:
                 still.append(f)
-        old = {f: f.rate for f in still}
-        self._solve(still, edges)
+                old.append(rate)
+        self._solve_known(still, edges)
         self.resolves += 1
-        fresh = set(added)
-        for f in still:
-            # New flows, flows whose rate changed, and woken flows that rounding left a
-            # little short of done all need a (new) wake-up; the others keep theirs.
-            if f.rate != old[f] or f in fresh or f in woken:
+        # New flows (no wake-up yet: version 0), flows whose rate changed, and woken flows
+        # that rounding left a little short of done all need a (new) wake-up; the others
+        # keep theirs.
+        woken = set(finished) if finished else ()
+        alone = self._alone
+        for f, rate in zip(still, old):
+            if f.rate != rate or not f.version or f in woken:
                 self._schedule_wake(f)
+            # Count the flows held below their lone rate (see _activate).
+            held = f.rate != alone(f.weights)
+            if held is not f.contended:
+                f.contended = held
+                self._contended += 1 if held else -1
         if self.record:
-            for e in edges:
-                total = sum((w * f.rate for f, w in self._on_edge.get(e, {}).items()), 0.0)
-                if total != self._last_sample.get(e, 0.0):
-                    self._last_sample[e] = total
-                    self.samples.append(LinkSample(now, e, total))
+            self._sample(edges, now)
 
     def _retire(self, f: _Flow) -> None:
         f.done = True
+        if f.contended:
+            f.contended = False
+            self._contended -= 1
         f.rate = 0.0
         f.remaining = 0.0
+        on_edge = self._on_edge
         for e in f.weights:
-            on = self._on_edge[e]
+            on = on_edge[e]
             del on[f]
             if not on:
-                del self._on_edge[e]
+                del on_edge[e]
+        # A pipeline send or a symmetric collective's representative (which credits every
+        # link of its class, thousands at 16k GPUs) passes the same map at every call: sum
+        # the sizes per map now, add them per link when bytes_carried is read.
         carried = f.carried
-        if len(carried) > _FOLD_LATER:
-            # A symmetric collective's representative credits every link of its class
-            # (thousands at 16k GPUs), with the same map on every call: sum its sizes now,
-            # add them per link when bytes_carried is read.
-            got = self._carried_later.get(id(carried))
-            if got is None:
-                self._carried_later[id(carried)] = [carried, f.size]
-            else:
-                got[1] += f.size
+        got = self._carried_later.get(id(carried))
+        if got is None:
+            self._carried_later[id(carried)] = [carried, f.size]
         else:
-            bc = self._bytes_carried
-            for e, w in carried.items():
-                bc[e] = bc.get(e, 0.0) + w * f.size
+            got[1] += f.size
         self.flows_finished += 1
         f.event.succeed()
 
     def _component(self, seeds: Mapping[Edge, None]) -> tuple[list[_Flow], list[Edge]]:
         """Active flows reachable from the seed edges through shared edges, and all edges
-        visited (seeds included, even if now idle, so their rate drops get recorded)."""
+        visited (seeds included, even if now idle, so their rate drops get recorded), in
+        the order first reached (the solver's arithmetic follows it: deterministic)."""
+        on_edge = self._on_edge
         edges = list(seeds)
         seen_e = set(edges)
         flows: list[_Flow] = []
         seen_f: set[_Flow] = set()
-        i = 0
-        while i < len(edges):
-            for f in self._on_edge.get(edges[i], ()):
+        for e in edges:         # (the list grows while it is walked: breadth first)
+            on = on_edge.get(e)
+            if on is None:
+                continue
+            for f in on:
                 if f not in seen_f:
                     seen_f.add(f)
                     flows.append(f)
@@ -405,8 +469,30 @@ class FlowNetwork:
                         if e2 not in seen_e:
                             seen_e.add(e2)
                             edges.append(e2)
-            i += 1
         return flows, edges
+
+    def _solve_known(self, flows: list[_Flow], edges: list[Edge]) -> None:
+        """_solve, or the rates of an earlier solve of the same flows. A component's
+        max-min rates depend only on its flows' weight maps and the edges' bandwidths:
+        flows with the same map cross the same edges and freeze together, so one rate per
+        map. Gradient buckets repeat a few sizes and paths, so the same set of maps
+        (a multiset: two calls can share one) recurs step after step. Maps are keyed by
+        identity; only maps kept for good (those of a transfer's cached path, see
+        transfer) are remembered, so an id is never reused while it is a key, and
+        one-off maps do not pile up. A bandwidth change (scale_edge) drops the entries."""
+        if len(flows) < 2:
+            self._solve(flows, edges)
+            return
+        key = tuple(sorted([id(f.weights) for f in flows]))
+        got = self._solved.get(key)
+        if got is not None:
+            self.solves_reused += 1
+            for f in flows:
+                f.rate = got[id(f.weights)]
+            return
+        self._solve(flows, edges)
+        if self._kept.issuperset(key):
+            self._solved[key] = {id(f.weights): f.rate for f in flows}
 
     def _solve(self, flows: list[_Flow], edges: list[Edge]) -> None:
         """Weighted progressive filling: raise all unfrozen flows' rate together; when an

@@ -50,16 +50,18 @@ class GradientReducer(EnginePart):
         self._optimized = [0] * p                               # classes past the optimizer
         self._early_gather: dict[tuple[int, int, int], simpy.Process] = {}  # overlapped param gather
         self._call_s: dict[tuple[int, str], float] = {}  # (stage, op) -> one call's software cost
+        groups = self._groups = [self.plan.grad_group(s, 0) for s in range(p)]
         self._phase_cache: dict[tuple[int, float, str], list[cf.Phase]] = {}
         # The DP groups of TP indices 1..tp-1 per stage, built once (tuples: run_phases
-        # takes them as they are).
-        self._replicas = [tuple(tuple(self.plan.grad_group(s, t)) for t in range(1, self.plan.tp))
-                          for s in range(p)]
+        # takes them as they are): TP index t's group is index 0's shifted by t times the
+        # TP stride (Plan.rank_strides: rank() is affine), thousands of ranks at 16k GPUs.
+        st = self.plan.rank_strides()[2]
+        self._replicas = [tuple(tuple(map((st * t).__add__, g)) for t in range(1, self.plan.tp)) for g in groups]
         # A stage's DP collectives run as representative flows (sim/symmetric_collective.py)
         # when its replicas are identical and on one GPU type; otherwise flow by flow.
-        self._symmetric = [symmetric and self.n_classes == 1
-                           and len({self.cluster.devices[r].gpu.name for r in self.plan.grad_group(s, 0)}) == 1
-                           for s in range(p)]
+        devices = self.cluster.devices
+        self._symmetric = [symmetric and self.n_classes == 1 and len({devices[r].gpu.name for r in g}) == 1
+                           for g in groups]
 
     # ------------------------------------------------------------ the executor's side
     def bucket_elements(self, stage: int, chunk: int) -> float:
@@ -208,6 +210,6 @@ class GradientReducer(EnginePart):
         1..tp-1 run the same call alongside (unsimulated replicas)."""
         call_s = self._call_s.get((s, op))
         if call_s is None:
-            call_s = self._call_s[(s, op)] = (self.call_latency_s(self.plan.grad_group(s, 0), op)
+            call_s = self._call_s[(s, op)] = (self.call_latency_s(self._groups[s], op)
                                               if self.plan.grad_degree > 1 else 0.0)
         return self.call(phases, self._replicas[s], label, call_s, self._symmetric[s])

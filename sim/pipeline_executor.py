@@ -29,7 +29,9 @@ from sim.program import Program
 
 class Handoff(NamedTuple):
     """Microbatch ``mb``'s activation ('F') or activation gradient ('B') leaving virtual
-    stage ``vstage`` of simulated class ``pipeline``: what the next stage waits for."""
+    stage ``vstage`` of simulated class ``pipeline``: what the next stage waits for. The
+    compute stream keys its dictionaries with plain tuples of these four fields (equal
+    and hashed alike, and cheaper to build)."""
 
     pipeline: int
     direction: str
@@ -47,9 +49,10 @@ class PipelineExecutor(EnginePart):
         # Cross-rank dependencies: arrival events and the time the producer finished.
         self._arrive: dict[Handoff, simpy.Event] = {}
         self._produced: dict[Handoff, float] = {}
-        # Per (pipeline, source stage, destination stage): the send's path, its
-        # multiplicity map (the TP peers and identical replicas that send alongside) and
-        # the call latency, built once and reused for every microbatch.
+        # Per (pipeline, source stage, destination stage): ((path, multiplicity map, call
+        # latency), the flow's weights, its start delay in s), built once and reused for
+        # every microbatch (the map counts the TP peers and identical replicas that send
+        # alongside).
         self._p2p_routes: dict[tuple[int, int, int], tuple] = {}
         # Rendezvous transfers (Program.p2p_rendezvous): the send was posted (event) with
         # (bytes, route, label); the receiver starts the transfer when it posts its receive.
@@ -66,21 +69,33 @@ class PipelineExecutor(EnginePart):
     # ------------------------------------------------------------ time on the compute stream
     def _busy(self, key: RankKey, cat: str, dt: float, label: str):
         t0 = self.env.now
-        s = key[1]
-        busy0 = self.acct.dp_busy_s(s, t0)
+        busy0 = self.acct.dp_busy_s(key[1], t0)
         if dt > 0:
             yield self.env.timeout(dt)
         self.acct.seg(key, "compute", cat, t0, self.env.now, label)
-        if cat == "compute" and dt > 0 and self._dp_slowdown[s] > 0:
+        if cat == "compute" and dt > 0:
+            slow = self._slowdown_s(key[1], busy0)
+            if slow > 0:
+                yield from self._slowed(key, slow, label)
+
+    def _slowdown_s(self, s: int, busy0: float) -> float:
+        """Seconds a compute kernel of stage ``s`` that ends now is slowed by the stage's
+        gradient collectives, which had run ``busy0`` seconds when it began (0 if none
+        overlapped it)."""
+        if self._dp_slowdown[s] > 0:
             overlap = self.acct.dp_busy_s(s, self.env.now) - busy0
             if overlap > 0:
                 # Gradient collectives overlapped this kernel for `overlap` seconds; their
                 # communication kernels took SMs and memory bandwidth, costing
                 # compute_slowdown x overlap (profile fabrics.<kind>.compute_slowdown).
                 # That loss is a cost of data-parallel communication: booked as 'dp'.
-                t1 = self.env.now
-                yield self.env.timeout(overlap * self._dp_slowdown[s])
-                self.acct.seg(key, "compute", "dp", t1, self.env.now, f"{label} (slowed by DP comm)")
+                return overlap * self._dp_slowdown[s]
+        return 0.0
+
+    def _slowed(self, key: RankKey, slow: float, label: str):
+        t1 = self.env.now
+        yield self.env.timeout(slow)
+        self.acct.seg(key, "compute", "dp", t1, self.env.now, f"{label} (slowed by DP comm)")
 
     def _wait(self, key: RankKey, ev: simpy.Event, cat: str, label: str):
         """Wait for ``ev`` on the compute stream, booking the wait under ``cat``."""
@@ -96,21 +111,16 @@ class PipelineExecutor(EnginePart):
             ev = self._arrive[k] = self.env.event()
         return ev
 
-    def _wait_dep(self, key: RankKey, k: Handoff, label: str):
-        """Wait for an arrival; split the wait into bubble (producer still computing)
-        and exposed pipeline communication (data in flight)."""
-        if self.prog.p2p_rendezvous:
-            yield from self._rendezvous_recv(key, k, label)
-            return
-        ev = self._event(k)
-        t0 = self.env.now
-        if not ev.triggered:
-            yield ev
+    def _arrived(self, key: RankKey, k: Handoff, t0: float, label: str) -> None:
+        """Book the compute stream's wait since ``t0`` for arrival ``k`` (there now):
+        bubble while the producer was still computing, exposed pipeline communication
+        ('pp') after (the data in flight)."""
         t1 = self.env.now
         tp = self._produced.get(k, t1)
         split = min(max(tp, t0), t1)
-        self.acct.seg(key, "compute", "bubble", t0, split, f"wait {label}")
-        self.acct.seg(key, "compute", "pp", split, t1, f"recv {label}")
+        rec = self.acct.record
+        self.acct.seg(key, "compute", "bubble", t0, split, f"wait {label}" if rec else "")
+        self.acct.seg(key, "compute", "pp", split, t1, f"recv {label}" if rec else "")
 
     def _rendezvous_recv(self, key: RankKey, k: Handoff, label: str):
         """Receive under rendezvous semantics (Program.p2p_rendezvous): the sender's bytes
@@ -136,7 +146,7 @@ class PipelineExecutor(EnginePart):
                 steps = 1 if t1 > t0 else 2  # receive posted first: the notification is already there
                 self.net.transfer(path, nbytes, mult, latency_steps=steps, label=lbl, delay_s=call_s, event=ev)
                 if self.acct.record:
-                    src = RankKey(k.pipeline, k.vstage % self.p)
+                    src = RankKey(k[0], k[2] % self.p)  # (pipeline, vstage % p)
                     ev.callbacks.append(lambda _e: self.acct.seg(src, "pp", "send", t1, self.env.now, lbl))
             yield ev
         self.acct.seg(key, "compute", "pp", t1, self.env.now, f"recv {label}")
@@ -150,7 +160,9 @@ class PipelineExecutor(EnginePart):
     def _send(self, pi: int, src_stage: int, dst_stage: int, nbytes: float, k: Handoff, label: str) -> None:
         """Point-to-point of one microbatch's activations (or gradients); the TP peers
         and identical replicas send alongside, so their flows share the links."""
-        ev = self._event(k)
+        ev = self._arrive.get(k)
+        if ev is None:
+            ev = self._arrive[k] = self.env.event()
         self._produced[k] = self.env.now
         if src_stage == dst_stage or nbytes <= 0:
             if self.prog.p2p_rendezvous:
@@ -169,20 +181,24 @@ class PipelineExecutor(EnginePart):
             # pair (d0, 0, 0) comes first and is dropped.
             sd, ss, st, sc = self.plan.rank_strides()
             base = self.plan.rank(0, src_stage, 0, 0)
-            shift = ss * (dst_stage - src_stage)
-            srcs = [base + sd * d + sc * c + st * t
-                    for d in pipe.dp_indices for c in range(self.plan.cp) for t in range(self.plan.tp)][1:]
-            replicas = tuple(zip(srcs, [r + shift for r in srcs]))
+            inner = [sc * c + st * t for c in range(self.plan.cp) for t in range(self.plan.tp)]
+            srcs = [b + o for b in [base + sd * d for d in pipe.dp_indices] for o in inner][1:]
+            replicas = list(zip(srcs, map((ss * (dst_stage - src_stage)).__add__, srcs)))
+            path, mult = cf.p2p_route(self.net, self.cluster.route, src, dst, replicas)
+            call_s = self.call_latency_s([src, dst], "send_recv")
+            weights, latency = self.net.prepare(path, mult)
+            # (path, multiplicity, call latency) for the rendezvous receiver; the flow's
+            # weights and its start delay: the call's software cost, then one path
+            # latency (transfer's latency * latency_steps + delay_s with one step).
             route = self._p2p_routes[(pi, src_stage, dst_stage)] = (
-                *cf.p2p_route(self.net, self.cluster.route, src, dst, replicas), self.call_latency_s([src, dst], "send_recv"))
+                (path, mult, call_s), weights, latency * 1 + call_s)
         # One flow: the call's software cost and the path latency in one timeout, then
         # the bytes; the arrival event is the flow's own (no process, no forwarding).
         if self.prog.p2p_rendezvous:  # the receiver starts the transfer (_rendezvous_recv)
-            self._pending[k] = (nbytes, route, label)
+            self._pending[k] = (nbytes, route[0], label)
             self._posted_event(k).succeed()
             return
-        path, mult, call_s = route
-        self.net.transfer(path, nbytes, mult, latency_steps=1, label=label, delay_s=call_s, event=ev)
+        self.net.start(route[1], route[2], nbytes, ev, label)
         if self.acct.record:
             key, t_start = RankKey(pi, src_stage), self.env.now
             ev.callbacks.append(lambda _e: self.acct.seg(key, "pp", "send", t_start, self.env.now, label))
@@ -274,50 +290,81 @@ class PipelineExecutor(EnginePart):
                 first_f.setdefault(a.chunk, idx)
         if early:
             self.reducer.param_gather_bucket(s, actions[first_f[0]].chunk if first_f else 0, 0)
+        # This loop runs for every action of every simulated rank: the plain case (one
+        # compute kernel and the TP collectives, no context parallelism, no hook of a
+        # subclass) is _busy written out here, and labels are built only when recorded.
+        env, acct = self.env, self.acct
+        rec, seg, timeout = acct.record, acct.seg, env.timeout
+        p, last_vs = self.p, self.V - 1
+        arrive = self._arrive
+        rendezvous, blocking = self.prog.p2p_rendezvous, self.prog.p2p_blocking
+        inline = self.cp is None and type(self)._forward is PipelineExecutor._forward
+        slowed = self._dp_slowdown[s] > 0   # else the DP busy time is never read (_slowdown_s)
+        works = [pipe.chunks[(s, c)] for c in range(self.v)]
         for idx, a in enumerate(actions):
-            vs = a.chunk * self.p + s
-            w = pipe.chunks[(s, a.chunk)]
-            label = f"{a.kind}{a.mb} c{a.chunk}"
-            if a.kind == "F":
-                if vs > 0:
-                    yield from self._wait_dep(key, Handoff(pi, "F", vs - 1, a.mb), label)
+            chunk, mb, kind = a.chunk, a.mb, a.kind
+            fwd = kind == "F"
+            vs = chunk * p + s
+            w = works[chunk]
+            label = f"{kind}{mb} c{chunk}" if rec else ""
+            # The input: the previous virtual stage's activation, or the next one's gradient.
+            src = vs - 1 if fwd else vs + 1
+            if 0 <= src <= last_vs:
+                k = (pi, kind, src, mb)      # a Handoff
+                if rendezvous:
+                    yield from self._rendezvous_recv(key, k, label)
+                else:
+                    ev = arrive.get(k)
+                    if ev is None:
+                        ev = arrive[k] = env.event()
+                    if not ev.triggered:     # (else it is there: nothing to book)
+                        t0 = env.now
+                        yield ev
+                        self._arrived(key, k, t0, label)
+            tp_s = w.fwd_tp_s if fwd else w.bwd_tp_s
+            work = None                      # a generator for the cases _busy does not cover
+            if fwd:
                 if fsdp is not None:
-                    yield from fsdp.run(key, w, False, label)
-                elif early and first_f.get(a.chunk) == idx:
-                    yield from self._forward_gathering(key, pi, s, a.chunk, w, label, first_f)
-                else:
-                    yield from self._forward(key, a, w, label)
-                yield from self._busy(key, "tp", w.fwd_tp_s, f"tp {label}")
-                if vs < self.V - 1:
-                    out = Handoff(pi, "F", vs, a.mb)
-                    self._send(pi, s, (vs + 1) % self.p, w.p2p_bytes, out, f"act {label}")
-                    if self.prog.p2p_blocking:
-                        yield from self._wait_sent(key, out, f"act {label}")
-                else:
-                    self._produced[Handoff(pi, "F", vs, a.mb)] = self.env.now
-            else:
-                if vs < self.V - 1:
-                    yield from self._wait_dep(key, Handoff(pi, "B", vs + 1, a.mb), label)
-                buckets = w.grad_buckets if (idx == last_b[a.chunk] and overlap) else ()
-                if buckets:
-                    # Gradients of the last microbatch complete layer by layer: bucket j
-                    # is ready after (j+1)/K of this backward pass.
-                    k = len(buckets)
-                    for j in range(k):
-                        yield from self._compute(key, pi, s, w, True, w.bwd_s / k, label, k)
-                        yield from self._busy(key, "tp", w.bwd_tp_s / k, f"tp {label}")
-                        yield from self._grad_ready(key, s, a.chunk, j)
-                elif fsdp is not None:
-                    yield from fsdp.run(key, w, True, label)
-                    yield from self._busy(key, "tp", w.bwd_tp_s, f"tp {label}")
-                else:
-                    yield from self._compute(key, pi, s, w, True, w.bwd_s, label)
-                    yield from self._busy(key, "tp", w.bwd_tp_s, f"tp {label}")
-                if vs > 0:
-                    out = Handoff(pi, "B", vs, a.mb)
-                    self._send(pi, s, (vs - 1) % self.p, w.p2p_bytes, out, f"grad {label}")
-                    if self.prog.p2p_blocking:
-                        yield from self._wait_sent(key, out, f"grad {label}")
+                    work = fsdp.run(key, w, False, label)
+                elif early and first_f.get(chunk) == idx:
+                    work = self._forward_gathering(key, pi, s, chunk, w, label, first_f)
+                elif not inline:
+                    work = self._forward(key, a, w, label)
+            elif idx == last_b[chunk] and overlap and w.grad_buckets:
+                work, tp_s = self._backward_buckets(key, pi, s, chunk, w, label), None
+            elif fsdp is not None:
+                work = fsdp.run(key, w, True, label)
+            elif not inline:
+                work = self._compute(key, pi, s, w, True, w.bwd_s, label)
+            if work is not None:
+                yield from work
+            else:                            # _busy(key, "compute", dt, label)
+                dt = w.fwd_s if fwd else w.bwd_s
+                t0 = env.now
+                busy0 = acct.dp_busy_s(s, t0) if slowed else 0.0
+                if dt > 0:
+                    yield timeout(dt)
+                seg(key, "compute", "compute", t0, env.now, label)
+                if slowed and dt > 0:
+                    slow = self._slowdown_s(s, busy0)
+                    if slow > 0:
+                        yield from self._slowed(key, slow, label)
+            if tp_s is not None:             # _busy(key, "tp", tp_s, ...): never slowed
+                t0 = env.now
+                if tp_s > 0:
+                    yield timeout(tp_s)
+                seg(key, "compute", "tp", t0, env.now, f"tp {label}" if rec else "")
+            # The output: this activation to the next virtual stage, or this gradient to
+            # the previous one (the last stage's forward output stays: the loss).
+            dst = vs + 1 if fwd else vs - 1
+            if 0 <= dst <= last_vs:
+                out = (pi, kind, vs, mb)     # a Handoff
+                what = (f"act {label}" if fwd else f"grad {label}") if rec else ""
+                self._send(pi, s, dst % p, w.p2p_bytes, out, what)
+                if blocking:
+                    yield from self._wait_sent(key, out, what)
+            elif fwd:
+                self._produced[(pi, kind, vs, mb)] = env.now
         if pipe.embedding_sync_s > 0 and s in (0, self.p - 1):
             yield from self._embedding_sync(key, pi, s, pipe.embedding_sync_s)
         if not overlap and not zero3:
@@ -329,6 +376,16 @@ class PipelineExecutor(EnginePart):
             yield self.env.all_of(scatters)
             self.acct.seg(key, "compute", "dp", t0, self.env.now, "zero3 reduce-scatter")
         yield from self._finish_step(key, pi, s)
+
+    def _backward_buckets(self, key: RankKey, pi: int, s: int, chunk: int, w, label: str):
+        """The last backward of ``chunk`` with overlapped gradient reduction: its gradients
+        complete layer by layer, so bucket j is ready after (j+1)/K of the pass (compute
+        and TP collectives)."""
+        k = len(w.grad_buckets)
+        for j in range(k):
+            yield from self._compute(key, pi, s, w, True, w.bwd_s / k, label, k)
+            yield from self._busy(key, "tp", w.bwd_tp_s / k, f"tp {label}")
+            yield from self._grad_ready(key, s, chunk, j)
 
     def _forward(self, key: RankKey, a, w, label: str):
         """The forward compute of action ``a`` on chunk work ``w`` (a hook: the multi-step

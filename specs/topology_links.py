@@ -137,12 +137,14 @@ class TreeLinks:
         """{'bw_Bps', 'latency_s', 'kind'} of directed edge (u, v), or None if absent."""
         parsed = self._parsed
         try:        # (vertex() inlined for names seen before: every link asks twice)
-            a = parsed[u]
-        except (KeyError, TypeError):
+            a = parsed.get(u, _MISSING)
+            b = parsed.get(v, _MISSING)
+        except TypeError:           # unhashable: no such vertex
+            return None
+        # (a raised KeyError would cost more than the parse: most links bring a new name)
+        if a is _MISSING:
             a = self.vertex(u)
-        try:
-            b = parsed[v]
-        except (KeyError, TypeError):
+        if b is _MISSING:
             b = self.vertex(v)
         if a is None or b is None:
             return None
