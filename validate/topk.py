@@ -48,20 +48,23 @@ class TopKCompressor:
         idx32, vals, self.residual[key] = select(grad, self.residual.get(key), self.kept(grad.numel()))
         k = idx32.numel()
         n = self.comm.size
-        idx_parts = [torch.empty_like(idx32) for _ in range(n)]
-        val_parts = [torch.empty_like(vals) for _ in range(n)]
-        works = [dist.all_gather(idx_parts, idx32, group=self.comm.group, async_op=True),
-                 dist.all_gather(val_parts, vals, group=self.comm.group, async_op=True)]
+        # One all-gather of (indices, values) packed in one buffer, as the simulator's
+        # sparse all-gather is one call (sim/collective_flows.sparse_allgather): the int32
+        # indices travel bit for bit in fp32 slots (a view, no conversion), so a kept entry
+        # is 4 + 4 B either way.
+        packed = torch.cat([idx32.view(vals.dtype), vals])
+        parts = [torch.empty_like(packed) for _ in range(n)]
+        work = dist.all_gather(parts, packed, group=self.comm.group, async_op=True)
         self.comm.count("all_gather", n * k * (INDEX_BYTES + vals.element_size()))
-        return works, idx_parts, val_parts
+        return work, parts, k
 
     @staticmethod
     def finish(state, grad) -> None:
         """Wait for the all-gather and write the summed sparse gradient into ``grad``."""
-        works, idx_parts, val_parts = state
-        for w in works:
-            w.wait()
+        import torch
+        work, parts, k = state
+        work.wait()
         grad.zero_()
-        for idx, vals in zip(idx_parts, val_parts):
-            grad.index_add_(0, idx.long(), vals)
+        for part in parts:
+            grad.index_add_(0, part[:k].view(torch.int32).long(), part[k:])
 
