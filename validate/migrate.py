@@ -36,7 +36,7 @@ def load_reducer_state(reducer, state: dict) -> None:
             _, mi, vi = state[name]
             m[off:off + p.numel()].copy_(mi.reshape(-1))
             v[off:off + p.numel()].copy_(vi.reshape(-1))
-        b.adam = {"m": m, "v": v}
+        b.adam = {"m": m, "v": v, "scratch": torch.empty_like(m)}  # as GradReducer.step keeps it
 
 
 def owners(layers_per_stage) -> list[int]:
