@@ -30,6 +30,8 @@ from __future__ import annotations
 import functools
 import gc
 import re
+from itertools import chain, repeat
+from operator import itemgetter
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable, NamedTuple, Sequence
 
@@ -46,6 +48,7 @@ if TYPE_CHECKING:   # networkx (a third of a second to import) only where a grap
 
 _BUNDLE = "topologies"
 _NODE_VERTEX = re.compile(r"^n\d+\.")
+_FIRST, _NODE, _VERTEX = itemgetter(0), itemgetter(1), itemgetter(5)     # (Device fields by position)
 
 
 class Device(NamedTuple):
@@ -99,15 +102,17 @@ class Cluster:
         # Per node: (hub vertex, None) for star fabrics, or (None, {(a, b): local GPU chain}) for a
         # mesh; the chain table is shared by all nodes of a node type.
         self._intra = intra
-        self._gpu_vertices = [[devices[r].vertex for r in n.ranks] for n in nodes]
         self._nic_of = nic_of  # per rank: its NIC vertex (None without NICs)
         self._leaf_of = leaf_of  # tree networks: NIC vertex -> leaf vertex; None for explicit
         self._spine = spine
         self._routes: dict[tuple[int, int], tuple[Edge, ...]] = {}
         # Per rank, for routing without look-ups through Device objects: (vertex, node, the
         # node's hub or None for a mesh, NIC vertex, leaf vertex or None).
-        self._rank_at = [(d.vertex, d.node, intra[d.node][0], nic_of[d.rank],
-                          leaf_of.get(nic_of[d.rank]) if leaf_of is not None else None) for d in devices]
+        # (built column by column with C-level maps: one Python step per device costs
+        # as much as the rest of loading at 16k GPUs)
+        node_col = list(map(_NODE, devices))
+        self._rank_at = list(zip(map(_VERTEX, devices), node_col, map(_FIRST, map(intra.__getitem__, node_col)),
+                                 nic_of, map(leaf_of.get, nic_of) if leaf_of is not None else repeat(None)))
         self._net_paths: dict[str, dict[str, list[str]]] = {}  # explicit: source NIC -> paths
 
     @property
@@ -253,7 +258,7 @@ class Cluster:
             if hub is not None:
                 chain = [src.vertex, hub, dst.vertex]
             else:
-                gpus = self._gpu_vertices[src.node]
+                gpus = [self.devices[r].vertex for r in self.nodes[src.node].ranks]
                 chain = [gpus[i] for i in mesh[(src.local_rank, dst.local_rank)]]
         else:
             nic_s, nic_d = self._nic_of[src.rank], self._nic_of[dst.rank]
@@ -463,6 +468,7 @@ class _Builder:
         self.nodes: list[NodeInfo] = []
         self.intra: list[tuple[str | None, dict | None]] = []
         self.nic_of: list[str | None] = []
+        self.nic_flat: list[str] = []     # every NIC vertex, node by node
         # Vertices and edges are collected and added to the graph in bulk, in the same
         # order (so adjacency order, and with it routing tie-breaks, are unchanged): one
         # networkx add_node / add_edge call per element costs ~3x more at 100k edges.
@@ -517,8 +523,7 @@ class _Builder:
         meshes = {t: _mesh_paths(t, nt, source) for t, nt in topo.node_types.items()
                   if t in used and nt.intra.kind == "nvlink_mesh"}
         for grp in topo.groups:
-            for _ in range(grp.nodes):
-                self.add_node(grp, topo.node_types[grp.node_type], specs[grp.node_type], meshes.get(grp.node_type))
+            self.add_group(grp, topo.node_types[grp.node_type], specs[grp.node_type], meshes.get(grp.node_type))
         leaf_of = spine = None
         if isinstance(topo.network, schema.Explicit):
             self.flush()        # the explicit links are checked against the graph as added
@@ -536,28 +541,27 @@ class _Builder:
         cluster.profiles = tuple(topo.profiles)
         return cluster
 
-    def add_node(self, grp: schema.Group, nt: schema.NodeType, spec: GpuSpec, mesh) -> None:
-        i, n, intra = len(self.nodes), nt.gpus_per_node, nt.intra
-        first = len(self.devices)
-        gpus = [f"n{i}.gpu{g}" for g in range(n)]
-        self.devices.extend([Device(first + g, i, g, grp.name, spec, v) for g, v in enumerate(gpus)])
-        lazy = self.lazy        # (then vertex() and link() record nothing: skip the loops)
-        for v in () if lazy else gpus:
-            self.vertex(v, role="gpu", node=i)
+    def add_group(self, grp: schema.Group, nt: schema.NodeType, spec: GpuSpec, mesh) -> None:
+        """The group's ``grp.nodes`` nodes, all alike: each per-node and per-device column
+        is made once for the whole group from the node type's template (names, rail
+        assignment, link figures), so loading costs C-level list work per device rather
+        than Python steps (16k GPUs are 16k devices, NIC names and routes' table rows)."""
+        i0, r0, count = len(self.nodes), len(self.devices), grp.nodes
+        n, intra, nics = nt.gpus_per_node, nt.intra, nt.nics
         lat_s = intra.latency_us * 1e-6
-        if mesh is None:  # star: GPU <-> hub, half the GPU-to-GPU latency on each hop
-            hub = f"n{i}.{intra.kind}"
-            self.vertex(hub, role="hub", node=i)
-            for v in () if lazy else gpus:
-                self.link(v, hub, intra.bw_GBps * 1e9, lat_s / 2, lat_s / 2, intra.kind)
-            self.intra.append((hub, None))
+        prefixes = [f"n{i}." for i in range(i0, i0 + count)]
+        gpu_sfx = [f"gpu{g}" for g in range(n)]
+        gpus = [p + x for p in prefixes for x in gpu_sfx]
+        node_col = chain.from_iterable(map(repeat, range(i0, i0 + count), repeat(n)))
+        self.devices += map(tuple.__new__, repeat(Device), zip(
+            range(r0, r0 + n * count), node_col, list(range(n)) * count, repeat(grp.name), repeat(spec), gpus))
+        if mesh is None:  # star: GPU <-> hub
+            hubs = [p + intra.kind for p in prefixes]
+            self.intra += zip(hubs, repeat(None))
             intra_bw = intra.bw_GBps * 1e9
         else:
             paths, pair_Bps, intra_bw = mesh
-            for (a, b), bw_Bps in () if lazy else pair_Bps.items():
-                self.link(gpus[a], gpus[b], bw_Bps, lat_s, lat_s, "nvlink")
-            self.intra.append((None, paths))
-        nics = nt.nics
+            self.intra += [(None, paths)] * count
         nl = self._node_links_of.get(grp.node_type)
         if nl is None:      # one record per node type, shared by its nodes
             nl = self._node_links_of[grp.node_type] = NodeLinks(
@@ -567,46 +571,83 @@ class _Builder:
             pcie_latency_s=nt.pcie.latency_us * 1e-6 if nt.pcie else 0.0,
             nics=nics.count if nics else 0, nic_Bps=nics.bw_gbps * 1e9 / 8 if nics else 0.0,
             nic_latency_s=nics.latency_us * 1e-6 if nics else 0.0)
-        self.node_links.append(nl)
+        self.node_links += [nl] * count
         if nics is not None:
-            nic_vs = [f"n{i}.nic{k}" for k in range(nics.count)]
-            for v in () if lazy else nic_vs:
-                self.vertex(v, role="nic", node=i)
-            pcie_lat_s = nt.pcie.latency_us * 1e-6
-            for g, v in enumerate(gpus):
-                nic = nic_vs[g * nics.count // n]  # rail assignment, see module docstring
-                if not lazy:
-                    self.link(v, nic, nt.pcie.bw_GBps * 1e9, pcie_lat_s, pcie_lat_s, "pcie")
-                self.nic_of.append(nic)
+            # rail assignment, see module docstring: local GPU g uses NIC g * nics // gpus
+            rail = [g * nics.count // n for g in range(n)]
+            nic_sfx = [f"nic{k}" for k in range(nics.count)]
+            nic_vs = [p + x for p in prefixes for x in nic_sfx]
+            self.nic_flat += nic_vs
+            self.nic_of += nic_vs if rail == list(range(n)) else \
+                [nic_vs[j * nics.count + k] for j in range(count) for k in rail]
         else:
-            self.nic_of.extend([None] * n)
-        self.nodes.append(NodeInfo(
-            index=i, group=grp.name, node_type=grp.node_type, ranks=tuple(range(first, first + n)),
-            intra_kind=intra.kind, intra_bw_Bps=intra_bw, intra_latency_s=lat_s,
-            nic_count=nics.count if nics else 0, nic_bw_Bps=nics.bw_gbps * 1e9 / 8 if nics else 0.0,
-            nic_latency_s=nics.latency_us * 1e-6 if nics else 0.0))
+            self.nic_of += [None] * (n * count)
+        self.nodes += map(tuple.__new__, repeat(NodeInfo), zip(
+            range(i0, i0 + count), repeat(grp.name), repeat(grp.node_type),
+            [tuple(range(r, r + n)) for r in range(r0, r0 + n * count, n)], repeat(intra.kind),
+            repeat(intra_bw), repeat(lat_s), repeat(nics.count if nics else 0),
+            repeat(nics.bw_gbps * 1e9 / 8 if nics else 0.0), repeat(nics.latency_us * 1e-6 if nics else 0.0)))
+        if self.lazy:       # no vertex or edge is recorded
+            return
+        for i in range(i0, i0 + count):     # the graph, node by node in the order routing expects
+            node_gpus = gpus[(i - i0) * n:(i - i0 + 1) * n]
+            for v in node_gpus:
+                self.vertex(v, role="gpu", node=i)
+            if mesh is None:  # half the GPU-to-GPU latency on each hop
+                hub = self.intra[i][0]
+                self.vertex(hub, role="hub", node=i)
+                for v in node_gpus:
+                    self.link(v, hub, intra_bw, lat_s / 2, lat_s / 2, intra.kind)
+            else:
+                for (a, b), bw_Bps in pair_Bps.items():
+                    self.link(node_gpus[a], node_gpus[b], bw_Bps, lat_s, lat_s, "nvlink")
+            if nics is not None:
+                for v in nic_vs[(i - i0) * nics.count:(i - i0 + 1) * nics.count]:
+                    self.vertex(v, role="nic", node=i)
+                pcie_lat_s = nt.pcie.latency_us * 1e-6
+                for r, v in enumerate(node_gpus, start=r0 + (i - i0) * n):
+                    self.link(v, self.nic_of[r], nt.pcie.bw_GBps * 1e9, pcie_lat_s, pcie_lat_s, "pcie")
 
     def add_tree(self, net: schema.FatTree | schema.RailOptimized) -> tuple[dict[str, str], str | None]:
         """Leaves (and a spine when there are several): NIC -> leaf edges add the switch latency,
         leaf uplink bandwidth = sum of NIC bandwidth below / oversubscription."""
         sw_s = self.switch_s = net.switch_latency_us * 1e-6
-        leaf_of: dict[str, str] = {}
         below_Bps: dict[str, float] = {}
         fat, per_leaf, lazy = net.kind == "fat_tree", net.nodes_per_leaf, self.lazy
-        for node in self.nodes:     # (16k NICs at 16k GPUs: per-node work hoisted)
-            i, bw_Bps = node.index, node.nic_bw_Bps
-            unit = i // per_leaf
-            fat_leaf = f"leaf{unit}" if fat else None
-            for k in range(node.nic_count):
-                nic = f"n{i}.nic{k}"
-                leaf = fat_leaf if fat else f"su{unit}.rail{k}"
+        # Per node, its NICs' leaves: one list per (unit, NIC count), shared by the unit's nodes.
+        unit_leaves: dict[tuple[int, int], list[str]] = {}
+        leaves_of = []
+        for node in self.nodes:
+            key = (node.index // per_leaf, node.nic_count)
+            leaves = unit_leaves.get(key)
+            if leaves is None:
+                unit = key[0]
+                leaves = unit_leaves[key] = [f"leaf{unit}" if fat else f"su{unit}.rail{k}"
+                                             for k in range(node.nic_count)]
+            leaves_of.append(leaves)
+        leaf_of = dict(zip(self.nic_flat, chain.from_iterable(leaves_of)))
+        # Each leaf's NIC bandwidth below, summed in NIC order (as the links are made); units
+        # whose nodes have the same NICs have the same sums, added up once.
+        node_nics = [(node.nic_count, node.nic_bw_Bps) for node in self.nodes]
+        sums_of: dict[tuple, list[float]] = {}
+        for u0 in range(0, len(node_nics), per_leaf):
+            sig = tuple(node_nics[u0:u0 + per_leaf])
+            sums = sums_of.get(sig)
+            if sums is None:
+                sums = sums_of[sig] = [0.0] * (1 if fat else max(c for c, _ in sig))
+                for c, bw_Bps in sig:
+                    for k in range(c):
+                        sums[0 if fat else k] += bw_Bps
+            # (a fat tree's unit has one leaf, named once per NIC in unit_leaves)
+            for leaf, bw_Bps in zip(unit_leaves[(u0 // per_leaf, max(c for c, _ in sig))], sums):
                 if leaf not in below_Bps:
                     self.vertex(leaf, role="leaf")
-                    below_Bps[leaf] = 0.0
-                leaf_of[nic] = leaf
-                below_Bps[leaf] += bw_Bps
-                if not lazy:
-                    self.link(nic, leaf, bw_Bps, node.nic_latency_s + sw_s, node.nic_latency_s, "nic")
+                below_Bps[leaf] = bw_Bps
+        if not lazy:
+            nic_it = iter(self.nic_flat)
+            for node, leaves in zip(self.nodes, leaves_of):
+                for leaf, nic in zip(leaves, nic_it):
+                    self.link(nic, leaf, node.nic_bw_Bps, node.nic_latency_s + sw_s, node.nic_latency_s, "nic")
         self.uplink_Bps = {leaf: bw / net.oversubscription for leaf, bw in below_Bps.items()}
         if len(below_Bps) <= 1:
             return leaf_of, None
