@@ -31,7 +31,7 @@ import functools
 import gc
 import re
 from itertools import chain, repeat
-from operator import itemgetter
+from operator import add, attrgetter, is_, itemgetter, sub
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable, NamedTuple, Sequence
 
@@ -49,6 +49,10 @@ if TYPE_CHECKING:   # networkx (a third of a second to import) only where a grap
 _BUNDLE = "topologies"
 _NODE_VERTEX = re.compile(r"^n\d+\.")
 _FIRST, _NODE, _VERTEX = itemgetter(0), itemgetter(1), itemgetter(5)     # (Device fields by position)
+_LEAF = itemgetter(4)       # (of a Cluster._rank_at row)
+_MESH = itemgetter(1)       # (of a Cluster._intra row)
+_NICS = attrgetter("nics")
+_RANKS = attrgetter("ranks")
 
 
 class Device(NamedTuple):
@@ -90,7 +94,8 @@ class Cluster:
     def __init__(self, name: str, source: str, description: str, devices: list[Device],
                  nodes: list[NodeInfo], graph: nx.DiGraph | None, intra: list[tuple[str | None, dict | None]],
                  nic_of: list[str | None], leaf_of: dict[str, str] | None, spine: str | None,
-                 links: "TreeLinks | None" = None, materialise: Callable[[], nx.DiGraph] | None = None):
+                 links: "TreeLinks | None" = None, materialise: Callable[[], nx.DiGraph] | None = None,
+                 leaf_nodes: dict[str, range] | None = None):
         self.name, self.source, self.description = name, source, description
         self.devices, self.nodes = devices, nodes
         # Without an explicit network every link follows from the file (specs/topology_links.py):
@@ -104,16 +109,20 @@ class Cluster:
         self._intra = intra
         self._nic_of = nic_of  # per rank: its NIC vertex (None without NICs)
         self._leaf_of = leaf_of  # tree networks: NIC vertex -> leaf vertex; None for explicit
+        self._leaf_nodes = leaf_nodes or {}     # tree networks: leaf -> the nodes of its unit
         self._spine = spine
         self._routes: dict[tuple[int, int], tuple[Edge, ...]] = {}
         # Per rank, for routing without look-ups through Device objects: (vertex, node, the
         # node's hub or None for a mesh, NIC vertex, leaf vertex or None).
         # (built column by column with C-level maps: one Python step per device costs
         # as much as the rest of loading at 16k GPUs)
-        node_col = list(map(_NODE, devices))
+        node_col = self._node_col = list(map(_NODE, devices))
         self._rank_at = list(zip(map(_VERTEX, devices), node_col, map(_FIRST, map(intra.__getitem__, node_col)),
                                  nic_of, map(leaf_of.get, nic_of) if leaf_of is not None else repeat(None)))
         self._net_paths: dict[str, dict[str, list[str]]] = {}  # explicit: source NIC -> paths
+        self._node_first = list(map(_FIRST, map(_RANKS, nodes)))      # (for shift_map)
+        self._node_size = list(map(len, map(_RANKS, nodes)))
+        self._leaves_by_node: list[tuple] | None = None
 
     @property
     def graph(self) -> nx.DiGraph:
@@ -192,10 +201,17 @@ class Cluster:
             near = ({self.links.nodes[x].get("node") for x in verts} - {None}, verts)
         at, tree_route = self._rank_at, self._tree_route
         if near is not None:
+            # The ranks near the path, from the nodes under its leaves (a leaf's unit of
+            # nodes), then one set look-up per pair end (2,047 replica pairs per DP ring
+            # link at 16k GPUs).
             near_nodes, near_verts = near
-            pairs = [(a, b) for a, b in pairs
-                     if at[a][1] in near_nodes or at[b][1] in near_nodes
-                     or at[a][4] in near_verts or at[b][4] in near_verts]
+            first, size, near_ranks = self._node_first, self._node_size, set()
+            for i in near_nodes:
+                near_ranks.update(range(first[i], first[i] + size[i]))
+            for leaf in near_verts:
+                for i in self._leaf_nodes.get(leaf, ()):
+                    near_ranks.update(r for r in range(first[i], first[i] + size[i]) if at[r][4] == leaf)
+            pairs = [p for p in pairs if p[0] in near_ranks or p[1] in near_ranks]
         for a, b in pairs:
             # Written out, not cached: each replica route is asked for once per path.
             for e in tree_route(a, b) or self.route(a, b):
@@ -220,25 +236,32 @@ class Cluster:
             return None
         dn, nodes, n_nodes = delta // gpn, self.nodes, len(self.nodes)
         node_links, uplink, intra = links._nodes, links._uplink, self._intra
+        touched = sorted(set(map(self._node_col.__getitem__, ranks)))
+        if not touched or touched[0] + dn < 0 or touched[-1] + dn >= n_nodes:
+            return None
+        # Checked per node with C-level maps (a stage's ring at 16k GPUs spans 256 nodes):
+        # same node type (same link figures: the NodeLinks record is shared per type, as
+        # is a mesh's chain table), whole nodes of gpn devices, ranks shifted by delta, NICs.
+        images = list(map(dn.__add__, touched))
+        size, first = self._node_size, self._node_first
+        if not all(map(is_, map(node_links.__getitem__, touched), map(node_links.__getitem__, images))) \
+                or not all(map(is_, map(_MESH, map(intra.__getitem__, touched)),
+                               map(_MESH, map(intra.__getitem__, images)))) \
+                or any(map(gpn.__ne__, map(size.__getitem__, touched))) \
+                or any(map(gpn.__ne__, map(size.__getitem__, images))) \
+                or any(map(delta.__ne__, map(sub, map(first.__getitem__, images), map(first.__getitem__, touched)))) \
+                or 0 in map(_NICS, map(node_links.__getitem__, touched)):
+            return None
         out: dict[str, str] = {} if self._spine is None else {self._spine: self._spine}
         back: dict[str, str] = dict(out)
-        for i in sorted({self._rank_at[r][1] for r in ranks}):
-            j = i + dn
-            if not 0 <= j < n_nodes or node_links[i] is not node_links[j] or intra[i][1] is not intra[j][1] \
-                    or len(nodes[i].ranks) != gpn or len(nodes[j].ranks) != gpn \
-                    or nodes[j].ranks[0] != nodes[i].ranks[0] + delta:
-                return None
-            if intra[i][0] is not None:
-                out[intra[i][0]] = intra[j][0]
-            # GPUs, NICs and the hub are the node's own (same node type: same names and
-            # rail assignment): only the leaves can fail to map one to one.
-            at_j = self._rank_at[nodes[j].ranks[0]:nodes[j].ranks[0] + gpn]
-            for a, b in zip(self._rank_at[nodes[i].ranks[0]:nodes[i].ranks[0] + gpn], at_j):
-                if a[3] is None or a[4] is None or b[4] is None:
+        # A node's GPUs, NICs and hub are renamed by node index alone (same node type: same
+        # names and rail assignment, see _ShiftMap): only the leaves can fail to map one to
+        # one. Each node's leaves (per local GPU) are a tuple; the nodes of a unit share one.
+        leaves = self._node_leaves()
+        for li, lj in set(zip(map(leaves.__getitem__, touched), map(leaves.__getitem__, images))):
+            for la, lb in zip(li, lj):
+                if la is None or lb is None:
                     return None
-                out[a[0]] = b[0]
-                out[a[3]] = b[3]
-                la, lb = a[4], b[4]
                 m = out.get(la)
                 if m is None:
                     if back.get(lb, la) != la or uplink[la] != uplink[lb]:
@@ -246,7 +269,15 @@ class Cluster:
                     out[la], back[lb] = lb, la
                 elif m != lb:
                     return None
-        return out
+        return _ShiftMap(out, links, set(touched), dn)
+
+    def _node_leaves(self) -> list[tuple]:
+        """Per node, the leaf of each local GPU's NIC (None without one), made on first use."""
+        if self._leaves_by_node is None:
+            col = list(map(_LEAF, self._rank_at))
+            self._leaves_by_node = list(map(tuple, map(col.__getitem__, map(
+                slice, self._node_first, map(add, self._node_first, self._node_size)))))
+        return self._leaves_by_node
 
     def _chain(self, src_rank: int, dst_rank: int) -> tuple[list[str], list[str]]:
         """The route as a vertex chain, returned as (chain[:-1], chain[1:]) for zipping."""
@@ -285,6 +316,34 @@ class Cluster:
     def path_bw_Bps(self, path) -> float:
         """Bottleneck bandwidth of the path (inf for the empty path: nothing limits it)."""
         return min((self.links.edges[e]["bw_Bps"] for e in path), default=float("inf"))
+
+
+class _ShiftMap(dict):
+    """Cluster.shift_map's renaming: the leaves and spine are stored; a GPU, NIC or hub of a
+    mapped node ``n<i>.<rest>`` is renamed ``n<i + dn>.<rest>`` when first asked for (a
+    stage's ring at 16k GPUs spans 256 nodes, of whose 4,000-odd vertices a representative
+    names a few hundred). KeyError, as a dict's, for any other vertex and for a NIC no GPU
+    uses (no route reaches it)."""
+
+    __slots__ = ("_links", "_nodes", "_dn")
+
+    def __init__(self, fixed: dict[str, str], links: TreeLinks, nodes: set[int], dn: int):
+        super().__init__(fixed)
+        self._links, self._nodes, self._dn = links, nodes, dn
+
+    def __missing__(self, v):
+        p = self._links.vertex(v)
+        if p is None or p[1] not in self._nodes:
+            raise KeyError(v)
+        role, i, k = p
+        if role == "nic":
+            # used iff the first local GPU g with g * nics // gpus >= k has it (rail assignment)
+            nl = self._links._nodes[i]
+            g = -(-k * nl.gpus // nl.nics)
+            if g >= nl.gpus or g * nl.nics // nl.gpus != k:
+                raise KeyError(v)
+        w = self[v] = f"n{i + self._dn}.{v.partition('.')[2]}"
+        return w
 
 
 # ----------------------------------------------------------------------------- loading
@@ -469,6 +528,7 @@ class _Builder:
         self.intra: list[tuple[str | None, dict | None]] = []
         self.nic_of: list[str | None] = []
         self.nic_flat: list[str] = []     # every NIC vertex, node by node
+        self.leaf_nodes: dict[str, range] = {}     # tree networks: leaf -> the nodes of its unit
         # Vertices and edges are collected and added to the graph in bulk, in the same
         # order (so adjacency order, and with it routing tie-breaks, are unchanged): one
         # networkx add_node / add_edge call per element costs ~3x more at 100k edges.
@@ -537,7 +597,7 @@ class _Builder:
             materialise = functools.partial(_graph_of, topo, source)     # (picklable)
         cluster = Cluster(topo.name, source, topo.description, self.devices, self.nodes,
                           None if self.lazy else self.g, self.intra, self.nic_of, leaf_of, spine,
-                          links=links, materialise=materialise)
+                          links=links, materialise=materialise, leaf_nodes=self.leaf_nodes)
         cluster.profiles = tuple(topo.profiles)
         return cluster
 
@@ -639,7 +699,9 @@ class _Builder:
                     for k in range(c):
                         sums[0 if fat else k] += bw_Bps
             # (a fat tree's unit has one leaf, named once per NIC in unit_leaves)
-            for leaf, bw_Bps in zip(unit_leaves[(u0 // per_leaf, max(c for c, _ in sig))], sums):
+            unit_all = unit_leaves[(u0 // per_leaf, max(c for c, _ in sig))]
+            self.leaf_nodes.update(zip(unit_all, repeat(range(u0, u0 + len(sig)))))
+            for leaf, bw_Bps in zip(unit_all, sums):
                 if leaf not in below_Bps:
                     self.vertex(leaf, role="leaf")
                 below_Bps[leaf] = bw_Bps
