@@ -31,7 +31,7 @@ import functools
 import gc
 import re
 from itertools import chain, repeat
-from operator import add, attrgetter, is_, itemgetter, sub
+from operator import add, attrgetter, floordiv, is_, itemgetter, sub
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable, NamedTuple, Sequence
 
@@ -53,6 +53,7 @@ _LEAF = itemgetter(4)       # (of a Cluster._rank_at row)
 _MESH = itemgetter(1)       # (of a Cluster._intra row)
 _NICS = attrgetter("nics")
 _RANKS = attrgetter("ranks")
+_NIC_COUNT, _NIC_BW = attrgetter("nic_count"), attrgetter("nic_bw_Bps")
 
 
 class Device(NamedTuple):
@@ -144,9 +145,12 @@ class Cluster:
         return len(self.nodes[0].ranks)
 
     def node_of(self, rank: int) -> int:
-        if type(rank) is int and 0 <= rank < len(self._rank_at):
-            return self._rank_at[rank][1]
-        return self._device(rank).node
+        try:        # (asked for every rank of a plan's groups: 12k calls at 16k GPUs)
+            if rank >= 0:
+                return self._node_col[rank]
+        except (TypeError, IndexError):
+            pass
+        return self._device(rank).node     # (raises ValueError naming the bad rank)
 
     def groups(self) -> dict[str, list[int]]:
         """Group name -> its ranks, in file order."""
@@ -644,7 +648,7 @@ class _Builder:
             self.nic_of += [None] * (n * count)
         self.nodes += map(tuple.__new__, repeat(NodeInfo), zip(
             range(i0, i0 + count), repeat(grp.name), repeat(grp.node_type),
-            [tuple(range(r, r + n)) for r in range(r0, r0 + n * count, n)], repeat(intra.kind),
+            map(tuple, map(range, range(r0, r0 + n * count, n), range(r0 + n, r0 + n * count + n, n))), repeat(intra.kind),
             repeat(intra_bw), repeat(lat_s), repeat(nics.count if nics else 0),
             repeat(nics.bw_gbps * 1e9 / 8 if nics else 0.0), repeat(nics.latency_us * 1e-6 if nics else 0.0)))
         if self.lazy:       # no vertex or edge is recorded
@@ -675,20 +679,16 @@ class _Builder:
         below_Bps: dict[str, float] = {}
         fat, per_leaf, lazy = net.kind == "fat_tree", net.nodes_per_leaf, self.lazy
         # Per node, its NICs' leaves: one list per (unit, NIC count), shared by the unit's nodes.
+        # (keys and look-ups as C-level maps: 2,048 nodes at 16k GPUs)
         unit_leaves: dict[tuple[int, int], list[str]] = {}
-        leaves_of = []
-        for node in self.nodes:
-            key = (node.index // per_leaf, node.nic_count)
-            leaves = unit_leaves.get(key)
-            if leaves is None:
-                unit = key[0]
-                leaves = unit_leaves[key] = [f"leaf{unit}" if fat else f"su{unit}.rail{k}"
-                                             for k in range(node.nic_count)]
-            leaves_of.append(leaves)
+        keys = list(zip(map(floordiv, map(_FIRST, self.nodes), repeat(per_leaf)), map(_NIC_COUNT, self.nodes)))
+        for unit, count in dict.fromkeys(keys):
+            unit_leaves[(unit, count)] = [f"leaf{unit}" if fat else f"su{unit}.rail{k}" for k in range(count)]
+        leaves_of = list(map(unit_leaves.__getitem__, keys))
         leaf_of = dict(zip(self.nic_flat, chain.from_iterable(leaves_of)))
         # Each leaf's NIC bandwidth below, summed in NIC order (as the links are made); units
         # whose nodes have the same NICs have the same sums, added up once.
-        node_nics = [(node.nic_count, node.nic_bw_Bps) for node in self.nodes]
+        node_nics = list(zip(map(_NIC_COUNT, self.nodes), map(_NIC_BW, self.nodes)))
         sums_of: dict[tuple, list[float]] = {}
         for u0 in range(0, len(node_nics), per_leaf):
             sig = tuple(node_nics[u0:u0 + per_leaf])
