@@ -322,6 +322,14 @@ class Cluster:
         return min((self.links.edges[e]["bw_Bps"] for e in path), default=float("inf"))
 
 
+def nic_in_use(k: int, gpus: int, nics: int) -> bool:
+    """Whether some local GPU g has NIC k under the rail assignment g * nics // gpus:
+    the first g with g * nics // gpus >= k is ceil(k * gpus / nics); k is used iff that
+    GPU exists and lands on k (with more NICs than GPUs some NICs carry no GPU)."""
+    g = -(-k * gpus // nics)
+    return g < gpus and g * nics // gpus == k
+
+
 class _ShiftMap(dict):
     """Cluster.shift_map's renaming: the leaves and spine are stored; a GPU, NIC or hub of a
     mapped node ``n<i>.<rest>`` is renamed ``n<i + dn>.<rest>`` when first asked for (a
@@ -341,10 +349,8 @@ class _ShiftMap(dict):
             raise KeyError(v)
         role, i, k = p
         if role == "nic":
-            # used iff the first local GPU g with g * nics // gpus >= k has it (rail assignment)
             nl = self._links._nodes[i]
-            g = -(-k * nl.gpus // nl.nics)
-            if g >= nl.gpus or g * nl.nics // nl.gpus != k:
+            if not nic_in_use(k, nl.gpus, nl.nics):
                 raise KeyError(v)
         w = self[v] = f"n{i + self._dn}.{v.partition('.')[2]}"
         return w
