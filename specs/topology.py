@@ -648,7 +648,7 @@ class _Builder:
             nic_sfx = [f"nic{k}" for k in range(nics.count)]
             nic_vs = [p + x for p in prefixes for x in nic_sfx]
             self.nic_flat += nic_vs
-            self.nic_of += nic_vs if rail == list(range(n)) else \
+            self.nic_of += nic_vs if nics.count == n else \
                 [nic_vs[j * nics.count + k] for j in range(count) for k in rail]
         else:
             self.nic_of += [None] * (n * count)

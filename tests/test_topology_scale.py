@@ -42,17 +42,19 @@ def _expected(cluster, per_leaf: int, fat: bool, oversub: float):
     return rows, {leaf: bw / oversub for leaf, bw in below.items()}
 
 
-@pytest.mark.parametrize("source,nodes,per_leaf,fat,oversub", [
-    ("dgx-a100", 45, 20, True, 1.0), ("dgx-h100", 70, 32, False, 1.0),
-    ("hetero-a100-v100", None, 4, True, 2.0), ("mixed", None, 2, False, 1.5)])
-def test_template_build_follows_the_naming_and_rail_rules(tmp_path, source, nodes, per_leaf, fat, oversub):
+@pytest.mark.parametrize("source,nodes,gpus,per_leaf,fat,oversub", [
+    ("dgx-a100", 45, None, 20, True, 1.0), ("dgx-h100", 70, None, 32, False, 1.0),
+    ("dgx-h100", 3, 1, 32, False, 1.0), ("dgx-a100", 2, 3, 20, True, 1.0),
+    ("hetero-a100-v100", None, None, 4, True, 2.0), ("mixed", None, None, 2, False, 1.5)])
+def test_template_build_follows_the_naming_and_rail_rules(tmp_path, source, nodes, gpus, per_leaf, fat, oversub):
     """Every device's vertex, node, local index, NIC and leaf, and every leaf's uplink
     (NIC bandwidth below / oversubscription, summed in node order), equal the rules
-    applied device by device; ranks are numbered in node order."""
+    applied device by device; ranks are numbered in node order. Includes 1 and 3 GPUs
+    per node on 8 NICs (the validator's --world)."""
     if source == "mixed":
         source = str(tmp_path / "mixed.yaml")
         (tmp_path / "mixed.yaml").write_text(yaml.safe_dump(MIXED))
-    cluster = load_topology(source, nodes=nodes)
+    cluster = load_topology(source, nodes=nodes, gpus_per_node=gpus)
     rows, uplink = _expected(cluster, per_leaf, fat, oversub)
     assert [(d.vertex, d.node, d.local_rank) for d in cluster.devices] == [r[:3] for r in rows]
     assert [d.rank for d in cluster.devices] == list(range(len(rows)))
