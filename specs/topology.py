@@ -200,9 +200,12 @@ class Cluster:
         count = dict.fromkeys(path, 0)
         pairs = pairs if type(pairs) in (tuple, list) else list(pairs)
         near = None
-        if self._leaf_of is not None and len(pairs) > 16:   # (routing a few costs less than the filter)
+        tree = self._leaf_of is not None
+        if tree:
             verts = {x for e in path for x in e}
-            near = ({self.links.nodes[x].get("node") for x in verts} - {None}, verts)
+            no_spine = self._spine not in verts
+            if len(pairs) > 16:   # (routing a few costs less than the filter)
+                near = ({self.links.nodes[x].get("node") for x in verts} - {None}, verts)
         at, tree_route = self._rank_at, self._tree_route
         if near is not None:
             # The ranks near the path, from the nodes under its leaves (a leaf's unit of
@@ -217,6 +220,15 @@ class Cluster:
                     near_ranks.update(r for r in range(first[i], first[i] + size[i]) if at[r][4] == leaf)
             pairs = [p for p in pairs if p[0] in near_ranks or p[1] in near_ranks]
         for a, b in pairs:
+            if tree:
+                # Each edge of a route between two nodes of a tree has one of its ends'
+                # GPUs or NICs at one end, or the spine: if none of them is on the path,
+                # none of its edges is (an edge on the path has both ends on it). (512
+                # pipeline sends with 7 replicas each, on other rails, at 16k GPUs.)
+                ra, rb = at[a], at[b]
+                if ra[1] != rb[1] and no_spine and ra[0] not in verts and ra[3] not in verts \
+                        and rb[0] not in verts and rb[3] not in verts:
+                    continue
             # Written out, not cached: each replica route is asked for once per path.
             for e in tree_route(a, b) or self.route(a, b):
                 if e in count:
@@ -353,6 +365,9 @@ class _ShiftMap(dict):
             if not nic_in_use(k, nl.gpus, nl.nics):
                 raise KeyError(v)
         w = self[v] = f"n{i + self._dn}.{v.partition('.')[2]}"
+        # The image's parse is known (node i + dn is of i's type: shift_map checked it):
+        # the flow network asks TreeLinks for every renamed link, which then skips it.
+        self._links._parsed[w] = (role, i + self._dn, k)
         return w
 
 

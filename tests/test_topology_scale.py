@@ -96,3 +96,21 @@ def test_shift_map_renames_each_vertex_of_the_mapped_nodes(tmp_path):
     for v in ("n0.nic1", "n0.nic3", "su0.rail1"):       # no GPU uses NICs 1 and 3
         with pytest.raises(KeyError):
             two[v]
+
+
+@pytest.mark.parametrize("name,nodes", [("dgx-a100", 45), ("dgx-h100", 70), ("hetero-a100-v100", None)])
+def test_route_counts_of_few_replicas_match_routing_each(name, nodes):
+    """A pipeline send's few replicas (the other local GPUs of the same two nodes, or
+    shifted sends) counted by route_counts, which skips routes that cannot touch the path,
+    equal counting each replica route edge by edge (same leaf, across the spine, same node)."""
+    c = load_topology(name, nodes=nodes)
+    n = c.num_devices
+    for s, d in [(56, 120), (0, 8), (0, n - 8), (1, 2), (9, n - 1)]:
+        if d >= n:
+            continue
+        path = c.route(s, d)
+        for pairs in ([(s + k, d + k) for k in range(1, 7) if max(s, d) + k < n],
+                      [(s + 8 * k, d + 8 * k) for k in range(1, 5) if max(s, d) + 8 * k < n],
+                      [(d, s), (s, d), (s, s + 1), (d - 1, d)]):
+            brute = {e: sum(e in c.route(a, b) for a, b in pairs) for e in path}
+            assert c.route_counts(path, pairs) == brute
