@@ -30,6 +30,8 @@ from __future__ import annotations
 import functools
 import gc
 import re
+from itertools import chain, repeat
+from operator import add, attrgetter, floordiv, is_, itemgetter, sub
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable, NamedTuple, Sequence
 
@@ -46,6 +48,12 @@ if TYPE_CHECKING:   # networkx (a third of a second to import) only where a grap
 
 _BUNDLE = "topologies"
 _NODE_VERTEX = re.compile(r"^n\d+\.")
+_FIRST, _NODE, _VERTEX = itemgetter(0), itemgetter(1), itemgetter(5)     # (Device fields by position)
+_LEAF = itemgetter(4)       # (of a Cluster._rank_at row)
+_MESH = itemgetter(1)       # (of a Cluster._intra row)
+_NICS = attrgetter("nics")
+_RANKS = attrgetter("ranks")
+_NIC_COUNT, _NIC_BW = attrgetter("nic_count"), attrgetter("nic_bw_Bps")
 
 
 class Device(NamedTuple):
@@ -87,7 +95,8 @@ class Cluster:
     def __init__(self, name: str, source: str, description: str, devices: list[Device],
                  nodes: list[NodeInfo], graph: nx.DiGraph | None, intra: list[tuple[str | None, dict | None]],
                  nic_of: list[str | None], leaf_of: dict[str, str] | None, spine: str | None,
-                 links: "TreeLinks | None" = None, materialise: Callable[[], nx.DiGraph] | None = None):
+                 links: "TreeLinks | None" = None, materialise: Callable[[], nx.DiGraph] | None = None,
+                 leaf_nodes: dict[str, range] | None = None):
         self.name, self.source, self.description = name, source, description
         self.devices, self.nodes = devices, nodes
         # Without an explicit network every link follows from the file (specs/topology_links.py):
@@ -99,16 +108,22 @@ class Cluster:
         # Per node: (hub vertex, None) for star fabrics, or (None, {(a, b): local GPU chain}) for a
         # mesh; the chain table is shared by all nodes of a node type.
         self._intra = intra
-        self._gpu_vertices = [[devices[r].vertex for r in n.ranks] for n in nodes]
         self._nic_of = nic_of  # per rank: its NIC vertex (None without NICs)
         self._leaf_of = leaf_of  # tree networks: NIC vertex -> leaf vertex; None for explicit
+        self._leaf_nodes = leaf_nodes or {}     # tree networks: leaf -> the nodes of its unit
         self._spine = spine
         self._routes: dict[tuple[int, int], tuple[Edge, ...]] = {}
         # Per rank, for routing without look-ups through Device objects: (vertex, node, the
         # node's hub or None for a mesh, NIC vertex, leaf vertex or None).
-        self._rank_at = [(d.vertex, d.node, intra[d.node][0], nic_of[d.rank],
-                          leaf_of.get(nic_of[d.rank]) if leaf_of is not None else None) for d in devices]
+        # (built column by column with C-level maps: one Python step per device costs
+        # as much as the rest of loading at 16k GPUs)
+        node_col = self._node_col = list(map(_NODE, devices))
+        self._rank_at = list(zip(map(_VERTEX, devices), node_col, map(_FIRST, map(intra.__getitem__, node_col)),
+                                 nic_of, map(leaf_of.get, nic_of) if leaf_of is not None else repeat(None)))
         self._net_paths: dict[str, dict[str, list[str]]] = {}  # explicit: source NIC -> paths
+        self._node_first = list(map(_FIRST, map(_RANKS, nodes)))      # (for shift_map)
+        self._node_size = list(map(len, map(_RANKS, nodes)))
+        self._leaves_by_node: list[tuple] | None = None
 
     @property
     def graph(self) -> nx.DiGraph:
@@ -130,9 +145,12 @@ class Cluster:
         return len(self.nodes[0].ranks)
 
     def node_of(self, rank: int) -> int:
-        if type(rank) is int and 0 <= rank < len(self._rank_at):
-            return self._rank_at[rank][1]
-        return self._device(rank).node
+        try:        # (asked for every rank of a plan's groups: 12k calls at 16k GPUs)
+            if rank >= 0:
+                return self._node_col[rank]
+        except (TypeError, IndexError):
+            pass
+        return self._device(rank).node     # (raises ValueError naming the bad rank)
 
     def groups(self) -> dict[str, list[int]]:
         """Group name -> its ranks, in file order."""
@@ -182,16 +200,35 @@ class Cluster:
         count = dict.fromkeys(path, 0)
         pairs = pairs if type(pairs) in (tuple, list) else list(pairs)
         near = None
-        if self._leaf_of is not None and len(pairs) > 16:   # (routing a few costs less than the filter)
+        tree = self._leaf_of is not None
+        if tree:
             verts = {x for e in path for x in e}
-            near = ({self.links.nodes[x].get("node") for x in verts} - {None}, verts)
+            no_spine = self._spine not in verts
+            if len(pairs) > 16:   # (routing a few costs less than the filter)
+                near = ({self.links.nodes[x].get("node") for x in verts} - {None}, verts)
         at, tree_route = self._rank_at, self._tree_route
         if near is not None:
+            # The ranks near the path, from the nodes under its leaves (a leaf's unit of
+            # nodes), then one set look-up per pair end (2,047 replica pairs per DP ring
+            # link at 16k GPUs).
             near_nodes, near_verts = near
-            pairs = [(a, b) for a, b in pairs
-                     if at[a][1] in near_nodes or at[b][1] in near_nodes
-                     or at[a][4] in near_verts or at[b][4] in near_verts]
+            first, size, near_ranks = self._node_first, self._node_size, set()
+            for i in near_nodes:
+                near_ranks.update(range(first[i], first[i] + size[i]))
+            for leaf in near_verts:
+                for i in self._leaf_nodes.get(leaf, ()):
+                    near_ranks.update(r for r in range(first[i], first[i] + size[i]) if at[r][4] == leaf)
+            pairs = [p for p in pairs if p[0] in near_ranks or p[1] in near_ranks]
         for a, b in pairs:
+            if tree:
+                # Each edge of a route between two nodes of a tree has one of its ends'
+                # GPUs or NICs at one end, or the spine: if none of them is on the path,
+                # none of its edges is (an edge on the path has both ends on it). (512
+                # pipeline sends with 7 replicas each, on other rails, at 16k GPUs.)
+                ra, rb = at[a], at[b]
+                if ra[1] != rb[1] and no_spine and ra[0] not in verts and ra[3] not in verts \
+                        and rb[0] not in verts and rb[3] not in verts:
+                    continue
             # Written out, not cached: each replica route is asked for once per path.
             for e in tree_route(a, b) or self.route(a, b):
                 if e in count:
@@ -215,25 +252,32 @@ class Cluster:
             return None
         dn, nodes, n_nodes = delta // gpn, self.nodes, len(self.nodes)
         node_links, uplink, intra = links._nodes, links._uplink, self._intra
+        touched = sorted(set(map(self._node_col.__getitem__, ranks)))
+        if not touched or touched[0] + dn < 0 or touched[-1] + dn >= n_nodes:
+            return None
+        # Checked per node with C-level maps (a stage's ring at 16k GPUs spans 256 nodes):
+        # same node type (same link figures: the NodeLinks record is shared per type, as
+        # is a mesh's chain table), whole nodes of gpn devices, ranks shifted by delta, NICs.
+        images = list(map(dn.__add__, touched))
+        size, first = self._node_size, self._node_first
+        if not all(map(is_, map(node_links.__getitem__, touched), map(node_links.__getitem__, images))) \
+                or not all(map(is_, map(_MESH, map(intra.__getitem__, touched)),
+                               map(_MESH, map(intra.__getitem__, images)))) \
+                or any(map(gpn.__ne__, map(size.__getitem__, touched))) \
+                or any(map(gpn.__ne__, map(size.__getitem__, images))) \
+                or any(map(delta.__ne__, map(sub, map(first.__getitem__, images), map(first.__getitem__, touched)))) \
+                or 0 in map(_NICS, map(node_links.__getitem__, touched)):
+            return None
         out: dict[str, str] = {} if self._spine is None else {self._spine: self._spine}
         back: dict[str, str] = dict(out)
-        for i in sorted({self._rank_at[r][1] for r in ranks}):
-            j = i + dn
-            if not 0 <= j < n_nodes or node_links[i] is not node_links[j] or intra[i][1] is not intra[j][1] \
-                    or len(nodes[i].ranks) != gpn or len(nodes[j].ranks) != gpn \
-                    or nodes[j].ranks[0] != nodes[i].ranks[0] + delta:
-                return None
-            if intra[i][0] is not None:
-                out[intra[i][0]] = intra[j][0]
-            # GPUs, NICs and the hub are the node's own (same node type: same names and
-            # rail assignment): only the leaves can fail to map one to one.
-            at_j = self._rank_at[nodes[j].ranks[0]:nodes[j].ranks[0] + gpn]
-            for a, b in zip(self._rank_at[nodes[i].ranks[0]:nodes[i].ranks[0] + gpn], at_j):
-                if a[3] is None or a[4] is None or b[4] is None:
+        # A node's GPUs, NICs and hub are renamed by node index alone (same node type: same
+        # names and rail assignment, see _ShiftMap): only the leaves can fail to map one to
+        # one. Each node's leaves (per local GPU) are a tuple; the nodes of a unit share one.
+        leaves = self._node_leaves()
+        for li, lj in set(zip(map(leaves.__getitem__, touched), map(leaves.__getitem__, images))):
+            for la, lb in zip(li, lj):
+                if la is None or lb is None:
                     return None
-                out[a[0]] = b[0]
-                out[a[3]] = b[3]
-                la, lb = a[4], b[4]
                 m = out.get(la)
                 if m is None:
                     if back.get(lb, la) != la or uplink[la] != uplink[lb]:
@@ -241,7 +285,15 @@ class Cluster:
                     out[la], back[lb] = lb, la
                 elif m != lb:
                     return None
-        return out
+        return _ShiftMap(out, links, set(touched), dn)
+
+    def _node_leaves(self) -> list[tuple]:
+        """Per node, the leaf of each local GPU's NIC (None without one), made on first use."""
+        if self._leaves_by_node is None:
+            col = list(map(_LEAF, self._rank_at))
+            self._leaves_by_node = list(map(tuple, map(col.__getitem__, map(
+                slice, self._node_first, map(add, self._node_first, self._node_size)))))
+        return self._leaves_by_node
 
     def _chain(self, src_rank: int, dst_rank: int) -> tuple[list[str], list[str]]:
         """The route as a vertex chain, returned as (chain[:-1], chain[1:]) for zipping."""
@@ -253,7 +305,7 @@ class Cluster:
             if hub is not None:
                 chain = [src.vertex, hub, dst.vertex]
             else:
-                gpus = self._gpu_vertices[src.node]
+                gpus = [self.devices[r].vertex for r in self.nodes[src.node].ranks]
                 chain = [gpus[i] for i in mesh[(src.local_rank, dst.local_rank)]]
         else:
             nic_s, nic_d = self._nic_of[src.rank], self._nic_of[dst.rank]
@@ -280,6 +332,43 @@ class Cluster:
     def path_bw_Bps(self, path) -> float:
         """Bottleneck bandwidth of the path (inf for the empty path: nothing limits it)."""
         return min((self.links.edges[e]["bw_Bps"] for e in path), default=float("inf"))
+
+
+def nic_in_use(k: int, gpus: int, nics: int) -> bool:
+    """Whether some local GPU g has NIC k under the rail assignment g * nics // gpus:
+    the first g with g * nics // gpus >= k is ceil(k * gpus / nics); k is used iff that
+    GPU exists and lands on k (with more NICs than GPUs some NICs carry no GPU)."""
+    g = -(-k * gpus // nics)
+    return g < gpus and g * nics // gpus == k
+
+
+class _ShiftMap(dict):
+    """Cluster.shift_map's renaming: the leaves and spine are stored; a GPU, NIC or hub of a
+    mapped node ``n<i>.<rest>`` is renamed ``n<i + dn>.<rest>`` when first asked for (a
+    stage's ring at 16k GPUs spans 256 nodes, of whose 4,000-odd vertices a representative
+    names a few hundred). KeyError, as a dict's, for any other vertex and for a NIC no GPU
+    uses (no route reaches it)."""
+
+    __slots__ = ("_links", "_nodes", "_dn")
+
+    def __init__(self, fixed: dict[str, str], links: TreeLinks, nodes: set[int], dn: int):
+        super().__init__(fixed)
+        self._links, self._nodes, self._dn = links, nodes, dn
+
+    def __missing__(self, v):
+        p = self._links.vertex(v)
+        if p is None or p[1] not in self._nodes:
+            raise KeyError(v)
+        role, i, k = p
+        if role == "nic":
+            nl = self._links._nodes[i]
+            if not nic_in_use(k, nl.gpus, nl.nics):
+                raise KeyError(v)
+        w = self[v] = f"n{i + self._dn}.{v.partition('.')[2]}"
+        # The image's parse is known (node i + dn is of i's type: shift_map checked it):
+        # the flow network asks TreeLinks for every renamed link, which then skips it.
+        self._links._parsed[w] = (role, i + self._dn, k)
+        return w
 
 
 # ----------------------------------------------------------------------------- loading
@@ -463,6 +552,8 @@ class _Builder:
         self.nodes: list[NodeInfo] = []
         self.intra: list[tuple[str | None, dict | None]] = []
         self.nic_of: list[str | None] = []
+        self.nic_flat: list[str] = []     # every NIC vertex, node by node
+        self.leaf_nodes: dict[str, range] = {}     # tree networks: leaf -> the nodes of its unit
         # Vertices and edges are collected and added to the graph in bulk, in the same
         # order (so adjacency order, and with it routing tie-breaks, are unchanged): one
         # networkx add_node / add_edge call per element costs ~3x more at 100k edges.
@@ -517,8 +608,7 @@ class _Builder:
         meshes = {t: _mesh_paths(t, nt, source) for t, nt in topo.node_types.items()
                   if t in used and nt.intra.kind == "nvlink_mesh"}
         for grp in topo.groups:
-            for _ in range(grp.nodes):
-                self.add_node(grp, topo.node_types[grp.node_type], specs[grp.node_type], meshes.get(grp.node_type))
+            self.add_group(grp, topo.node_types[grp.node_type], specs[grp.node_type], meshes.get(grp.node_type))
         leaf_of = spine = None
         if isinstance(topo.network, schema.Explicit):
             self.flush()        # the explicit links are checked against the graph as added
@@ -532,32 +622,31 @@ class _Builder:
             materialise = functools.partial(_graph_of, topo, source)     # (picklable)
         cluster = Cluster(topo.name, source, topo.description, self.devices, self.nodes,
                           None if self.lazy else self.g, self.intra, self.nic_of, leaf_of, spine,
-                          links=links, materialise=materialise)
+                          links=links, materialise=materialise, leaf_nodes=self.leaf_nodes)
         cluster.profiles = tuple(topo.profiles)
         return cluster
 
-    def add_node(self, grp: schema.Group, nt: schema.NodeType, spec: GpuSpec, mesh) -> None:
-        i, n, intra = len(self.nodes), nt.gpus_per_node, nt.intra
-        first = len(self.devices)
-        gpus = [f"n{i}.gpu{g}" for g in range(n)]
-        self.devices.extend([Device(first + g, i, g, grp.name, spec, v) for g, v in enumerate(gpus)])
-        lazy = self.lazy        # (then vertex() and link() record nothing: skip the loops)
-        for v in () if lazy else gpus:
-            self.vertex(v, role="gpu", node=i)
+    def add_group(self, grp: schema.Group, nt: schema.NodeType, spec: GpuSpec, mesh) -> None:
+        """The group's ``grp.nodes`` nodes, all alike: each per-node and per-device column
+        is made once for the whole group from the node type's template (names, rail
+        assignment, link figures), so loading costs C-level list work per device rather
+        than Python steps (16k GPUs are 16k devices, NIC names and routes' table rows)."""
+        i0, r0, count = len(self.nodes), len(self.devices), grp.nodes
+        n, intra, nics = nt.gpus_per_node, nt.intra, nt.nics
         lat_s = intra.latency_us * 1e-6
-        if mesh is None:  # star: GPU <-> hub, half the GPU-to-GPU latency on each hop
-            hub = f"n{i}.{intra.kind}"
-            self.vertex(hub, role="hub", node=i)
-            for v in () if lazy else gpus:
-                self.link(v, hub, intra.bw_GBps * 1e9, lat_s / 2, lat_s / 2, intra.kind)
-            self.intra.append((hub, None))
+        prefixes = [f"n{i}." for i in range(i0, i0 + count)]
+        gpu_sfx = [f"gpu{g}" for g in range(n)]
+        gpus = [p + x for p in prefixes for x in gpu_sfx]
+        node_col = chain.from_iterable(map(repeat, range(i0, i0 + count), repeat(n)))
+        self.devices += map(tuple.__new__, repeat(Device), zip(
+            range(r0, r0 + n * count), node_col, list(range(n)) * count, repeat(grp.name), repeat(spec), gpus))
+        if mesh is None:  # star: GPU <-> hub
+            hubs = [p + intra.kind for p in prefixes]
+            self.intra += zip(hubs, repeat(None))
             intra_bw = intra.bw_GBps * 1e9
         else:
             paths, pair_Bps, intra_bw = mesh
-            for (a, b), bw_Bps in () if lazy else pair_Bps.items():
-                self.link(gpus[a], gpus[b], bw_Bps, lat_s, lat_s, "nvlink")
-            self.intra.append((None, paths))
-        nics = nt.nics
+            self.intra += [(None, paths)] * count
         nl = self._node_links_of.get(grp.node_type)
         if nl is None:      # one record per node type, shared by its nodes
             nl = self._node_links_of[grp.node_type] = NodeLinks(
@@ -567,46 +656,81 @@ class _Builder:
             pcie_latency_s=nt.pcie.latency_us * 1e-6 if nt.pcie else 0.0,
             nics=nics.count if nics else 0, nic_Bps=nics.bw_gbps * 1e9 / 8 if nics else 0.0,
             nic_latency_s=nics.latency_us * 1e-6 if nics else 0.0)
-        self.node_links.append(nl)
+        self.node_links += [nl] * count
         if nics is not None:
-            nic_vs = [f"n{i}.nic{k}" for k in range(nics.count)]
-            for v in () if lazy else nic_vs:
-                self.vertex(v, role="nic", node=i)
-            pcie_lat_s = nt.pcie.latency_us * 1e-6
-            for g, v in enumerate(gpus):
-                nic = nic_vs[g * nics.count // n]  # rail assignment, see module docstring
-                if not lazy:
-                    self.link(v, nic, nt.pcie.bw_GBps * 1e9, pcie_lat_s, pcie_lat_s, "pcie")
-                self.nic_of.append(nic)
+            # rail assignment, see module docstring: local GPU g uses NIC g * nics // gpus
+            rail = [g * nics.count // n for g in range(n)]
+            nic_sfx = [f"nic{k}" for k in range(nics.count)]
+            nic_vs = [p + x for p in prefixes for x in nic_sfx]
+            self.nic_flat += nic_vs
+            self.nic_of += nic_vs if nics.count == n else \
+                [nic_vs[j * nics.count + k] for j in range(count) for k in rail]
         else:
-            self.nic_of.extend([None] * n)
-        self.nodes.append(NodeInfo(
-            index=i, group=grp.name, node_type=grp.node_type, ranks=tuple(range(first, first + n)),
-            intra_kind=intra.kind, intra_bw_Bps=intra_bw, intra_latency_s=lat_s,
-            nic_count=nics.count if nics else 0, nic_bw_Bps=nics.bw_gbps * 1e9 / 8 if nics else 0.0,
-            nic_latency_s=nics.latency_us * 1e-6 if nics else 0.0))
+            self.nic_of += [None] * (n * count)
+        self.nodes += map(tuple.__new__, repeat(NodeInfo), zip(
+            range(i0, i0 + count), repeat(grp.name), repeat(grp.node_type),
+            map(tuple, map(range, range(r0, r0 + n * count, n), range(r0 + n, r0 + n * count + n, n))), repeat(intra.kind),
+            repeat(intra_bw), repeat(lat_s), repeat(nics.count if nics else 0),
+            repeat(nics.bw_gbps * 1e9 / 8 if nics else 0.0), repeat(nics.latency_us * 1e-6 if nics else 0.0)))
+        if self.lazy:       # no vertex or edge is recorded
+            return
+        for i in range(i0, i0 + count):     # the graph, node by node in the order routing expects
+            node_gpus = gpus[(i - i0) * n:(i - i0 + 1) * n]
+            for v in node_gpus:
+                self.vertex(v, role="gpu", node=i)
+            if mesh is None:  # half the GPU-to-GPU latency on each hop
+                hub = self.intra[i][0]
+                self.vertex(hub, role="hub", node=i)
+                for v in node_gpus:
+                    self.link(v, hub, intra_bw, lat_s / 2, lat_s / 2, intra.kind)
+            else:
+                for (a, b), bw_Bps in pair_Bps.items():
+                    self.link(node_gpus[a], node_gpus[b], bw_Bps, lat_s, lat_s, "nvlink")
+            if nics is not None:
+                for v in nic_vs[(i - i0) * nics.count:(i - i0 + 1) * nics.count]:
+                    self.vertex(v, role="nic", node=i)
+                pcie_lat_s = nt.pcie.latency_us * 1e-6
+                for r, v in enumerate(node_gpus, start=r0 + (i - i0) * n):
+                    self.link(v, self.nic_of[r], nt.pcie.bw_GBps * 1e9, pcie_lat_s, pcie_lat_s, "pcie")
 
     def add_tree(self, net: schema.FatTree | schema.RailOptimized) -> tuple[dict[str, str], str | None]:
         """Leaves (and a spine when there are several): NIC -> leaf edges add the switch latency,
         leaf uplink bandwidth = sum of NIC bandwidth below / oversubscription."""
         sw_s = self.switch_s = net.switch_latency_us * 1e-6
-        leaf_of: dict[str, str] = {}
         below_Bps: dict[str, float] = {}
         fat, per_leaf, lazy = net.kind == "fat_tree", net.nodes_per_leaf, self.lazy
-        for node in self.nodes:     # (16k NICs at 16k GPUs: per-node work hoisted)
-            i, bw_Bps = node.index, node.nic_bw_Bps
-            unit = i // per_leaf
-            fat_leaf = f"leaf{unit}" if fat else None
-            for k in range(node.nic_count):
-                nic = f"n{i}.nic{k}"
-                leaf = fat_leaf if fat else f"su{unit}.rail{k}"
+        # Per node, its NICs' leaves: one list per (unit, NIC count), shared by the unit's nodes.
+        # (keys and look-ups as C-level maps: 2,048 nodes at 16k GPUs)
+        unit_leaves: dict[tuple[int, int], list[str]] = {}
+        keys = list(zip(map(floordiv, map(_FIRST, self.nodes), repeat(per_leaf)), map(_NIC_COUNT, self.nodes)))
+        for unit, count in dict.fromkeys(keys):
+            unit_leaves[(unit, count)] = [f"leaf{unit}" if fat else f"su{unit}.rail{k}" for k in range(count)]
+        leaves_of = list(map(unit_leaves.__getitem__, keys))
+        leaf_of = dict(zip(self.nic_flat, chain.from_iterable(leaves_of)))
+        # Each leaf's NIC bandwidth below, summed in NIC order (as the links are made); units
+        # whose nodes have the same NICs have the same sums, added up once.
+        node_nics = list(zip(map(_NIC_COUNT, self.nodes), map(_NIC_BW, self.nodes)))
+        sums_of: dict[tuple, list[float]] = {}
+        for u0 in range(0, len(node_nics), per_leaf):
+            sig = tuple(node_nics[u0:u0 + per_leaf])
+            sums = sums_of.get(sig)
+            if sums is None:
+                sums = sums_of[sig] = [0.0] * (1 if fat else max(c for c, _ in sig))
+                for c, bw_Bps in sig:
+                    for k in range(c):
+                        sums[0 if fat else k] += bw_Bps
+            # (a fat tree's unit has one leaf, named once per NIC in unit_leaves)
+            unit_all = unit_leaves[(u0 // per_leaf, max(c for c, _ in sig))]
+            self.leaf_nodes.update(zip(unit_all, repeat(range(u0, u0 + len(sig)))))
+            for leaf, bw_Bps in zip(unit_all, sums):
                 if leaf not in below_Bps:
                     self.vertex(leaf, role="leaf")
-                    below_Bps[leaf] = 0.0
-                leaf_of[nic] = leaf
-                below_Bps[leaf] += bw_Bps
-                if not lazy:
-                    self.link(nic, leaf, bw_Bps, node.nic_latency_s + sw_s, node.nic_latency_s, "nic")
+                below_Bps[leaf] = bw_Bps
+        if not lazy:
+            nic_it = iter(self.nic_flat)
+            for node, leaves in zip(self.nodes, leaves_of):
+                for leaf, nic in zip(leaves, nic_it):
+                    self.link(nic, leaf, node.nic_bw_Bps, node.nic_latency_s + sw_s, node.nic_latency_s, "nic")
         self.uplink_Bps = {leaf: bw / net.oversubscription for leaf, bw in below_Bps.items()}
         if len(below_Bps) <= 1:
             return leaf_of, None
