@@ -197,21 +197,63 @@ class _BatchedOnly(FlowNetwork):
         self._request_flush()
 
 
+
+def _run_sends(cls, g, sends, record: bool = False, wrap=None):
+    """Run ``sends`` (Send records) on a fresh ``cls`` network over graph g; returns
+    ({name: finish time}, the network). ``wrap(net)`` may instrument it first."""
+    env = simpy.Environment()
+    net = cls(env, g, record=True) if record else cls(env, g)
+    if wrap is not None:
+        wrap(net)
+    done = {}
+
+    def go(t):
+        yield env.timeout(t.start_s)
+        yield net.transfer(t.path, t.nbytes, label=t.name)
+        done[t.name] = env.now
+    for t in sends:
+        env.process(go(t))
+    env.run()
+    return done, net
+
+
+def _same_finishes(done, net, reference):
+    """Assert equal finish times and bytes per link against ``reference`` (done, net);
+    returns it."""
+    ref_done, ref = reference
+    assert done.keys() == ref_done.keys()
+    for k in done:
+        assert done[k] == pytest.approx(ref_done[k], rel=1e-12)
+    assert net.bytes_carried == pytest.approx(ref.bytes_carried, rel=1e-12)
+    return reference
+
+
+def _two_racks():
+    """8 hosts h0..h7 in two racks (switches s0, s1) of mixed 1-3 GB/s host links and a
+    2.5 GB/s inter-switch trunk: links where some flows run alone and some share."""
+    links = [Link(f"h{i}", f"s{i // 4}", 1e9 * (1 + i % 3), 1e-6) for i in range(8)]
+    links += [Link(f"s{i // 4}", f"h{i}", 1e9 * (1 + i % 2), 1e-6) for i in range(8)]
+    links += [Link("s0", "s1", 2.5e9, 2e-6), Link("s1", "s0", 2.5e9, 2e-6)]
+    return graph(*links)
+
+
+def _rack_path(a: int, b: int) -> tuple:
+    """Host a to host b through its rack switch (and the other rack's), as edges."""
+    sa, sb = f"s{a // 4}", f"s{b // 4}"
+    chain = [f"h{a}", sa] + ([sb] if sa != sb else []) + [f"h{b}"]
+    return tuple(zip(chain, chain[1:]))
+
+
 def test_lone_flow_shortcut_matches_the_batched_solve():
     """Random transfers over a small two-rack network, some alone on their links, some
     sharing, some starting at the same instant: finish times, bytes per link and the
     recorded link rates equal those of a network where every change is re-solved in the
     batched zero-delay flush."""
     rng = random.Random(7)
-    links = [Link(f"h{i}", f"s{i // 4}", 1e9 * (1 + i % 3), 1e-6) for i in range(8)]
-    links += [Link(f"s{i // 4}", f"h{i}", 1e9 * (1 + i % 2), 1e-6) for i in range(8)]
-    links += [Link("s0", "s1", 2.5e9, 2e-6), Link("s1", "s0", 2.5e9, 2e-6)]
-    g = graph(*links)
+    g = _two_racks()
 
     def path(a, b):
-        sa, sb = f"s{a // 4}", f"s{b // 4}"
-        chain = [f"h{a}", sa] + ([sb] if sa != sb else []) + [f"h{b}"]
-        return list(zip(chain, chain[1:]))
+        return list(_rack_path(a, b))
     sends = []
     for k in range(60):
         a, b = rng.sample(range(8), 2)
@@ -219,31 +261,15 @@ def test_lone_flow_shortcut_matches_the_batched_solve():
         sends.append(Send(k, start, path(a, b), rng.choice([1e5, 1e6, 3e6])))
     flushes = {}
 
-    def run(cls):
-        env = simpy.Environment()
-        net = cls(env, g, record=True)
-        done = {}
+    def count_flushes(net):
         flush = net._flush
 
         def counted(ev):
-            flushes[cls] = flushes.get(cls, 0) + 1
+            flushes[type(net)] = flushes.get(type(net), 0) + 1
             flush(ev)
         net._flush = counted
-
-        def go(t):
-            yield env.timeout(t.start_s)
-            yield net.transfer(t.path, t.nbytes, label=t.name)
-            done[t.name] = env.now
-        for t in sends:
-            env.process(go(t))
-        env.run()
-        return done, net
-    done, net = run(FlowNetwork)
-    ref_done, ref = run(_BatchedOnly)
-    assert done.keys() == ref_done.keys()
-    for k in done:
-        assert done[k] == pytest.approx(ref_done[k], rel=1e-12)
-    assert net.bytes_carried == pytest.approx(ref.bytes_carried, rel=1e-12)
+    done, net = _run_sends(FlowNetwork, g, sends, record=True, wrap=count_flushes)
+    _, ref = _same_finishes(done, net, _run_sends(_BatchedOnly, g, sends, record=True, wrap=count_flushes))
 
     def rate_steps(samples):
         """Per link: time -> the rate from then on (the last sample of an instant wins)."""
@@ -274,40 +300,16 @@ def test_reused_component_solves_match_fresh_solves():
     finish times and bytes per link equal those of a network that re-solves every
     component, and reuse did happen."""
     rng = random.Random(11)
-    links = [Link(f"h{i}", f"s{i // 4}", 1e9 * (1 + i % 3), 1e-6) for i in range(8)]
-    links += [Link(f"s{i // 4}", f"h{i}", 1e9 * (1 + i % 2), 1e-6) for i in range(8)]
-    links += [Link("s0", "s1", 2.5e9, 2e-6), Link("s1", "s0", 2.5e9, 2e-6)]
-    g = graph(*links)
-
-    def path(a, b):
-        sa, sb = f"s{a // 4}", f"s{b // 4}"
-        chain = [f"h{a}", sa] + ([sb] if sa != sb else []) + [f"h{b}"]
-        return tuple(zip(chain, chain[1:]))
+    g = _two_racks()
+    path = _rack_path
     paths = [path(0, 5), path(1, 6), path(4, 2), path(3, 1)]
     # Rounds of the same sends at the same offsets: the same components recur.
     sends = [Send((r, k), 1e-2 * r + 1e-4 * k, paths[k], 1e6 * (1 + k)) for r in range(5) for k in range(4)]
     sends += [Send(("x", k), rng.uniform(0, 5e-2), paths[rng.randrange(4)], 2e6) for k in range(20)]
 
-    def run(cls):
-        env = simpy.Environment()
-        net = cls(env, g)
-        done = {}
-
-        def go(t):
-            yield env.timeout(t.start_s)
-            yield net.transfer(t.path, t.nbytes, label=t.name)
-            done[t.name] = env.now
-        for t in sends:
-            env.process(go(t))
-        env.run()
-        return done, net
-    done, net = run(FlowNetwork)
-    ref_done, ref = run(_AlwaysSolve)
+    done, net = _run_sends(FlowNetwork, g, sends)
     assert net.solves_reused > 0
-    assert done.keys() == ref_done.keys()
-    for k in done:
-        assert done[k] == pytest.approx(ref_done[k], rel=1e-12)
-    assert net.bytes_carried == pytest.approx(ref.bytes_carried, rel=1e-12)
+    _same_finishes(done, net, _run_sends(_AlwaysSolve, g, sends))
 
 
 def test_flows_with_room_run_at_their_lone_rates_without_a_re_solve():
