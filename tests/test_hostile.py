@@ -29,7 +29,8 @@ from costmodel.profile import _merge, default_profile, load_profile
 from plansim.cli import main
 from specs.model import load_model, model_from_mapping
 from specs.plan import resolve_plan
-from specs.topology import _build, _parse, load_topology
+from specs.topology import _parse, load_topology
+from specs.topology_build import build as _build
 
 ROOT = Path(__file__).resolve().parent.parent
 TOPOLOGY = {
@@ -173,11 +174,11 @@ def test_bad_plan_fails_before_the_cluster_is_built(capsys, monkeypatch):
     """`simulate --nodes 16384` (131,072 devices, the largest allowed) with a plan that cannot
     split the batch is refused without building the cluster. Before: the 131k-device graph
     was built first (tens of seconds; --nodes 100000 took a minute and 2.7 GB)."""
-    import specs.topology as topology
+    import specs.topology_build as topology_build
 
     def no_build(*_):
         raise AssertionError("the cluster was built before the plan was checked")
-    monkeypatch.setattr(topology, "_build", no_build)
+    monkeypatch.setattr(topology_build, "build", no_build)
     code, _, err = _cli(capsys, "simulate", "dgx-a100", "--nodes", "16384", "--model", "gpt3-125m")
     _assert_refused(code, err)
     assert "dp=131072" in err
