@@ -22,7 +22,7 @@ from typing import Literal
 from pydantic import Field, field_validator
 
 from costmodel.errors import InputError
-from costmodel.limits import MAX_DEVICES, MAX_GLOBAL_BATCH, MAX_LAYERS, TOPK_FRACTION_MIN
+from costmodel.limits import MAX_DEVICES, MAX_GLOBAL_BATCH, MAX_LAYERS, TOPK_FRACTION_MIN, number_problem
 from costmodel.shapes import ModelSpec
 from costmodel.yamlio import load_yaml
 from specs.validation import Bool, Int, Strict, short, validate
@@ -230,9 +230,11 @@ def plan_world_size(plan: str | Path | dict) -> int:
     out = 1
     for key in ("tp", "cp", "pp", "dp"):
         v = raw.get(key, 1)
-        if isinstance(v, bool) or not isinstance(v, (int, str)) or not str(v).isdigit() or int(v) < 1:
-            raise InputError(src, key, f"{str(v)[:60]}: must be a positive integer")
-        out *= int(v)
+        n = int(v) if isinstance(v, str) and v.isdigit() else v  # plan strings carry text
+        problem = number_problem(n, 1, MAX_DEVICES, integer=True)
+        if problem:
+            raise InputError(src, key, f"{short(v)}: {problem}")
+        out *= n
     return out
 
 

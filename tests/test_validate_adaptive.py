@@ -91,9 +91,13 @@ def test_slow_rank_parsing_and_extra_passes():
     assert extra_passes(1.0) == (0, 0.0)
     whole, frac = extra_passes(0.4)
     assert whole == 1 and frac == pytest.approx(0.5)
-    for bad in ("1", "a:0.5", "1:0", "1:1.5", "2:0.5", "-1:0.5"):
+    for bad in ("1", "a:0.5", "1:0", "1:1.5", "2:0.5", "-1:0.5", "1:0.049", "1:nan", "1:inf"):
         with pytest.raises(InputError, match="--slow-rank"):
             parse_slow_rank(bad, 2)
+    # the bounds themselves are allowed: the slowest rank (0.05) and the last process
+    assert parse_slow_rank("1:0.05", 2) == (1, 0.05)
+    with pytest.raises(InputError, match=r"rank: 2: must be an integer in \[0, 1\]"):
+        parse_slow_rank("2:0.5", 2)
 
 
 def test_layer_owners():

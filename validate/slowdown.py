@@ -21,9 +21,11 @@ from __future__ import annotations
 import math
 
 from costmodel.errors import InputError
+from costmodel.limits import MAX_DEVICES, number_problem
 
 
 SLOW_MODES = ("quota", "work")
+MIN_SPEED = 0.05  # slowest emulated rank: 20x slower than the others
 
 
 def quota_pause(elapsed_s: float, speed: float) -> None:
@@ -39,15 +41,17 @@ def parse_slow_rank(text: str, world: int | None = None) -> tuple[int, float]:
     try:
         rank, speed = int(head), float(tail)
     except ValueError:
-        rank, speed = -1, float("nan")
-    if not sep or rank < 0 or not (0.0 < speed <= 1.0) or not math.isfinite(speed):
-        raise InputError("--slow-rank", None, f"{str(text)[:40]!r}: give R:F, a rank R >= 0 and a speed "
-                         "F in (0, 1] (e.g. 1:0.5 = rank 1 at half speed)")
-    if world is not None and rank >= world:
-        raise InputError("--slow-rank", None, f"rank {rank} is outside the run's {world} processes")
-    if speed < 0.05:
-        raise InputError("--slow-rank", None, f"speed {speed:g} is below 0.05 (a 20x slower rank "
-                         "would only make the run long)")
+        rank, speed = None, None
+    if not sep or rank is None:
+        raise InputError("--slow-rank", None, f"{str(text)[:40]!r}: give R:F, a rank R and a speed F "
+                         "(e.g. 1:0.5 = rank 1 at half speed)")
+    problem = number_problem(rank, 0, (world - 1) if world is not None else MAX_DEVICES, integer=True)
+    if problem:
+        raise InputError("--slow-rank", "rank", f"{rank}: {problem} (the run's processes)")
+    # Below 0.05 (a 20x slower rank) the run would only grow long.
+    problem = number_problem(speed, MIN_SPEED, 1.0)
+    if problem:
+        raise InputError("--slow-rank", "speed", f"{speed:g}: {problem}")
     return rank, speed
 
 
