@@ -74,9 +74,8 @@ class FabricEfficiency:
     hop_latency_us: float | None = None
     # Per-collective call cost, us, replacing call_latency_us for that collective when set
     # (None: call_latency_us). Software transports cost each collective differently beyond
-    # its ring steps: gloo's all-reduce for small tensors runs its own multi-round
-    # algorithm (gloo/allreduce.cc) and cost about 1.2 ms per 4 KiB call on a 2-core host
-    # where an all-gather of the same size took 0.17 ms (plansim calibrate, 2026-11-30).
+    # its ring steps: gloo's small all-reduce cost about 1.2 ms per 4 KiB call on a 2-core
+    # host where an all-gather of the same size took 0.17 ms (plansim calibrate, 2026-11-30).
     # plansim calibrate fits each from that collective's own calls issued after compute.
     all_reduce_call_us: float | None = None
     all_gather_call_us: float | None = None

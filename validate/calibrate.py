@@ -17,8 +17,8 @@ Parameters and what fixes each (few, global, physical):
 - ``bw_eff``, ``hop_latency_us`` of the topology's intra-node link class: least squares
   over all-reduce, all-gather, reduce-scatter and send/recv at every size, back to back,
   with the topology's bandwidth and costmodel/collectives.py's ring formulas, each
-  collective with its own call cost beside them (so that one collective's extra rounds,
-  gloo's small all-reduce, do not inflate every collective's per-step latency).
+  collective with its own call cost beside them (so that one collective's extra cost,
+  gloo's small all-reduce, does not inflate every collective's per-step latency).
 - ``<op>_call_us`` for each of those four collectives, and ``call_latency_us`` (the
   generic figure, for any other collective: their median): then, with bw_eff and
   hop_latency_us fixed, least squares over each collective's own calls issued in a stream
@@ -44,12 +44,12 @@ from costmodel.dtypes import DTYPE_BYTES
 from costmodel.efficiency import causal_fraction, op_time_s, topk_compress_time_s
 from costmodel.flops import Op
 from costmodel.gpus import GpuSpec
-from costmodel.profile import FabricEfficiency, GpuEfficiency
+from costmodel.profile import COLLECTIVE_OPS, FabricEfficiency, GpuEfficiency
 from validate.collective_bench import AFTER_COMPUTE_SUFFIX, CollectiveSample
 from validate.microbench import AttentionSample, GemmSample, MemorySample, MicrobenchResult, TopkSample
 
 FIT_PRECISION = "fp32"  # the microbenchmarks run fp32 tensors
-FITTED_COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "send_recv")
+FITTED_COLLECTIVES = COLLECTIVE_OPS  # the collectives a fabric has its own call cost for
 
 
 @dataclass

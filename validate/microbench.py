@@ -441,9 +441,9 @@ def compute_processes(world: int, kind: str) -> int:
 # from a small tensor-parallel activation to a gradient bucket of a small model.
 AFTER_COMPUTE_SIZES = (4 * KIB, 32 * KIB, 256 * KIB, 2 * MIB)
 # Separate launches the after-compute calls are timed in, averaged. Within one launch a
-# call's cost is steady; between launches it is not (measured here: a 32 KiB 2-rank
-# all-reduce in a stream of compute rounds cost 0.68, 0.99, 1.03, 1.30, 1.35, 1.40 and
-# 1.90 ms in seven launches), so one launch is one draw of where the processes and their
+# call's cost is steady; between launches it is not (measured here, quiet: a 32 KiB 2-rank
+# all-reduce in a stream of rounds with 1 ms of GEMMs cost 0.47, 0.99, 1.03, 1.30 and
+# 1.90 ms in five launches), so one launch is one draw of where the processes and their
 # threads landed, and a plan's own launch is another: the mean over launches is the
 # expected cost.
 AFTER_COMPUTE_LAUNCHES = 3
