@@ -51,6 +51,11 @@ class GpuEfficiency:
     # memory bound; a CPU's selection (a partial sort, comparisons and branches) is not,
     # and plansim calibrate times it (validate/microbench.py).
     topk_select_ns_per_elem: float = 0.0
+    # Coefficient of variation of one selection's time from step to step and rank to rank
+    # (its data changes with every step's gradients): the group waits for its slowest
+    # member (costmodel/efficiency.topk_compress_time_s). 0 where selection time does not
+    # depend on the data (GPU radix select); plansim calibrate measures it on a CPU.
+    topk_select_cv: float = 0.0
     source: str = "built-in default"
 
 
@@ -81,14 +86,23 @@ class FabricEfficiency:
     all_gather_call_us: float | None = None
     reduce_scatter_call_us: float | None = None
     send_recv_call_us: float | None = None
+    # Added to every call per member of the group beyond two, us. 0 where a collective's
+    # members each have their own processor. Where more processes than cores share a host,
+    # every member must be scheduled in turn before the call completes, and a bigger group
+    # waits for more of them: with 4 gloo processes on 2 cores, a 4-rank all-reduce called
+    # right after compute cost about 5.4 ms and a 2-rank one about 1.0 ms, five times, where
+    # the ring's extra steps account for three (plansim calibrate fits it when it measured
+    # more than one group size; 2026-11-30).
+    call_us_per_rank: float = 0.0
     source: str = "built-in default"
 
-    def call_s(self, op: str | None = None) -> float:
+    def call_s(self, op: str | None = None, n: int = 2) -> float:
         """Seconds one call of collective ``op`` ('all_reduce', 'all_gather',
-        'reduce_scatter', 'send_recv'; None or another op: the generic figure) costs
-        beyond its message steps: the op's own call cost when set, else call_latency_us."""
+        'reduce_scatter', 'send_recv'; None or another op: the generic figure) over ``n``
+        ranks costs beyond its message steps: the op's own call cost when set, else
+        call_latency_us, plus call_us_per_rank for each rank beyond two."""
         got = getattr(self, f"{op}_call_us", None) if op in COLLECTIVE_OPS else None
-        return (self.call_latency_us if got is None else got) * 1e-6
+        return ((self.call_latency_us if got is None else got) + max(0, n - 2) * self.call_us_per_rank) * 1e-6
 
     def hop_latency_s(self, topology_s: float) -> float:
         """Seconds of one device-to-device step on this class: the profile's
@@ -125,6 +139,14 @@ class RuntimeSettings:
     # worker process computing in its own thread); 0: every device has its own processor.
     # More processes than cores time-share them (sim/core_sharing.py).
     host_cores: int = 0
+    # Share of a process's waits in collectives and pipeline receives during which it still
+    # occupies a core (a software transport's kernel copies, its threads waking and
+    # polling); 0: a wait frees the core. Only matters with host_cores (sim/core_sharing.py).
+    comm_busy_fraction: float = 0.0
+    # Time of validate/probe.py's fixed compute probe when the profile was calibrated, us
+    # (median over the compute workers); 0: not measured. The validator times the same
+    # probe around each run and predicts with the compute slowed by the ratio.
+    speed_probe_us: float = 0.0
     source: str = "built-in default"
 
 
@@ -141,7 +163,8 @@ _STR_FIELDS = _typed("str")
 # peak, (0, 1]; times in microseconds up to one second (costmodel/limits.py); the share of
 # compute lost to an overlapping collective is below 1 (at 1 compute would never finish).
 # Any other (future) number: finite and in [0, 1e6].
-_RANGES = {"compute_slowdown": (0.0, 1.0, False, True),
+_RANGES = {"compute_slowdown": (0.0, 1.0, False, True), "topk_select_cv": (0.0, 2.0, False, False),
+           "comm_busy_fraction": (0.0, 1.0, False, False),
            "gemm_eff_max_fp8": (0.0, 1.0, False, False),  # 0: unset (derived from gemm_eff_max)
            "fp8_weight_copies": (0, 4, False, False), "fsdp_prefetch_layers": (0, 64, False, False)}
 _DEFAULT_RANGE = (0.0, 1e6, False, False)

@@ -333,8 +333,9 @@ class CostTables:
                         elems = size / self.grad_bytes(prec)
                         nnz = max(1.0, frac * elems)
                         a0, a1 = self.dp_op(plan, s, "sparse")
-                        t_b = (topk_compress_time_s(elems, gpu, eff) + a0 + a1 * nnz * TOPK_ENTRY_BYTES
-                               + topk_decompress_time_s(elems, (plan.grad_degree - 1) * nnz, TOPK_ENTRY_BYTES, gpu, eff))
+                        t_b = (topk_compress_time_s(elems, gpu, eff, plan.grad_degree) + a0
+                               + a1 * nnz * TOPK_ENTRY_BYTES
+                               + topk_decompress_time_s(elems, plan.grad_degree * nnz, TOPK_ENTRY_BYTES, gpu, eff))
                     elif plan.zero == 0 or self.runtime.zero1_grad_all_reduce:
                         a0, a1 = self.dp_op(plan, s, "all_reduce", algos[s] if algos else plan.allreduce)
                         t_b = a0 + a1 * size

@@ -20,6 +20,20 @@ one's compute is slowed by f = n*f*C/((f*C + W)*c), i.e.
 depends on f (a process waits for slowed peers), so the slowdown is the fixed point of
 f <- max(1, n/c - W(f)/C), found by a few damped iterations over full simulations.
 
+A wait is not always idle: over a software transport (gloo's TCP over loopback) a
+process in a collective still runs on a core for a share b of the wait (the kernel
+copies its messages, its threads wake and poll; runtime.comm_busy_fraction, measured by
+plansim calibrate: 0.6-0.7 of the wall time with 2 processes on 2 cores). Each process
+then needs C + b W core-seconds per step, and while the cores are saturated,
+n (C + b W) = c (f C + W), so
+
+    f = n/c - (1 - b n/c) W/C,   kept within [1, n/c]
+
+which is the formula above for b = 0, and n/c whatever the waits once b n/c >= 1 (the
+waits alone keep every core busy). Measured here: tp=2 x dp=2 in 4 processes on 2 cores
+computed 60 ms a step where 31 ms was predicted at full speed (f = 1.9), its waits
+10 times its compute; with b = 0, f came out 1.
+
 The slowdown applies to compute only (the profile's device rates and per-op overheads);
 collectives keep the figures calibrated at that process count (plansim calibrate
 --world N measures them with N processes at once, their wake-ups included).
@@ -56,12 +70,12 @@ def slowed_profile(profile: Profile, f: float) -> Profile:
     return replace(profile, gpus=gpus, runtime=rt)
 
 
-def next_slowdown(ratio: float, compute_s: float, wait_s: float) -> float:
-    """max(1, n/c - W/C) for one process: ``compute_s`` at full speed, ``wait_s`` not
-    runnable (module doc)."""
+def next_slowdown(ratio: float, compute_s: float, wait_s: float, busy: float = 0.0) -> float:
+    """min(n/c, max(1, n/c - (1 - b n/c) W/C)) for one process: ``compute_s`` at full speed,
+    ``wait_s`` waiting, a share ``busy`` (b) of which still occupies a core (module doc)."""
     if compute_s <= 0:
         return 1.0
-    return max(1.0, ratio - wait_s / compute_s)
+    return min(ratio, max(1.0, ratio - max(0.0, 1.0 - busy * ratio) * wait_s / compute_s))
 
 
 def simulate_shared(run, profile: Profile, ratio: float):
@@ -74,7 +88,7 @@ def simulate_shared(run, profile: Profile, ratio: float):
         step = res.step_time_s
         compute = res.breakdown["compute"] / f  # at full speed
         wait = max(0.0, step - res.breakdown["compute"])
-        f_new = next_slowdown(ratio, compute, wait)
+        f_new = next_slowdown(ratio, compute, wait, profile.runtime.comm_busy_fraction)
         if abs(f_new - f) < 1e-3 * f:
             f = f_new
             break

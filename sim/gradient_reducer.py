@@ -72,7 +72,8 @@ class GradientReducer(EnginePart):
         """Top-k selection of one bucket on ``key``'s GPU (error-feedback residual added,
         top k selected): GPU kernels that run on the compute stream."""
         gpu = self.cluster.devices[self.prog.pipelines[key[0]].ranks[key[1]]].gpu
-        return ce.topk_compress_time_s(self.bucket_elements(stage, chunk), gpu, self.prog.profile.gpu(gpu.name))
+        return ce.topk_compress_time_s(self.bucket_elements(stage, chunk), gpu, self.prog.profile.gpu(gpu.name),
+                                       self.plan.grad_degree)
 
     def bucket_ready(self, stage: int, chunk: int, j: int) -> None:
         """One simulated class has bucket j of (stage, chunk); the DP stream may reduce it
@@ -162,7 +163,7 @@ class GradientReducer(EnginePart):
                 nnz = max(1.0, frac * elems)
                 yield self._run(s, cf.sparse_allgather(self.plan.grad_group(s, 0), nnz, TOPK_ENTRY_BYTES),
                                 f"topk c{chunk}b{j}", "all_gather")
-                yield self.env.timeout(ce.topk_decompress_time_s(elems, (dpn - 1) * nnz, TOPK_ENTRY_BYTES, gpu, eff))
+                yield self.env.timeout(ce.topk_decompress_time_s(elems, dpn * nnz, TOPK_ENTRY_BYTES, gpu, eff))
             else:
                 reduce_all = self.plan.zero == 0 or self.prog.zero_grad_all_reduce
                 op = "all_reduce" if reduce_all else "reduce_scatter"

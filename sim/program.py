@@ -184,9 +184,9 @@ def tp_layer_comm_s(cluster: Cluster, profile: Profile, ranks: list[int], act_by
     bw, lat, kind = group_link(cluster, ranks, profile)
     fab = profile.fabric(kind)
     bw_eff = bw * fab.bw_eff
-    ar = cc.ring_allreduce_s(act_bytes, n, bw_eff, lat) + fab.call_s("all_reduce")
-    ag = cc.allgather_s(act_bytes, n, bw_eff, lat) + fab.call_s("all_gather")
-    rs = cc.reduce_scatter_s(act_bytes, n, bw_eff, lat) + fab.call_s("reduce_scatter")
+    ar = cc.ring_allreduce_s(act_bytes, n, bw_eff, lat) + fab.call_s("all_reduce", n)
+    ag = cc.allgather_s(act_bytes, n, bw_eff, lat) + fab.call_s("all_gather", n)
+    rs = cc.reduce_scatter_s(act_bytes, n, bw_eff, lat) + fab.call_s("reduce_scatter", n)
     full = recompute == "full"
     overlap = profile.runtime.tp_bwd_overlap
     gemm = {o.name: op_time_s(o, gpu, eff, prec) for o in b_ops
@@ -226,7 +226,7 @@ def group_kind(cluster: Cluster, ranks: list[int]) -> str:
 def call_latency_s(cluster: Cluster, profile: Profile, ranks: list[int], op: str | None = None) -> float:
     """Software cost of one call of collective ``op`` over ``ranks`` (the group's fabric's
     FabricEfficiency.call_s: the op's own call cost when the profile has one)."""
-    return profile.fabric(group_kind(cluster, ranks)).call_s(op)
+    return profile.fabric(group_kind(cluster, ranks)).call_s(op, len(ranks))
 
 
 def group_link(cluster: Cluster, ranks: list[int], profile: Profile) -> tuple[float, float, str]:

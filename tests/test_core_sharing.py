@@ -1,6 +1,8 @@
 """Host processes time-sharing fewer cores (sim/core_sharing.py)."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from costmodel import flops as fl
@@ -43,6 +45,19 @@ def test_next_slowdown_closed_form():
     assert next_slowdown(2.0, 1.0, 3.0) == 1.0
 
 
+def test_busy_waits_keep_the_cores_taken():
+    """With a share b of each wait still on a core, saturated cores give
+    f = n/c - (1 - b n/c) W/C within [1, n/c]: 4 processes on 2 cores, C = 1, W = 3:
+    b = 0.2 -> 2 - 0.6 x 3 = 0.2 -> 1; b = 0.4 -> 2 - 0.2 x 3 = 1.4; b = 0.5 (the waits
+    alone fill both cores) -> 2 whatever W; b = 0.7 cannot slow compute beyond n/c -> 2.
+    With as many processes as cores (n/c = 1) nothing is slowed, busy or not."""
+    assert next_slowdown(2.0, 1.0, 3.0, 0.2) == 1.0
+    assert next_slowdown(2.0, 1.0, 3.0, 0.4) == pytest.approx(1.4)
+    assert next_slowdown(2.0, 1.0, 3.0, 0.5) == 2.0
+    assert next_slowdown(2.0, 1.0, 30.0, 0.7) == 2.0
+    assert next_slowdown(1.0, 1.0, 3.0, 0.9) == 1.0
+
+
 def test_four_processes_on_two_cores_fixed_point():
     """dp=4 on a 4-device host with 2 cores: the step's compute is slowed by the f that
     satisfies f = max(1, 2 - W/C) for the simulated step (C the unslowed compute, W the
@@ -59,3 +74,9 @@ def test_four_processes_on_two_cores_fixed_point():
     assert shared.breakdown["compute"] == pytest.approx(f * C, rel=1e-9)
     W = shared.step_time_s - shared.breakdown["compute"]
     assert f == pytest.approx(next_slowdown(2.0, C, W), rel=1e-2)
+    # Waits that keep half a core each (b n/c = 1): the cores stay full, f = n/c = 2.
+    busy = _profile(2)
+    busy = replace(busy, runtime=replace(busy.runtime, comm_busy_fraction=0.5))
+    full = simulate(TINY, plan, cluster, busy)
+    assert full.core_slowdown == pytest.approx(2.0, rel=1e-3)
+    assert full.breakdown["compute"] == pytest.approx(2.0 * C, rel=1e-3)

@@ -106,6 +106,26 @@ def test_each_collective_pays_its_own_call_cost():
     assert sp[0] == sp[1]
 
 
+def test_bigger_groups_pay_the_per_rank_call_cost():
+    """call_us_per_rank adds to every call per rank beyond two: tiny's TP layer (no SP, no
+    backward overlap: 2 all-reduces each way) at tp=4 pays 2 x 2 x 700 us more each way with
+    700 us per rank; at tp=2 nothing changes. The generic call cost and pairs alike."""
+    from sim.program import tp_layer_comm_s
+    cluster = load_topology("localhost-cpu", gpus_per_node=4)
+    base = FabricEfficiency(bw_eff=0.5, call_latency_us=50.0)
+    dear = FabricEfficiency(bw_eff=0.5, call_latency_us=50.0, call_us_per_rank=700.0)
+    assert dear.call_s("all_reduce", 4) == pytest.approx((50 + 2 * 700) * 1e-6)
+    assert dear.call_s("send_recv", 2) == dear.call_s(None) == pytest.approx(50e-6)
+    rt = RuntimeSettings(tp_bwd_overlap=False)
+    for ranks, extra in (([0, 1, 2, 3], 2 * 2 * 700e-6), ([0, 1], 0.0)):
+        (f0, b0), (f1, b1) = [tp_layer_comm_s(cluster, Profile(gpus={"default": GpuEfficiency()},
+                                                               fabrics={"default": fab}, runtime=rt),
+                                              ranks, 64 * 128 * 4, False, "none", [], None, None, "fp32")
+                              for fab in (base, dear)]
+        assert f1 - f0 == pytest.approx(extra, abs=1e-12)
+        assert b1 - b0 == pytest.approx(extra, abs=1e-12)
+
+
 def test_pipeline_send_pays_the_send_recv_call_cost():
     """The engine charges a pipeline send the fabric's send_recv_call_us: GPipe p=2, m=1
     has 2 sends on the critical path (one activation, one gradient), so raising the

@@ -103,8 +103,8 @@ def test_topk_exchange_time_by_hand():
     across the nodes, no overlap, one gradient bucket of E = 1e9 elements. Each rank keeps
     nnz = 0.01 E = 1e7 entries of 6 B (int32 index + 16-bit value) and the 2-rank ring
     all-gather sends (n - 1) nnz x 6 B = 6e7 B: 6 ms at 10 GB/s. Then the dense buffer is
-    rebuilt: zero 4 B per element and scatter-add each received entry (read 6 B,
-    read-modify-write one fp32, 8 B): (4 E + nnz (6 + 8)) / HBM = 4.14e9 B / 2.039 TB/s
+    rebuilt: zero 4 B per element and scatter-add every gathered entry, both ranks' (2 nnz;
+    read 6 B, read-modify-write one fp32, 8 B): (4 E + 2 nnz (6 + 8)) / HBM = 4.28e9 B / 2.039 TB/s
     (A100-80GB datasheet, HBM at full rate in this profile, no kernel overhead).
     Exposed 'dp' is their sum; backward and forward are 0 so the rest is top-k selection."""
     hbm = Profile(gpus={"default": GpuEfficiency(hbm_eff=1.0, kernel_overhead_us=0.0)},
@@ -118,9 +118,32 @@ def test_topk_exchange_time_by_hand():
     step, res = run_engine(prog)
     hbm_Bps = get_gpu("A100-SXM4-80GB").mem_bw_Bps
     assert hbm_Bps == pytest.approx(2039e9)
-    dp = 6e7 / 1e10 + (4 * E + 1e7 * (6 + 8)) / hbm_Bps
+    dp = 6e7 / 1e10 + (4 * E + 2 * 1e7 * (6 + 8)) / hbm_Bps
     assert res.exposed_comm_s["dp"] == pytest.approx(dp, rel=1e-9)
     assert step == pytest.approx(res.breakdown["compute"] + dp, rel=1e-9)
+
+
+def test_topk_selection_waits_for_the_slowest_replica():
+    """The same plan (one bucket of E = 1e9 elements, dp=2, no overlap) with 1 ns/element of
+    selection: 1 s per selection. With topk_select_cv = 0.5 the sparse all-gather starts
+    when the slower of the 2 replicas has selected, on average 1 s x (1 + 0.5 x e2) with
+    e2 = Phi^-1(1.625 / 2.25) = 0.5895 (Blom's expected maximum of 2 standard normals), so
+    the step grows by exactly 0.5 x 0.5895 s against cv = 0 and nothing else moves."""
+    from statistics import NormalDist
+    cluster = load_topology(str(DATA / "two-nodes.yaml"))
+    model = ModelSpec("tiny", 4, 1024, 16, 512, 32000, 4)
+    E = 1e9
+    steps = []
+    for cv in (0.0, 0.5):
+        prog = fixed_program(cluster, model, "tp=2,dp=2,mbs=2,compress=topk:0.01,overlap_grad_reduce=false",
+                             0.0, 0.0, (4 * E,), 0.0, params=E)
+        prog.profile = Profile(gpus={"default": GpuEfficiency(hbm_eff=1.0, kernel_overhead_us=0.0,
+                                                              topk_select_ns_per_elem=1.0, topk_select_cv=cv)},
+                               fabrics=IDEAL.fabrics)
+        steps.append(run_engine(prog)[0])
+    e2 = NormalDist().inv_cdf(1.625 / 2.25)
+    assert e2 == pytest.approx(0.5895, abs=1e-4)
+    assert steps[1] - steps[0] == pytest.approx(0.5 * e2 * 1.0, rel=1e-9)
 
 
 # ------------------------------------------------------------------ gradient dtype
