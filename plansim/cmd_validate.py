@@ -35,6 +35,9 @@ def register(subparsers) -> None:
     p.add_argument("--timeout", type=float, default=300.0, help="seconds before a run is abandoned")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--report", metavar="DIR", help="write a validation report (HTML, Markdown, traces)")
+    p.add_argument("--no-drift-correction", dest="drift_correction", action="store_false",
+                   help="predict with the profile as calibrated, not slowed or sped up by the speed probe "
+                        "timed around each run (validate/probe.py)")
     p.set_defaults(func=cmd_validate)
 
 
@@ -69,7 +72,7 @@ def profile_for(specs: list[str]) -> dict:
 
 def validate_plans(topology: str, model_name: str, plans: list[str], profiles: dict, *, steps: int,
                    warmup: int, seed: int, timeout_s: float, record: bool, progress=None,
-                   runtime: str | None = None):
+                   runtime: str | None = None, drift_correction: bool = True):
     """Run and simulate every plan; the comparisons in the given order."""
     from costmodel.profile import load_profile
     from plansim.cmd_calibrate import resolve_world
@@ -77,7 +80,9 @@ def validate_plans(topology: str, model_name: str, plans: list[str], profiles: d
     from specs.model import load_model
     from specs.plan import plan_world_size, resolve_plan
     from validate.backend import require_torch
+    from sim.core_sharing import slowed_profile
     from validate.compare import compare
+    from validate.probe import drift_factor
 
     model = load_model(model_name)
     prepared = []
@@ -100,8 +105,11 @@ def validate_plans(topology: str, model_name: str, plans: list[str], profiles: d
                      f"({warmup} warm-up + {steps} steps); profile {prof_path or 'default (uncalibrated)'}")
         with worker_threads_env(plan.num_devices):  # the threads calibration measured with
             rec = run_plan(model, plan, steps=steps, warmup=warmup, seed=seed, timeout_s=timeout_s)
-        sim = simulate(model, plan, cluster, profile, record=record)
-        out.append(compare(rec, sim))
+        drift = drift_factor(rec.speed_probe_s, profile.runtime.speed_probe_us)
+        used = slowed_profile(profile, drift) if drift_correction and drift is not None else profile
+        sim = simulate(model, plan, cluster, used, record=record)
+        out.append(compare(rec, sim, drift=drift, drift_applied=drift_correction and drift is not None,
+                           calibrated_probe_s=profile.runtime.speed_probe_us * 1e-6))
     return out
 
 
@@ -119,7 +127,8 @@ def cmd_validate(args) -> int:
     say = None if args.json else (lambda m: print(m, file=sys.stderr, flush=True))
     comps = validate_plans(args.topology, args.model, plans, profile_for(args.profile), steps=args.steps,
                            warmup=args.warmup, seed=args.seed, timeout_s=args.timeout,
-                           record=bool(args.report), progress=say, runtime=args.runtime)
+                           record=bool(args.report), progress=say, runtime=args.runtime,
+                           drift_correction=args.drift_correction)
     ranking = Ranking(comps)
     if args.report:
         from reports.validation import write_validation_report

@@ -81,6 +81,59 @@ def test_fit_recovers_the_parameters_that_generated_the_data():
     assert fit.rms_pct("gemm") < 1 and fit.rms_pct("collectives") < 1
 
 
+def test_fit_takes_out_the_harness_per_call_cost():
+    """Compute samples generated with the timing harness's own per-call cost (1.5 us for
+    GEMMs, 1 us for memory ops, 3 us for attention) while the runner's per-op cost (the
+    chain's plain figure) is 5 us: with the harness entries the fit recovers the true
+    rates (1 %); fitted with the chain's 5 us in their place (records without harness
+    entries), small ops look cheaper than their fixed cost and the rates come out wrong
+    (gemm_eff_max off by more than 5 %)."""
+    from validate.calibrate import harness_key
+    res = synthetic_bench()
+    cost_us = {"gemm": 1.5, "bmm": 1.5, "attention": 3.0, **{f"memory:{op}": 1.0 for op in
+                                                            ("add", "gelu", "layernorm", "softmax")}}
+    for fam in (res.gemm, res.memory, res.attention):
+        for x in fam:
+            op = _gemm_op(x) if fam is res.gemm else _mem_op(x) if fam is res.memory else _attn_op(x)
+            x.seconds = op_time_s(op, CPU, replace(TRUE_GPU, kernel_overhead_us=cost_us[harness_key(x)]),
+                                  FIT_PRECISION)
+    res.harness = {k: v * 1e-6 for k, v in cost_us.items()}
+    fit = fit_profile(res, CPU, GpuEfficiency(), LINK, FabricEfficiency())
+    assert fit.gpu.kernel_overhead_us == pytest.approx(5.0)  # plans still pay the runner's figure
+    assert fit.gpu.gemm_eff_max == pytest.approx(0.3, rel=1e-2)
+    assert fit.gpu.gemm_k_half == pytest.approx(40.0, rel=1e-2)
+    assert fit.gpu.hbm_eff == pytest.approx(0.15, rel=1e-2)
+    assert fit.gpu.attention_eff == pytest.approx(0.05, rel=1e-2)
+    res.harness = {}
+    blind = fit_profile(res, CPU, GpuEfficiency(), LINK, FabricEfficiency())
+    assert abs(blind.gpu.gemm_eff_max / 0.3 - 1) > 0.05
+
+
+def test_fit_recovers_the_per_rank_call_cost_from_two_group_sizes():
+    """Synthetic world-4 data where every call costs 800 us more per rank beyond two (a
+    4-rank all-reduce 1,600 us more than a 2-rank one besides its 4 extra ring steps), back
+    to back and after compute (all four collectives, groups of 2 and 4): the fit recovers
+    call_us_per_rank 800 (2 %), the 10 us hop latency (0.5 us) and each call cost (2 %).
+    A send pairs two ranks in any group, so its samples carry no per-rank cost."""
+    from validate.collective_bench import AFTER_COMPUTE_SUFFIX
+    res = synthetic_bench(world=4)
+    fab = replace(TRUE_FAB, call_us_per_rank=800.0, **{f"{op}_call_us": c for op, c in TRUE_CALLS.items()})
+    res.collectives = []
+    for suffix in ("", AFTER_COMPUTE_SUFFIX):
+        for n in (2, 4):
+            for op in ("all_reduce", "all_gather", "reduce_scatter", "send_recv"):
+                for nbytes in ((4096, 32768, 262144, 2 << 20) if suffix else sizes_bytes(4096, 64 << 20)):
+                    t = collective_time_s(op + suffix, nbytes, n, LINK[0], LINK[1], fab)
+                    res.collectives.append(CollectiveSample(op + suffix, nbytes, n, t))
+    assert collective_time_s("all_reduce", 4096, 4, LINK[0], LINK[1], fab) - \
+        collective_time_s("all_reduce", 4096, 4, LINK[0], LINK[1], replace(fab, call_us_per_rank=0.0)) == pytest.approx(1600e-6)
+    fit = fit_profile(res, CPU, GpuEfficiency(), LINK, FabricEfficiency())
+    assert fit.fabric.call_us_per_rank == pytest.approx(800.0, rel=2e-2)
+    assert fit.fabric.hop_latency_us == pytest.approx(10.0, abs=0.5)
+    for op, c in TRUE_CALLS.items():
+        assert getattr(fit.fabric, f"{op}_call_us") == pytest.approx(c, rel=2e-2)
+
+
 def test_call_latency_comes_from_collectives_after_compute():
     """Back-to-back collectives fix the bandwidth share and per-step latency; each
     collective's call cost is fitted to its own calls issued in a stream of compute rounds
@@ -270,6 +323,38 @@ def test_topk_compress_time_by_hand():
     eff = GpuEfficiency(hbm_eff=0.1, kernel_overhead_us=5.0, topk_select_ns_per_elem=10.0)
     assert topk_compress_time_s(1e6, CPU, eff) == pytest.approx(11.415e-3)
     assert topk_compress_time_s(1e6, CPU, GpuEfficiency(hbm_eff=0.1, kernel_overhead_us=5.0)) == pytest.approx(1.415e-3)
+
+
+def test_expected_max_of_normals_against_exact_values():
+    """Blom's approximation against exact expected maxima of n standard normals: n = 2 is
+    1/sqrt(pi) = 0.5642 (within 5 %), n = 4 1.0294 (within 2.5 %) and n = 8 1.4236 (within 1 %;
+    Harter 1961 tables); one draw waits for nobody (0); and against a seeded Monte Carlo of 200,000
+    groups of 3 (exact 3/(2 sqrt(pi)) = 0.8463; within 4 %)."""
+    import numpy as np
+    from costmodel.efficiency import expected_max_std_normal as e
+    assert e(1) == 0.0
+    assert e(2) == pytest.approx(1 / math.sqrt(math.pi), rel=0.05)
+    assert e(4) == pytest.approx(1.0294, rel=0.025)
+    assert e(8) == pytest.approx(1.4236, rel=0.01)
+    mc = np.random.default_rng(0).standard_normal((200_000, 3)).max(axis=1).mean()
+    assert mc == pytest.approx(3 / (2 * math.sqrt(math.pi)), rel=0.01)
+    assert e(3) == pytest.approx(mc, rel=0.04)
+
+
+def test_topk_selection_spread_by_hand():
+    """Selections of 1, 2 and 3 ms: mean 2 ms, population standard deviation sqrt(2/3) ms,
+    cv 0.4082; the profile's cv is the median over bucket sizes (0.1, 0.4082, 0.5 -> 0.4082).
+    The 1e6-element bucket of the test above at 10 ns/element with cv 0.3 in a group of 2
+    waits 10 ms x (1 + 0.3 x 0.58946) + 1.415 ms = 13.1834 ms; alone, 11.415 ms."""
+    from costmodel.efficiency import topk_compress_time_s
+    from validate.calibrate import topk_cv
+    from validate.microbench import TopkSample, topk_sample
+    t = topk_sample(1000, 0.1, [1e-3, 2e-3, 3e-3])
+    assert t.seconds == pytest.approx(2e-3) and t.cv == pytest.approx(math.sqrt(2 / 3) / 2)
+    assert topk_cv([TopkSample(1, 0.1, 1.0, 0.1), t, TopkSample(1, 0.1, 1.0, 0.5)]) == pytest.approx(0.40825, rel=1e-4)
+    eff = GpuEfficiency(hbm_eff=0.1, kernel_overhead_us=5.0, topk_select_ns_per_elem=10.0, topk_select_cv=0.3)
+    assert topk_compress_time_s(1e6, CPU, eff, 2) == pytest.approx(13.1834e-3, rel=1e-4)
+    assert topk_compress_time_s(1e6, CPU, eff, 1) == pytest.approx(11.415e-3)
 
 
 def test_fit_recovers_topk_selection_cost():

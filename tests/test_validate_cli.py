@@ -94,6 +94,27 @@ def test_calibrate_and_validate_smoke(tmp_path, capsys):
     assert d["measured_step_time_s"] > 0 and d["predicted_step_time_s"] > 0
     assert set(d["phases"]) >= {"compute", "dp"}
     assert all(set(v) == {"measured_s", "predicted_s"} for v in d["phases"].values())
+    # The speed probe: timed at calibration (the profile's speed_probe_us) and around the
+    # run; the prediction is the simulation with the profile's compute slowed by the ratio,
+    # recomputed here from the two probes (validate/probe.py, sim/core_sharing.slowed_profile).
+    from costmodel.profile import load_profile
+    from plansim.cmd_calibrate import resolve_world
+    from sim.core_sharing import slowed_profile
+    from sim.metrics import simulate
+    from specs.model import load_model
+    from specs.plan import resolve_plan
+    from validate.probe import drift_factor
+    probe = d["speed_probe"]
+    cluster, _ = resolve_world("localhost-cpu", 2, "--plan", "")
+    profile = load_profile(str(prof), bundled=cluster.profiles)
+    assert probe["calibrated_s"] == pytest.approx(profile.runtime.speed_probe_us * 1e-6) and probe["calibrated_s"] > 0
+    assert probe["run_s"] > 0
+    f = drift_factor(probe["run_s"], profile.runtime.speed_probe_us)
+    assert probe["drift_factor"] == (None if f is None else pytest.approx(f)) and probe["applied"] == (f is not None)
+    model = load_model("tiny")
+    plan = resolve_plan({"dp": 2, "precision": "fp32"}, model, 2)
+    used = slowed_profile(profile, f) if f is not None else profile
+    assert d["predicted_step_time_s"] == pytest.approx(simulate(model, plan, cluster, used).step_time_s, rel=1e-9)
 
 
 def _cuda() -> bool:

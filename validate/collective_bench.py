@@ -80,6 +80,7 @@ class CollectiveConfig:
     after_compute_sizes: tuple = ()
     compute_gap_s: float = 1e-3
     after_compute_calls: int = 100  # rounds per mean (after_compute_rows)
+    busy_calls: int = 0  # calls of the busy-fraction stream (busy_fraction_row); 0: not measured
 
 
 def _collective_call(op: str, count: int, n: int, group, first: int, nxt: int, prv: int, dev):
@@ -166,7 +167,50 @@ def collective_worker(rank: int, world: int, cfg: CollectiveConfig) -> list:
                 rows.append([op, n, count * 4, statistics.median(times)])
         if cfg.after_compute_sizes:
             rows += after_compute_rows(cfg, n, group, first, nxt, prv, dev, dsync)
+        if cfg.busy_calls and n == min(cfg.group_sizes or (world,)):
+            rows.append(busy_fraction_row(cfg, n, group, first, nxt, prv, dev, world))
     return rows
+
+
+BUSY_OP = "busy_fraction"  # the row's op; its 'seconds' field holds the fraction
+BUSY_BYTES = 32 * 1024  # a tensor-parallel activation of a small model
+
+
+def busy_fraction_row(cfg: CollectiveConfig, n: int, group, first: int, nxt: int, prv: int, dev, world: int) -> list:
+    """[BUSY_OP, n, BUSY_BYTES, fraction]: the CPU time the processes spend per second of
+    wall time while they run a stream of small all-reduces back to back in groups of n
+    (getrusage of the whole process, its communication threads included; mean over the
+    ranks that ran it). A process waiting in a collective over gloo's TCP transport is not
+    idle: the kernel copies its messages and its threads wake and poll. sim/core_sharing.py
+    counts that share of a wait as occupying a core (runtime.comm_busy_fraction). Only as
+    many groups run as the host has cores for (the others wait at a barrier): with more
+    processes than cores each would get a share of a core at most, and the figure would
+    measure the scheduler, not the transport (measured here: 0.6-0.7 with 2 processes on 2
+    cores; 0.41-0.57 with 4 processes all running)."""
+    import resource
+
+    import torch
+    import torch.distributed as dist
+
+    from validate.microbench import host_cores
+
+    def cpu_s():
+        r = resource.getrusage(resource.RUSAGE_SELF)
+        return r.ru_utime + r.ru_stime
+    active_groups = world // n if cfg.backend == "nccl" else max(1, host_cores() // n)
+    active = first // n < active_groups
+    frac = torch.zeros(2, dtype=torch.float64)
+    if active:
+        call = _collective_call("all_reduce", BUSY_BYTES // 4 // n * n, n, group, first, nxt, prv, dev)
+        for _ in range(10):
+            call()
+        c0, t0 = cpu_s(), time.perf_counter()
+        for _ in range(cfg.busy_calls):
+            call()
+        frac[0], frac[1] = (cpu_s() - c0) / max(time.perf_counter() - t0, 1e-9), 1.0
+    dist.barrier()
+    dist.all_reduce(frac)
+    return [BUSY_OP, n, BUSY_BYTES, float(frac[0] / frac[1])]
 
 
 # In a plan every collective follows compute: the ranks' main threads were busy on the

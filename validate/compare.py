@@ -24,6 +24,11 @@ class Comparison:
     phases: dict[str, dict[str, float]]  # category -> {measured_s, predicted_s}
     record: dict = field(default_factory=dict)  # the run record (RunRecord.to_dict())
     sim: StepResult | None = None
+    # validate/probe.py: the host's compute during the run over at calibration (None: not
+    # both measured, or out of bounds), whether the prediction used it, the calibrated probe
+    drift: float | None = None
+    drift_applied: bool = False
+    calibrated_probe_s: float = 0.0
 
     @property
     def error_pct(self) -> float:
@@ -38,7 +43,10 @@ class Comparison:
                 "phases": self.phases,
                 # the runner's finer measured split (forward, backward, optimizer, each collective)
                 "measured_detail_s": dict(self.record.get("detail_s", {})),
-                "host_per_step": self.host_per_step()}
+                "host_per_step": self.host_per_step(),
+                "speed_probe": {"run_s": float(self.record.get("speed_probe_s", 0.0)),
+                                "calibrated_s": self.calibrated_probe_s, "drift_factor": self.drift,
+                                "applied": self.drift_applied}}
 
     def host_per_step(self) -> dict[str, float]:
         """The busiest rank's median minor page faults and involuntary context switches
@@ -49,8 +57,10 @@ class Comparison:
         return {k: float(max(r.get(k, 0.0) for r in ranks)) for k in keys}
 
 
-def compare(record, sim: StepResult) -> Comparison:
-    """Pair a run record with the simulated step of the same plan."""
+def compare(record, sim: StepResult, *, drift: float | None = None, drift_applied: bool = False,
+            calibrated_probe_s: float = 0.0) -> Comparison:
+    """Pair a run record with the simulated step of the same plan (simulated with the
+    profile slowed by ``drift`` when ``drift_applied``)."""
     measured = dict(record.phases_s)
     phases = {c: {"measured_s": float(measured.get(c, 0.0)), "predicted_s": float(sim.breakdown.get(c, 0.0))}
               for c in CATEGORIES}
@@ -58,7 +68,8 @@ def compare(record, sim: StepResult) -> Comparison:
                       measured_step_time_s=float(record.median_step_time_s),
                       predicted_step_time_s=float(sim.step_time_s),
                       p10_step_time_s=float(record.p10_step_time_s), p90_step_time_s=float(record.p90_step_time_s),
-                      phases=phases, record=record.to_dict(), sim=sim)
+                      phases=phases, record=record.to_dict(), sim=sim, drift=drift, drift_applied=drift_applied,
+                      calibrated_probe_s=calibrated_probe_s)
 
 
 @dataclass
@@ -97,6 +108,12 @@ def format_comparison(c: Comparison) -> str:
              f"  {'phase':8s} {'measured (ms)':>14} {'predicted (ms)':>15}"]
     for cat, v in c.phases.items():
         lines.append(f"  {cat:8s} {v['measured_s'] * 1e3:>14.2f} {v['predicted_s'] * 1e3:>15.2f}")
+    run_probe = float(c.record.get("speed_probe_s", 0.0))
+    if run_probe > 0 and c.calibrated_probe_s > 0:
+        how = (f"compute predicted x{c.drift:.3f}" if c.drift_applied else
+               "not applied" if c.drift is not None else "outside 0.5..2, not applied")
+        lines.append(f"  host speed probe: {run_probe * 1e3:.2f} ms around the run, {c.calibrated_probe_s * 1e3:.2f} ms "
+                     f"at calibration ({how})")
     host = c.host_per_step()
     if host:
         lines.append("  host per step (busiest rank, median): "

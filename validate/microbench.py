@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass, field, replace
 
 from costmodel import flops as fl
 from costmodel.shapes import ModelSpec
-from validate.collective_bench import (COLLECTIVES, KIB, MIB, CollectiveConfig, CollectiveSample,
+from validate.collective_bench import (BUSY_OP, COLLECTIVES, KIB, MIB, CollectiveConfig, CollectiveSample,
                                        collective_worker)
 
 MEMORY_OPS = ("add", "gelu", "layernorm", "softmax")
@@ -96,7 +96,8 @@ class TopkSample:
 
     elems: int
     fraction: float
-    seconds: float
+    seconds: float  # mean over the error-feedback stream's selections and the ranks
+    cv: float = 0.0  # their coefficient of variation (0 in records written before it)
 
 
 @dataclass
@@ -116,6 +117,12 @@ class MicrobenchResult:
     # world on GPUs; 0 in records written before this field (then: world).
     compute_world: int = 0
     host_cores: int = 0  # cores this process may run on (0: not recorded)
+    probe_s: float = 0.0  # validate/probe.py's probe, median over the compute workers (0: not recorded)
+    # Seconds of each family's smallest call in the timing harness ('gemm', 'bmm',
+    # 'memory:<op>', 'attention'), median over the compute workers; {} in older records
+    harness: dict = field(default_factory=dict)
+    # CPU time per wall second in a stream of small all-reduces (collective_bench.busy_fraction_row); 0: not measured
+    comm_busy_fraction: float = 0.0
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -130,7 +137,8 @@ class MicrobenchResult:
                    collectives=[CollectiveSample(**x) for x in d.get("collectives", [])],
                    topk=[TopkSample(**x) for x in d.get("topk", [])],
                    wall_s=d.get("wall_s", 0.0), compute_world=d.get("compute_world", 0),
-                   host_cores=d.get("host_cores", 0))
+                   host_cores=d.get("host_cores", 0), probe_s=d.get("probe_s", 0.0),
+                   harness=dict(d.get("harness", {})), comm_busy_fraction=d.get("comm_busy_fraction", 0.0))
 
 
 # ------------------------------------------------------------------------ shapes
@@ -370,8 +378,23 @@ def compute_worker(rank: int, world: int, cfg: ComputeConfig) -> dict:
         sync()
         return _median_time(f, cfg.repeats, inner, dsync)
 
-    out = {"gemm": [], "memory": [], "attention": [], "overhead": [], "topk": []}
+    out = {"gemm": [], "memory": [], "attention": [], "overhead": [], "topk": [], "harness": []}
     with torch.no_grad():
+        # Each family's smallest call through the same timing harness: what a call costs
+        # besides its work here (dispatch, the harness's Python), which the fits take out
+        # of the samples before fitting rates (validate/calibrate.py). It is less than the
+        # runner's per-op cost (the chain below), whose model code runs between its ops.
+        one = [torch.ones(1, 1, device=dev) for _ in range(2)]
+        out["harness"].append(["gemm", timed(_cycling(2, lambda j: torch.nn.functional.linear(one[j], one[1 - j])))])
+        out["harness"].append(["bmm", timed(_cycling(2, lambda j: torch.bmm(one[j][None], one[1 - j][None])))])
+        g1, b1 = torch.ones(1, device=dev), torch.zeros(1, device=dev)
+        for op, f in (("add", lambda: torch.add(one[0], one[1])), ("gelu", lambda: torch.nn.functional.gelu(one[0])),
+                      ("layernorm", lambda: torch.nn.functional.layer_norm(one[0], (1,), g1, b1)),
+                      ("softmax", lambda: torch.softmax(one[0], -1))):
+            out["harness"].append([f"memory:{op}", timed(f)])
+        q1 = torch.ones(1, 1, 1, 1, device=dev)
+        out["harness"].append(["attention", timed(lambda: torch.nn.functional.scaled_dot_product_attention(
+            q1, q1, q1, is_causal=True))])
         for (m, n, k, b) in cfg.gemm_shapes:
             # As the runner calls them (validate/gpt.py: F.linear, weight [n, k]), cycling
             # through operand sets larger than a core's L2 cache together: a training step's
@@ -402,9 +425,26 @@ def compute_worker(rank: int, world: int, cfg: ComputeConfig) -> dict:
             out["attention"].append([bh, sq, d, timed(f)])
         from validate.topk import select
         for (elems, frac) in cfg.topk:
-            g, r = torch.randn(elems, device=dev), torch.randn(elems, device=dev)
+            # A stream of selections as error feedback makes them (each step's fresh
+            # gradient plus the residual the previous selection left), every rank at once
+            # after a barrier, as a plan's replicas select: the time depends on the data
+            # (one fixed random bucket misses that spread), so each selection is kept.
+            grads = [torch.randn(elems, device=dev) for _ in range(TOPK_STREAM_GRADS)]
             k = max(1, math.ceil(frac * elems))
-            out["topk"].append([elems, frac, timed(lambda: select(g, r, k))])
+            residual, times = None, []
+            for i in range(TOPK_STREAM_WARMUP + TOPK_STREAM_STEPS):
+                sync()
+                t0 = time.perf_counter()
+                _, _, residual = select(grads[i % len(grads)], residual, k)
+                if dsync:
+                    dsync()
+                if i >= TOPK_STREAM_WARMUP:
+                    times.append(time.perf_counter() - t0)
+            out["topk"].append([elems, frac, times])
+    # The speed probe (validate/probe.py), every rank at once, as the runner times it.
+    from validate.probe import probe_s
+    sync()
+    out["probe"] = probe_s(dev, dsync)
     # (c) the overhead chain (CHAIN_MODEL): plain forward, and forward + backward, both
     # with the runner's own code (so its per-parameter gradient hooks are in the figure).
     plain, train = _chain(torch, dev)
@@ -416,6 +456,20 @@ def compute_worker(rank: int, world: int, cfg: ComputeConfig) -> dict:
         sync()
         out["overhead"].append([what, 0, _median_time(f, cfg.repeats * 2, inner, dsync)])
     return out
+
+
+# The top-k selection stream (compute_worker): error-feedback steps before timing (the
+# residual builds up), timed steps, and distinct fresh gradients cycled through.
+TOPK_STREAM_WARMUP = 2
+TOPK_STREAM_STEPS = 12
+TOPK_STREAM_GRADS = 4
+
+
+def topk_sample(elems: int, fraction: float, times: list[float]) -> TopkSample:
+    """One bucket size's selections (every rank's stream pooled): their mean, and their
+    coefficient of variation (population standard deviation over mean)."""
+    mean = statistics.fmean(times)
+    return TopkSample(elems, fraction, mean, statistics.pstdev(times) / mean if mean > 0 else 0.0)
 
 
 def host_cores() -> int:
@@ -447,6 +501,8 @@ AFTER_COMPUTE_SIZES = (4 * KIB, 32 * KIB, 256 * KIB, 2 * MIB)
 # threads landed, and a plan's own launch is another: the mean over launches is the
 # expected cost.
 AFTER_COMPUTE_LAUNCHES = 3
+# Calls of the busy-fraction stream (collective_bench.busy_fraction_row): about 0.3-1 s here.
+BUSY_CALLS = 300
 
 
 THREADS_ENV = "OMP_NUM_THREADS"
@@ -532,7 +588,10 @@ def run_microbenchmarks(world: int, gemm_shapes, mem_sizes, coll_sizes, *, attn_
         res.attention.append(AttentionSample(bh, sq, d, statistics.median(r["attention"][i][3] for r in per_rank)))
     for i, row in enumerate(per_rank[0]["topk"]):
         elems, frac, _ = row
-        res.topk.append(TopkSample(elems, frac, statistics.median(r["topk"][i][2] for r in per_rank)))
+        res.topk.append(topk_sample(elems, frac, [t for r in per_rank for t in r["topk"][i][2]]))
+    res.probe_s = statistics.median(r["probe"] for r in per_rank)
+    res.harness = {kind: statistics.median(r["harness"][i][1] for r in per_rank)
+                   for i, (kind, _) in enumerate(per_rank[0]["harness"])}
     n_fwd, n_train = chain_op_counts(runtime or RuntimeSettings())
     for i, row in enumerate(per_rank[0]["overhead"]):
         what = row[0]
@@ -547,14 +606,15 @@ def run_microbenchmarks(world: int, gemm_shapes, mem_sizes, coll_sizes, *, attn_
             f"{len(coll_sizes)} sizes {coll_sizes[0]} B .. {coll_sizes[-1]} B")
         after = tuple(sz for sz in AFTER_COMPUTE_SIZES if coll_sizes[0] <= sz <= coll_sizes[-1])
         kcfg = CollectiveConfig(tuple(coll_sizes), ops, ns, repeats=repeats, threads=threads, backend=be_name,
-                                after_compute_sizes=after)
+                                after_compute_sizes=after, busy_calls=BUSY_CALLS)
         with worker_threads_env(world):
             rows = launch(collective_worker, world, (kcfg,), timeout_s=timeout_s, backend=be_name)[0]
             if after:
                 rows = _mean_over_launches(rows, [
-                    launch(collective_worker, world, (replace(kcfg, sizes=(), ops=()),), timeout_s=timeout_s,
-                           backend=be_name)[0] for _ in range(AFTER_COMPUTE_LAUNCHES - 1)])
-        res.collectives = [CollectiveSample(op, nbytes, n, s) for op, n, nbytes, s in rows]
+                    launch(collective_worker, world, (replace(kcfg, sizes=(), ops=(), busy_calls=0),),
+                           timeout_s=timeout_s, backend=be_name)[0] for _ in range(AFTER_COMPUTE_LAUNCHES - 1)])
+        res.comm_busy_fraction = next((s for op, n, nbytes, s in rows if op == BUSY_OP), 0.0)
+        res.collectives = [CollectiveSample(op, nbytes, n, s) for op, n, nbytes, s in rows if op != BUSY_OP]
     res.wall_s = time.perf_counter() - t_wall
     return res
 
@@ -572,9 +632,14 @@ def format_compute(res: MicrobenchResult) -> str:
     for a in res.attention:
         lines.append(f"{a.batch:>6} {a.s:>5} {a.d:>4} {a.seconds * 1e6:>10.1f} {a.flops / a.seconds / 1e9:>9.2f}")
     if res.topk:
-        lines += ["# top-k compression (validate/topk.select)", f"{'elements':>10} {'kept':>6} {'time (us)':>10} {'ns/elem':>8}"]
+        lines += ["# top-k compression (validate/topk.select, error-feedback stream: mean and CV)",
+                  f"{'elements':>10} {'kept':>6} {'time (us)':>10} {'ns/elem':>8} {'cv':>6}"]
         for t in res.topk:
-            lines.append(f"{t.elems:>10} {t.fraction:>6.2f} {t.seconds * 1e6:>10.1f} {t.seconds / t.elems * 1e9:>8.2f}")
+            lines.append(f"{t.elems:>10} {t.fraction:>6.2f} {t.seconds * 1e6:>10.1f} {t.seconds / t.elems * 1e9:>8.2f}"
+                         f" {t.cv:>6.3f}")
+    if res.harness:
+        lines.append("# timing harness per call (smallest call of each family; taken out before fitting rates)")
+        lines.append("  " + ", ".join(f"{k} {v * 1e6:.2f} us" for k, v in res.harness.items()))
     lines.append("# per-op overhead (GPT layer chain at width 8, per op as the cost model counts them)")
     for o in res.overhead:
         lines.append(f"{o.what:>10} {o.model_ops:>4} ops {o.per_op_s * 1e6:>8.2f} us/op")

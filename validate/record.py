@@ -50,6 +50,9 @@ class RunRecord:
     per_rank: list[dict]
     losses: list[float]
     segments: list[dict] = field(default_factory=list)
+    # validate/probe.py's probe around the steps (each rank's mean of before and after,
+    # median over ranks), seconds; 0 in records written before it
+    speed_probe_s: float = 0.0
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -123,6 +126,8 @@ class RunRecord:
             p90_step_time_s=float(np.percentile(times, 90)),
             phases_s=_median_over_steps(phases_per_step), detail_s=_median_over_steps(detail_per_step),
             per_rank=per_rank, losses=losses, segments=segments,
+            speed_probe_s=float(statistics.median(statistics.fmean(w["probe_s"]) for w in workers))
+            if all(w.get("probe_s") for w in workers) else 0.0,
         )
 
 

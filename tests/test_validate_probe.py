@@ -1,0 +1,53 @@
+"""validate/probe.py: the host-speed probe and the drift factor the validator applies."""
+from __future__ import annotations
+
+import pytest
+
+from validate.compare import compare, format_comparison
+from validate.probe import DRIFT_MAX, DRIFT_MIN, drift_factor
+from validate.record import RunRecord
+
+
+def test_drift_factor_by_hand():
+    """4.4 ms around the run against 4,000 us at calibration: the host computes 1.1x slower.
+    Unknown probes (0) and ratios outside [0.5, 2] give None (not applied)."""
+    assert drift_factor(4.4e-3, 4000.0) == pytest.approx(1.1)
+    assert drift_factor(3.0e-3, 4000.0) == pytest.approx(0.75)
+    assert drift_factor(0.0, 4000.0) is None and drift_factor(4e-3, 0.0) is None
+    assert drift_factor(4e-3 * DRIFT_MAX * 1.01, 4000.0) is None
+    assert drift_factor(4e-3 * DRIFT_MIN * 0.99, 4000.0) is None
+
+
+def _worker(rank, probes):
+    steps = [{"wall_s": 1.0 + rank, "phases_s": {"compute": 0.5}, "detail_s": {}, "bytes_sent": {}}]
+    out = {"rank": rank, "stage": 0, "tp_rank": 0, "dp_rank": rank, "steps": steps, "segments": [],
+           "losses": [1.0] if rank == 0 else [], "peak_memory_bytes": 1}
+    if probes is not None:
+        out["probe_s"] = probes
+    return out
+
+
+def test_record_probe_is_the_median_over_ranks_of_before_and_after():
+    """Rank 0 probed 4 and 6 ms (mean 5), rank 1 3 and 3 ms, rank 2 4 and 4 ms: the record's
+    probe is the median of 5, 3, 4 = 4 ms; a record without probes has 0."""
+    ws = [_worker(0, [4e-3, 6e-3]), _worker(1, [3e-3, 3e-3]), _worker(2, [4e-3, 4e-3])]
+    rec = RunRecord.from_workers(ws, model="tiny", plan="dp=3", backend="gloo", device="cpu",
+                                 steps=1, warmup=0, seed=0)
+    assert rec.speed_probe_s == pytest.approx(4e-3)
+    old = RunRecord.from_workers([_worker(0, None)], model="tiny", plan="dp=1", backend="gloo",
+                                 device="cpu", steps=1, warmup=0, seed=0)
+    assert old.speed_probe_s == 0.0
+
+
+def test_comparison_reports_the_drift():
+    """The text and the JSON say what the probe found and whether the prediction used it."""
+    from types import SimpleNamespace
+    rec = RunRecord.from_workers([_worker(0, [4.4e-3, 4.4e-3])], model="tiny", plan="dp=1", backend="gloo",
+                                 device="cpu", steps=1, warmup=0, seed=0)
+    sim = SimpleNamespace(step_time_s=1.0, breakdown={"compute": 1.0})  # what compare() reads
+    c = compare(rec, sim, drift=1.1, drift_applied=True, calibrated_probe_s=4e-3)
+    assert "4.40 ms around the run, 4.00 ms at calibration (compute predicted x1.100)" in format_comparison(c)
+    assert c.to_dict()["speed_probe"] == {"run_s": pytest.approx(4.4e-3), "calibrated_s": 4e-3,
+                                          "drift_factor": 1.1, "applied": True}
+    off = compare(rec, sim, drift=1.1, drift_applied=False, calibrated_probe_s=4e-3)
+    assert "(not applied)" in format_comparison(off)

@@ -1,0 +1,71 @@
+"""The host's speed now against its speed at calibration: a short fixed compute probe.
+
+A profile is fitted to microbenchmarks taken at one moment; a plan validated minutes later
+may meet a host that computes at another speed. On this project's 2-vCPU virtual machine
+the same forward-and-backward loop took 43 ms in one quarter hour and 49-50 ms in the
+next (8 worker-process launches, no other job running): the VM's neighbours and clocks
+move under it. Any cluster drifts the same way (a node throttled, a neighbour busy).
+
+So calibration times a probe (``probe_s``) in every compute worker, and the validator's
+runner times the same probe in every rank right before and right after its steps. The
+ratio, run over calibration, is how much slower the host computes now; the validator
+predicts with the profile's compute slowed by that factor (sim/core_sharing.slowed_profile:
+every rate divided, every per-op cost multiplied), prints it, and can be told not to
+(``plansim validate --no-drift-correction``).
+
+The probe is the two things a small plan's compute is made of: the runner's own training
+code on a model of width 8 (the per-op host cost, validate/microbench.CHAIN_MODEL) and
+GEMMs at a transformer layer's shape (64 tokens, 128 -> 512) cycled through operands
+beyond L2, each a fixed amount of work; its time is the median of PROBE_REPEATS repeats.
+It never runs the plan's model, so the prediction stays a prediction.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+
+PROBE_REPEATS = 25
+PROBE_GEMM = (64, 512, 128)  # m tokens, n outputs, k inputs: one MLP up-projection of width 128
+PROBE_GEMM_SETS = 16  # 16 x (64x128 + 512x128) fp32 = 4.7 MB of operands, beyond a core's L2
+# The ratio is used within these bounds; beyond them the probe is not measuring drift
+# (another program took the host, or the run is on another machine than the profile's).
+DRIFT_MIN, DRIFT_MAX = 0.5, 2.0
+
+
+def probe_s(dev=None, dsync=None) -> float:
+    """One probe on this process: median seconds of (the chain's training step, then
+    PROBE_GEMM_SETS GEMMs) over PROBE_REPEATS repeats, after two unmeasured ones."""
+    import torch
+
+    from validate.microbench import _chain
+    dev = dev if dev is not None else torch.device("cpu")
+    _, train = _chain(torch, dev)
+    m, n, k = PROBE_GEMM
+    gen = torch.Generator().manual_seed(0)
+    a = [torch.randn(m, k, generator=gen).to(dev) for _ in range(PROBE_GEMM_SETS)]
+    w = [torch.randn(n, k, generator=gen).to(dev) for _ in range(PROBE_GEMM_SETS)]
+
+    def unit():
+        train()
+        with torch.no_grad():
+            for x, y in zip(a, w):
+                torch.nn.functional.linear(x, y)
+        if dsync is not None:
+            dsync()
+
+    times = []
+    for i in range(PROBE_REPEATS + 2):
+        t0 = time.perf_counter()
+        unit()
+        if i >= 2:
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def drift_factor(run_probe_s: float, calibrated_probe_us: float) -> float | None:
+    """How much slower the host computes now than at calibration (run probe over calibrated
+    probe); None when either is unknown (0) or the ratio is outside [DRIFT_MIN, DRIFT_MAX]."""
+    if run_probe_s <= 0 or calibrated_probe_us <= 0:
+        return None
+    f = run_probe_s / (calibrated_probe_us * 1e-6)
+    return f if DRIFT_MIN <= f <= DRIFT_MAX else None
