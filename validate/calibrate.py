@@ -236,20 +236,28 @@ def fit_call_latency(samples: list[CollectiveSample], bw_Bps: float, latency_s: 
     (validate/collective_bench.after_compute_rows), bw_eff and hop_latency_us fixed from
     the back-to-back sweep: the per-call cost a plan's collectives pay, all of which are
     issued right after compute (thread wake-ups on busy cores included). Timed in more
-    than one group size, call_us_per_rank is fitted with them (the calls of a bigger group
-    wait for more members to be scheduled). A collective without such calls keeps its
-    back-to-back figure."""
+    than one group size, the per-step latency and call_us_per_rank are fitted with them
+    too (the calls of a bigger group wait for more members to be scheduled): the
+    back-to-back sweep's split of the two moved from launch to launch with 4 processes on
+    2 cores (per-step latency 499-940 us with the all-reduce's own call cost at 0, a
+    2-rank tensor-parallel all-reduce predicted at 1.0-1.9 ms), while the calls after
+    compute, averaged over launches, gave 296-459 us. A collective without such calls keeps
+    its back-to-back figure."""
     ops = [op for op in FITTED_COLLECTIVES if any(s.op.removesuffix(AFTER_COMPUTE_SUFFIX) == op for s in samples)]
     per_rank = len(_group_sizes(samples)) > 1
+    k = len(ops)
 
     def fab_of(x):
         f = replace(fab, **{f"{op}_call_us": float(v) for op, v in zip(ops, x)})
-        return replace(f, call_us_per_rank=float(x[-1])) if per_rank else f
+        if per_rank:  # the per-step latency as plans pay it, and the per-rank cost
+            f = replace(f, hop_latency_us=float(x[k]), call_us_per_rank=float(x[k + 1]))
+        return f
 
     def resid(x):
         f = fab_of(x)
         return [math.log(collective_time_s(s.op, s.nbytes, s.n, bw_Bps, latency_s, f) / s.seconds) for s in samples]
-    x0 = [max(getattr(fab, f"{op}_call_us") or 0.0, 1.0) for op in ops] + ([max(fab.call_us_per_rank, 1.0)] if per_rank else [])
+    x0 = [max(getattr(fab, f"{op}_call_us") or 0.0, 1.0) for op in ops] + (
+        [max(fab.hop_latency_us or 0.0, 1.0), max(fab.call_us_per_rank, 1.0)] if per_rank else [])
     x = _least_squares(resid, x0, [0.0] * len(x0), [1e5] * len(x0))
     got = fab_of(x)
     return _with_calls(got, [getattr(got, f"{op}_call_us") or 0.0 for op in FITTED_COLLECTIVES])
