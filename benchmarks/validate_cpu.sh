@@ -7,7 +7,7 @@
 # 1. Calibrate the localhost-cpu profile from microbenchmarks only, once at 2 and once at 4
 #    concurrent worker processes (GEMMs at the tiny model's TP shapes, memory-bound ops,
 #    per-op overhead, gloo collectives 4 KiB..64 MiB). No plan is run here.
-# 2. Run six plans of the tiny model for real and predict each with the profile calibrated
+# 2. Run eight plans of the tiny model (three of them in 4 processes) for real and predict each with the profile calibrated
 #    at its process count: measured vs predicted median step time, error, Spearman rank
 #    correlation. Writes OUT_DIR/{cpu-w2,cpu-w4}.yaml (+ .bench.json), calibrate-w*.txt,
 #    validation.txt, validation.json, summary.txt and OUT_DIR/report/ (HTML, Markdown,
@@ -27,7 +27,7 @@ for W in 2 4; do
         > "$OUT/calibrate-w$W.txt"
     grep '^fitted:' "$OUT/calibrate-w$W.txt" | sed "s/^/world $W /"
 done
-PLANS=("dp=2" "tp=2" "pp=2,schedule=1f1b" "pp=2,schedule=gpipe" "dp=2,compress=topk:0.1" "tp=2,dp=2")
+PLANS=("dp=2" "tp=2" "pp=2,schedule=1f1b" "pp=2,schedule=gpipe" "dp=2,compress=topk:0.1" "tp=2,dp=2" "pp=2,dp=2" "dp=4")
 "$PY" -m plansim validate localhost-cpu --model tiny --plans "${PLANS[@]}" \
     --profile "2=$OUT/cpu-w2.yaml" --profile "4=$OUT/cpu-w4.yaml" --steps "$STEPS" \
     --report "$OUT/report" | tee "$OUT/validation.txt"
