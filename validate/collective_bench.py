@@ -126,7 +126,7 @@ def collective_worker(rank: int, world: int, cfg: CollectiveConfig) -> list:
 
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    from validate.microbench import worker_device
+    from validate.compute_bench import worker_device
     dev, dsync = worker_device(cfg.backend)
     rows = []
     for n in cfg.group_sizes or (world,):

@@ -20,7 +20,7 @@ INDEX_BYTES = 4  # int32 index per kept entry
 def select(grad, residual, k: int):
     """The compression of one bucket: add the residual (error feedback), keep the k entries
     of largest magnitude. Returns (int32 indices, values, the new residual: the sum with
-    the kept entries zeroed). validate/microbench.py times this same function."""
+    the kept entries zeroed). validate/compute_bench.py times this same function."""
     import torch
     acc = grad + residual if residual is not None else grad.clone()
     idx = acc.abs().topk(k, sorted=False).indices

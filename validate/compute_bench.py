@@ -1,0 +1,262 @@
+"""The compute microbenchmarks as one worker process runs them (validate/microbench.py
+starts the workers and turns what they return into samples): GEMMs, memory-bound ops,
+fused attention, top-k selection in an error-feedback stream, each family's smallest call
+through the same timing harness, the speed probe, and the per-op overhead chain.
+
+torch is imported inside the functions only: this module imports without it.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from dataclasses import dataclass
+
+from costmodel import flops as fl
+from costmodel.shapes import ModelSpec
+from validate.collective_bench import MIB
+from validate.microbench import MEMORY_OPS, memory_op_bytes
+
+
+# The overhead chain: the runner's whole GPT (validate/gpt.py, the architecture
+# costmodel/flops.py lists: embedding, pre-LayerNorm layers, final norm, logits, loss) at a
+# width where its arithmetic is negligible, so its time is the cost of issuing its ops.
+# 'train' runs it exactly as a plan's rank does: validate/pp.PipelineStage executing a
+# one-stage schedule over CHAIN_MICROBATCHES microbatches (its per-action bookkeeping and
+# timing spans), forward and backward under autograd with validate/dp.GradReducer's
+# per-parameter gradient hooks (each adds into the bucket; on this host they cost about as
+# much as the layer's own ops). Each time is divided by the number of ops the cost model
+# lists for the same work (chain_op_counts), so the per-op figure is per cost-model op.
+CHAIN_MODEL = ModelSpec("overhead-chain", num_layers=4, hidden_size=8, num_attention_heads=2, seq_length=4,
+                        vocab_size=8, global_batch_size=2)
+CHAIN_MICROBATCHES = 2
+
+
+def chain_op_counts(runtime) -> tuple[int, int]:
+    """(forward ops of one microbatch, forward + backward ops of CHAIN_MICROBATCHES) the
+    cost model counts for CHAIN_MODEL on one device (every layer, embedding and output
+    layer) under ``runtime`` (its op transforms, e.g. fused attention, and the separate
+    gradient accumulation pass)."""
+    from costmodel.efficiency import transform_ops
+    from sim.program import grad_accumulation_ops
+    m, L = CHAIN_MODEL, CHAIN_MODEL.num_layers
+    f = (len(transform_ops(fl.layer_forward_ops(m, 1, 1, False, 4), runtime)) * L
+         + len(transform_ops(fl.embedding_ops(m, 1, 1, 4), runtime))
+         + len(transform_ops(fl.head_forward_ops(m, 1, 1, 4), runtime)))
+    b = (len(transform_ops(fl.layer_backward_ops(m, 1, 1, False, 4), runtime)) * L
+         + len(transform_ops(fl.embedding_backward_ops(m, 1, 1, 4), runtime))
+         + len(transform_ops(fl.head_backward_ops(m, 1, 1, 4), runtime))
+         + len(transform_ops(grad_accumulation_ops(m, L, 1, True, True, "fp32", runtime), runtime)))
+    return f, CHAIN_MICROBATCHES * (f + b)
+
+
+def chain_functions(torch, dev):
+    """CHAIN_MODEL as the runner trains it on one rank (see above). Returns (plain forward
+    of one microbatch, one step of CHAIN_MICROBATCHES microbatches)."""
+    from validate.comm import Comm
+    from validate.dp import GradReducer
+    from validate.gpt import GPTChunk, batch_tokens, full_weights
+    from validate.pp import PipelineStage
+    from validate.timeline import Recorder
+    m = CHAIN_MODEL
+    rec = Recorder()
+    chunk = GPTChunk(m, list(range(m.num_layers)), True, True, full_weights(m, 0), None, False, "none", dev)
+    reducer = GradReducer([(0, chunk.params)], Comm("dp", [0], 0, rec), bucket_bytes=25e6,
+                          overlap=True, zero=0, topk=None, late=set())
+    stage = PipelineStage(0, 1, 1, {0: chunk}, lambda st: 0, (1, m.seq_length, m.hidden_size), rec, reducer, dev)
+    acts = stage.actions("1f1b", CHAIN_MICROBATCHES)
+    tokens = batch_tokens(m, 0, 0).to(dev)
+    mbs = [(tokens[i:i + 1, :-1], tokens[i:i + 1, 1:]) for i in range(CHAIN_MICROBATCHES)]
+
+    def plain():
+        with torch.no_grad():
+            chunk.forward(*mbs[0])
+
+    def train():
+        rec.begin_step()
+        reducer.begin_step()
+        stage.run(acts, mbs, 1.0 / CHAIN_MICROBATCHES)
+        reducer.mark_late_ready()
+        reducer.finish()
+        rec.end_step()
+    return plain, train
+
+
+# ------------------------------------------------------------------------- timing
+def worker_device(backend_name: str):
+    """(torch device, synchronize) of this worker: its CUDA device under NCCL (asynchronous
+    kernels: the clock stops only after synchronising), else the CPU (nothing to wait for)."""
+    import torch
+    from validate.backend import pick_backend
+    from validate.launch import local_rank
+    be = pick_backend(backend_name)
+    dev = be.device_for(local_rank())
+    if be.kind == "cuda":
+        torch.cuda.set_device(dev)
+        return dev, torch.cuda.synchronize
+    return dev, None
+
+
+def _median_time(fn, repeats: int, inner: int, sync=None) -> float:
+    """Median over ``repeats`` of the mean time of ``inner`` back-to-back calls."""
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(inner):
+            fn()
+        if sync is not None:
+            sync()
+        times.append((time.perf_counter() - t0) / inner)
+    return statistics.median(times)
+
+
+# A timed compute repeat lasts this long: many scheduler time slices (Linux EEVDF's base
+# slice is 0.75 ms x (1 + log2 CPUs), kernel/sched/fair.c sysctl_sched_base_slice), so that
+# the share of a core a worker gets while more processes than cores run (4 workers on 2
+# cores, or other programs) is in the figure, as it is in a plan's step. Measured here with
+# 4 workers on 2 cores: a 64x512x128 GEMM took 81 us per call in the median 2 ms window (one
+# that no other process interrupted) and 317 us in 30 ms windows; alone, 81 us in both.
+COMPUTE_WINDOW_S = 0.03
+
+
+def _inner_for(est_s: float, target_s: float = COMPUTE_WINDOW_S) -> int:
+    """Back-to-back calls per timed repeat so that one repeat lasts about target_s."""
+    return max(1, min(100_000, int(target_s / max(est_s, 1e-7))))
+
+
+# Operand bytes the GEMM benchmark cycles through: above a current x86 core's L2 cache
+# (1-2 MiB), so weights arrive from L3 or DRAM as in a training step.
+GEMM_POOL_BYTES = 8 * MIB
+
+
+def _cycling(sets: int, call):
+    """A no-argument function that calls call(j) for j = 0, 1, .., sets-1, 0, .. in turn."""
+    state = [0]
+
+    def f():
+        j = state[0]
+        state[0] = (j + 1) % sets
+        return call(j)
+    return f
+
+
+@dataclass(frozen=True)
+class ComputeConfig:
+    gemm_shapes: tuple
+    mem_sizes: tuple
+    attn_shapes: tuple = ()
+    topk: tuple = ()  # (elements, fraction) pairs
+    repeats: int = 5
+    threads: int = 0  # intra-op threads; 0 keeps what the worker started with
+    backend: str = "gloo"
+
+
+def compute_worker(rank: int, world: int, cfg: ComputeConfig) -> dict:
+    """One rank's compute microbenchmarks (a)-(c); every rank runs the same list at the
+    same time, meeting at a barrier before each item so that they overlap."""
+    import torch
+    import torch.distributed as dist
+
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    torch.manual_seed(rank)
+    dev, dsync = worker_device(cfg.backend)
+    sync = dist.barrier if dist.is_initialized() and world > 1 else (lambda: None)
+
+    def timed(f):
+        f()
+        if dsync:
+            dsync()
+        t0 = time.perf_counter()
+        f()
+        if dsync:
+            dsync()
+        inner = _inner_for(time.perf_counter() - t0)
+        sync()
+        return _median_time(f, cfg.repeats, inner, dsync)
+
+    out = {"gemm": [], "memory": [], "attention": [], "overhead": [], "topk": [], "harness": []}
+    with torch.no_grad():
+        # Each family's smallest call through the same timing harness: what a call costs
+        # besides its work here (dispatch, the harness's Python), which the fits take out
+        # of the samples before fitting rates (validate/calibrate.py). It is less than the
+        # runner's per-op cost (the chain below), whose model code runs between its ops.
+        one = [torch.ones(1, 1, device=dev) for _ in range(2)]
+        out["harness"].append(["gemm", timed(_cycling(2, lambda j: torch.nn.functional.linear(one[j], one[1 - j])))])
+        out["harness"].append(["bmm", timed(_cycling(2, lambda j: torch.bmm(one[j][None], one[1 - j][None])))])
+        g1, b1 = torch.ones(1, device=dev), torch.zeros(1, device=dev)
+        for op, f in (("add", lambda: torch.add(one[0], one[1])), ("gelu", lambda: torch.nn.functional.gelu(one[0])),
+                      ("layernorm", lambda: torch.nn.functional.layer_norm(one[0], (1,), g1, b1)),
+                      ("softmax", lambda: torch.softmax(one[0], -1))):
+            out["harness"].append([f"memory:{op}", timed(f)])
+        q1 = torch.ones(1, 1, 1, 1, device=dev)
+        out["harness"].append(["attention", timed(lambda: torch.nn.functional.scaled_dot_product_attention(
+            q1, q1, q1, is_causal=True))])
+        for (m, n, k, b) in cfg.gemm_shapes:
+            # As the runner calls them (validate/gpt.py: F.linear, weight [n, k]), cycling
+            # through operand sets larger than a core's L2 cache together: a training step's
+            # weights come from beyond it (tiny's are 3.5 MB), not from a hot L1. Measured
+            # here, 64x512x128: 82 us with one hot torch.mm operand pair, 95 us this way.
+            sets = max(1, min(64, math.ceil(GEMM_POOL_BYTES / (4.0 * b * (m * k + k * n)))))
+            a = [torch.randn(b, m, k, device=dev) if b > 1 else torch.randn(m, k, device=dev) for _ in range(sets)]
+            w = [torch.randn(b, k, n, device=dev) if b > 1 else torch.randn(n, k, device=dev) for _ in range(sets)]
+            f = _cycling(sets, (lambda j: torch.bmm(a[j], w[j])) if b > 1
+                         else (lambda j: torch.nn.functional.linear(a[j], w[j])))
+            out["gemm"].append([m, n, k, b, timed(f)])
+        for op in MEMORY_OPS:
+            for elems in cfg.mem_sizes:
+                row = 128 if elems % 128 == 0 else 1
+                x = torch.randn(elems // row, row, device=dev)
+                y = torch.randn(elems // row, row, device=dev)
+                g, bta = torch.ones(row, device=dev), torch.zeros(row, device=dev)
+                f = {
+                    "add": lambda: torch.add(x, y),
+                    "gelu": lambda: torch.nn.functional.gelu(x),
+                    "layernorm": lambda: torch.nn.functional.layer_norm(x, (row,), g, bta),
+                    "softmax": lambda: torch.softmax(x, -1),
+                }[op]
+                out["memory"].append([op, elems, memory_op_bytes(op, elems, 4, row), timed(f)])
+        for (bh, sq, d) in cfg.attn_shapes:
+            q, k, v = (torch.randn(1, bh, sq, d, device=dev) for _ in range(3))
+            f = lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)  # noqa: E731
+            out["attention"].append([bh, sq, d, timed(f)])
+        from validate.topk import select
+        for (elems, frac) in cfg.topk:
+            # A stream of selections as error feedback makes them (each step's fresh
+            # gradient plus the residual the previous selection left), every rank at once
+            # after a barrier, as a plan's replicas select: the time depends on the data
+            # (one fixed random bucket misses that spread), so each selection is kept.
+            grads = [torch.randn(elems, device=dev) for _ in range(TOPK_STREAM_GRADS)]
+            k = max(1, math.ceil(frac * elems))
+            residual, times = None, []
+            for i in range(TOPK_STREAM_WARMUP + TOPK_STREAM_STEPS):
+                sync()
+                t0 = time.perf_counter()
+                _, _, residual = select(grads[i % len(grads)], residual, k)
+                if dsync:
+                    dsync()
+                if i >= TOPK_STREAM_WARMUP:
+                    times.append(time.perf_counter() - t0)
+            out["topk"].append([elems, frac, times])
+    # The speed probe (validate/probe.py), every rank at once, as the runner times it.
+    from validate.probe import probe_s
+    sync()
+    out["probe"] = probe_s(dev, dsync)
+    # (c) the overhead chain (CHAIN_MODEL): plain forward, and forward + backward, both
+    # with the runner's own code (so its per-parameter gradient hooks are in the figure).
+    plain, train = chain_functions(torch, dev)
+    for what, f in (("plain", plain), ("train", train)):
+        f()
+        t0 = time.perf_counter()
+        f()
+        inner = _inner_for(time.perf_counter() - t0)
+        sync()
+        out["overhead"].append([what, 0, _median_time(f, cfg.repeats * 2, inner, dsync)])
+    return out
+
+
+# The top-k selection stream (compute_worker): error-feedback steps before timing (the
+# residual builds up), timed steps, and distinct fresh gradients cycled through.
+TOPK_STREAM_WARMUP = 2
+TOPK_STREAM_STEPS = 12
+TOPK_STREAM_GRADS = 4
