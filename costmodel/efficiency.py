@@ -23,6 +23,7 @@ so the two add up.
 from __future__ import annotations
 
 import math
+from statistics import NormalDist
 from dataclasses import replace
 from typing import Iterable, Sequence
 
@@ -307,7 +308,6 @@ def expected_max_std_normal(n: int) -> float:
     1.049 for 4 (exact 1.029), 1.434 for 8 (exact 1.424): within 5 %."""
     if n <= 1:
         return 0.0
-    from statistics import NormalDist
     return NormalDist().inv_cdf((n - 0.375) / (n + 0.25))
 
 
@@ -322,7 +322,8 @@ def topk_compress_time_s(elements: float, gpu: GpuSpec, eff: GpuEfficiency, grou
     waits the expected maximum of ``group`` draws: mean x (1 + cv x E[max of group
     standard normals]). GPU radix selects (cv 0) take the same time on every rank."""
     select_s = elements * eff.topk_select_ns_per_elem * 1e-9
-    select_s *= 1.0 + eff.topk_select_cv * expected_max_std_normal(group)
+    if eff.topk_select_cv:
+        select_s *= 1.0 + eff.topk_select_cv * expected_max_std_normal(group)
     return (elements * TOPK_COMPRESS_BYTES_PER_ELEM / (gpu.mem_bw_Bps * eff.hbm_eff)
             + select_s + 3 * eff.kernel_overhead_us * 1e-6)
 

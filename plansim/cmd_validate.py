@@ -106,9 +106,9 @@ def validate_plans(topology: str, model_name: str, plans: list[str], profiles: d
         with worker_threads_env(plan.num_devices):  # the threads calibration measured with
             rec = run_plan(model, plan, steps=steps, warmup=warmup, seed=seed, timeout_s=timeout_s)
         drift = drift_factor(rec.speed_probe_s, profile.runtime.speed_probe_us)
-        used = slowed_profile(profile, drift) if drift_correction and drift is not None else profile
-        sim = simulate(model, plan, cluster, used, record=record)
-        out.append(compare(rec, sim, drift=drift, drift_applied=drift_correction and drift is not None,
+        applied = drift_correction and drift is not None
+        sim = simulate(model, plan, cluster, slowed_profile(profile, drift) if applied else profile, record=record)
+        out.append(compare(rec, sim, drift=drift, drift_applied=applied,
                            calibrated_probe_s=profile.runtime.speed_probe_us * 1e-6))
     return out
 

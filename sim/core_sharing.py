@@ -32,7 +32,7 @@ n (C + b W) = c (f C + W), so
 which is the formula above for b = 0, and n/c whatever the waits once b n/c >= 1 (the
 waits alone keep every core busy). Measured here: tp=2 x dp=2 in 4 processes on 2 cores
 computed 60 ms a step where 31 ms was predicted at full speed (f = 1.9), its waits
-10 times its compute; with b = 0, f came out 1.
+about 6 times its compute; with b = 0, f came out 1.
 
 The slowdown applies to compute only (the profile's device rates and per-op overheads);
 collectives keep the figures calibrated at that process count (plansim calibrate

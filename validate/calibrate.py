@@ -34,6 +34,7 @@ from __future__ import annotations
 import math
 import platform
 import socket
+import statistics
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 
@@ -119,8 +120,8 @@ def fit_time_s(op: Op, sample, gpu: GpuSpec, eff: GpuEfficiency, harness: dict |
     with the smallest call, validate/microbench.py), not the runner's per-op cost
     (kernel_overhead_us, which includes the model code between a plan's ops). Fitting with
     the runner's larger figure made small ops look slow and pulled every rate up: measured
-    here, the GEMM fit's RMS fell from 26 % to 6 % with the harness's 1-2 us, and the
-    tiny model's largest GEMMs went from 6 % under to 3 % under their measured times.
+    here, the GEMM fit's RMS fell from 26 % to 5-8 % with the harness's 1-2 us, and the
+    tiny model's GEMMs went from 3-14 % under their measured times to -8.5..+2 %.
     Records without harness entries keep kernel_overhead_us."""
     s = (harness or {}).get(harness_key(sample))
     if s is not None:
@@ -157,7 +158,6 @@ def fit_topk(samples: list[TopkSample], gpu: GpuSpec, base: GpuEfficiency) -> fl
 def topk_cv(samples: list[TopkSample]) -> float:
     """topk_select_cv: the median over bucket sizes of the selections' coefficient of
     variation (each size's error-feedback stream, every rank pooled)."""
-    import statistics
     return float(statistics.median(t.cv for t in samples))
 
 
@@ -218,16 +218,21 @@ def fit_collectives(samples: list[CollectiveSample], bw_Bps: float, latency_s: f
     k = len(FITTED_COLLECTIVES)
     per_rank = len(_group_sizes(use)) > 1
 
+    j = 3 if per_rank else 2  # first call cost in x: [bw_eff, hop_latency_us, (call_us_per_rank,) calls...]
+
     def fab_of(x):
-        return _with_calls(replace(base, bw_eff=x[0], hop_latency_us=x[1],
-                                   call_us_per_rank=x[2] if per_rank else base.call_us_per_rank), x[3:])
+        fab = replace(base, bw_eff=float(x[0]), hop_latency_us=float(x[1]))
+        if per_rank:
+            fab = replace(fab, call_us_per_rank=float(x[2]))
+        return _with_calls(fab, x[j:])
 
     def resid(x):
         fab = fab_of(x)
         return [math.log(collective_time_s(s.op, s.nbytes, s.n, bw_Bps, latency_s, fab) / s.seconds) for s in use]
-    x = _least_squares(resid, [0.5, 50.0, 0.0] + [50.0] * k, [1e-4, 0.0, 0.0] + [0.0] * k,
-                       [1.0, 1e5, 1e5 if per_rank else 1e-6] + [1e5] * k)
-    return fab_of([float(v) for v in x])
+    extra = [0.0] if per_rank else []
+    x = _least_squares(resid, [0.5, 50.0] + extra + [50.0] * k, [1e-4, 0.0] + extra + [0.0] * k,
+                       [1.0, 1e5] + [1e5] * len(extra) + [1e5] * k)
+    return fab_of(x)
 
 
 def fit_call_latency(samples: list[CollectiveSample], bw_Bps: float, latency_s: float,

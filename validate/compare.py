@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from sim.result import CATEGORIES, StepResult
 from validate.accuracy import spearman
+from validate.probe import DRIFT_MAX, DRIFT_MIN
 
 
 @dataclass
@@ -111,7 +112,7 @@ def format_comparison(c: Comparison) -> str:
     run_probe = float(c.record.get("speed_probe_s", 0.0))
     if run_probe > 0 and c.calibrated_probe_s > 0:
         how = (f"compute predicted x{c.drift:.3f}" if c.drift_applied else
-               "not applied" if c.drift is not None else "outside 0.5..2, not applied")
+               "not applied" if c.drift is not None else f"outside {DRIFT_MIN:g}..{DRIFT_MAX:g}, not applied")
         lines.append(f"  host speed probe: {run_probe * 1e3:.2f} ms around the run, {c.calibrated_probe_s * 1e3:.2f} ms "
                      f"at calibration ({how})")
     host = c.host_per_step()

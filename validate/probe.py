@@ -2,8 +2,8 @@
 
 A profile is fitted to microbenchmarks taken at one moment; a plan validated minutes later
 may meet a host that computes at another speed. On this project's 2-vCPU virtual machine
-the same forward-and-backward loop took 43 ms in one quarter hour and 49-50 ms in the
-next (8 worker-process launches, no other job running): the VM's neighbours and clocks
+the same forward-and-backward loop in one process took 42.9 and 43.1 ms in two launches,
+and 49.0 and 49.9 ms in two launches ten minutes later, no other job running: the VM's neighbours and clocks
 move under it. Any cluster drifts the same way (a node throttled, a neighbour busy).
 
 So calibration times a probe (``probe_s``) in every compute worker, and the validator's
