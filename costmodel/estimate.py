@@ -17,7 +17,8 @@ this module combines them with closed forms of the pipeline schedules:
 * Data-parallel gradient reduction overlapped with the last microbatch's backward: K
   equal buckets become ready every b/K seconds and are reduced one after another in d
   seconds each; the reduction ends at r0 + max(K d, (K - 1) b/K + d) after the first bucket
-  is ready at r0 (a single-server queue with evenly spaced arrivals).
+  is ready at r0 (a single-server queue with evenly spaced arrivals). The step's last
+  bucket arrives ``straggler_s`` late (the replica that ended backward last).
 
 An estimate within ~15 % of the simulation is plenty for ranking; the search re-scores the
 best candidates with the full discrete-event simulation.
@@ -53,6 +54,9 @@ class StageCost:
     zero3_rs_s: float = 0.0  # ZeRO-3: one layer's gradient reduce-scatter (after its B)
     vpp: int = 1
     layers: float = 1.0  # layers per chunk (ZeRO-3 gathers one layer at a time)
+    # Delay of the last bucket's reduction, the one that waits for the replica that ended
+    # backward last (runtime.straggler_us; sim/gradient_reducer.py)
+    straggler_s: float = 0.0
 
     @property
     def t_s(self) -> float:
@@ -176,14 +180,18 @@ def estimate_step(pipes: list[PipelineCost]) -> StepEstimate:
             ready_all.append([(ends[s] - c * p * b_chunk - b_chunk, b_chunk) for c in range(pipe.vpp)])
         grads = pipes[0].stages[s].grads
         red_end = 0.0
-        for c in sorted(range(len(grads)), key=lambda c: -c):  # chunk v-1 is reduced first
+        order = [c for c in sorted(range(len(grads)), key=lambda c: -c) if grads[c].buckets > 0]
+        for c in order:  # chunk v-1 is reduced first
             g = grads[c]
-            if g.buckets <= 0:
-                continue
             start = max(r[c][0] for r in ready_all)
             b_chunk = max(r[c][1] for r in ready_all)
             interval = b_chunk / g.buckets
-            free = reduction_end_s(start + interval, interval, g.buckets, g.bucket_s, free)
+            lag = max(pipe.stages[s].straggler_s for pipe in pipes) if c == order[-1] else 0.0
+            if lag > 0:  # the step's last bucket waits for the last replica: queued after the others
+                free = reduction_end_s(start + interval, interval, g.buckets - 1, g.bucket_s, free)
+                free = max(free, start + g.buckets * interval + lag) + g.bucket_s
+            else:
+                free = reduction_end_s(start + interval, interval, g.buckets, g.bucket_s, free)
             red_end = free
         st0 = pipes[0].stages[s]
         after = max(end_s, red_end)

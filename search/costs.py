@@ -362,6 +362,8 @@ class CostTables:
                 stages.append(StageCost(fwd_s=fwd, bwd_s=bwd, tp_s=tp, p2p_s=p2p, grads=tuple(grads),
                                         optimizer_s=optimizer_time_s(opt_params, gpu, eff, prec, self.runtime),
                                         gather_s=gather, zero3_gather_s=z3_gather, zero3_rs_s=z3_rs, vpp=v,
-                                        layers=sum(ch.layers for ch in stage_chunks(plan, s)) / v))
+                                        layers=sum(ch.layers for ch in stage_chunks(plan, s)) / v,
+                                        straggler_s=self.runtime.straggler_us * 1e-6
+                                        if plan.grad_degree > 1 and plan.zero < 3 else 0.0))
             out.append(PipelineCost(tuple(stages), m, v, plan.schedule, len(m_cls.members)))
         return out

@@ -152,12 +152,17 @@ class GradientReducer(EnginePart):
         gpu = self.cluster.devices[pipe.ranks[s]].gpu
         eff = self.prog.profile.gpu(gpu.name)
         dpn = self.plan.grad_degree
+        # The replicas' drift over the backward (runtime.straggler_us): the last bucket's
+        # reduction waits for the replica that finished last.
+        straggle = self.prog.profile.runtime.straggler_us * 1e-6 if dpn > 1 else 0.0
         for i in range(total):
             chunk, j = yield self._queue[s].get()
             if i == 0:
                 self._started[s] = self.env.now
             nbytes = pipe.chunks[(s, chunk)].grad_buckets[j]
             t0 = self.acct.dp_started(s)
+            if i == total - 1 and straggle > 0:  # the reduction that closes the backward
+                yield self.env.timeout(straggle)
             if frac is not None:
                 elems = self.bucket_elements(s, chunk)
                 nnz = max(1.0, frac * elems)

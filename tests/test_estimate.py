@@ -83,6 +83,37 @@ def test_estimate_step_hand_numbers():
     assert est.dp_s == pytest.approx(0.5)
 
 
+def test_straggler_delays_only_the_last_bucket_by_hand():
+    """One stage, 2 microbatches, f=1, b=2: the last backward runs 4..6 and its three DP
+    buckets of 0.5 s are ready at 4+2/3, 4+4/3 and 6, served 4.667-5.167, 5.333-5.833 and
+    6-6.5: step 6.5, 0.5 s exposed. With 1 s of straggle only the third arrives late, at
+    7, and ends at 7.5: step 7.5, 1.5 s exposed."""
+    base = StageCost(fwd_s=1.0, bwd_s=2.0, tp_s=0.0, p2p_s=0.0, grads=(ChunkGrads(3, 0.5),))
+    lag = StageCost(fwd_s=1.0, bwd_s=2.0, tp_s=0.0, p2p_s=0.0, grads=(ChunkGrads(3, 0.5),), straggler_s=1.0)
+    e0 = estimate_step([PipelineCost((base,), 2, 1, "1f1b")])
+    e1 = estimate_step([PipelineCost((lag,), 2, 1, "1f1b")])
+    assert e0.step_s == pytest.approx(6.5) and e0.dp_s == pytest.approx(0.5)
+    assert e1.step_s == pytest.approx(7.5) and e1.dp_s == pytest.approx(1.5)
+
+
+def test_straggler_estimate_matches_the_simulation():
+    """runtime.straggler_us moves the analytic estimate and the discrete-event simulation
+    by the same amount (two independent computations): tiny at dp=2 on localhost-cpu with
+    3 ms of straggle, step +3 ms in both (the last bucket's reduction closes the step)."""
+    from dataclasses import replace as _replace
+    from specs.model import load_model
+    cluster = load_topology("localhost-cpu", gpus_per_node=2)
+    model = load_model("tiny")
+    plan = resolve_plan("dp=2,precision=fp32", model, 2)
+    got = []
+    for lag in (0.0, 3000.0):
+        prof = _replace(PROFILE, runtime=_replace(PROFILE.runtime, straggler_us=lag))
+        got.append((estimate_step(CostTables(model, cluster, prof).pipelines(plan)).step_s,
+                    simulate(model, plan, cluster, prof).step_time_s))
+    assert got[1][0] - got[0][0] == pytest.approx(3e-3, rel=1e-6)
+    assert got[1][1] - got[0][1] == pytest.approx(3e-3, rel=1e-6)
+
+
 PLANS = [
     ("dgx-a100", 2, "tp=2,pp=2,dp=4,mbs=2"),
     ("dgx-a100", 2, "tp=1,pp=4,dp=4,mbs=1,schedule=gpipe,recompute=full"),

@@ -138,3 +138,24 @@ def test_pipeline_send_pays_the_send_recv_call_cost():
                                                                  send_recv_call_us=CALL_S * 1e6 + 1000.0)})
     step1, _ = run_engine(prog2)
     assert step1 - step0 == pytest.approx(2e-3, rel=1e-9)
+
+
+def test_straggler_delays_the_reduction_that_closes_backward():
+    """runtime.straggler_us delays only the last gradient bucket's reduction of a step (the
+    one that waits for the replica that finished backward last): tp=2 x dp=2 with two small
+    buckets, fixed compute; 3 ms of straggle lengthens the step by exactly 3 ms and the
+    exposed DP time by as much. With one replica (pp=2, no data parallelism) there is no
+    reduction to wait for and the step is unchanged (tp=2 x pp=2 on the 4 devices)."""
+    cluster = load_topology(str(DATA / "two-nodes.yaml"))
+    model = ModelSpec("t", 4, 1024, 16, 512, 32000, 8)
+    out = {}
+    for plan_text in ("tp=2,dp=2,mbs=2", "tp=2,pp=2,mbs=2"):
+        for lag_us in (0.0, 3000.0):
+            prog = fixed_program(cluster, model, plan_text, 0.02, 0.04, grad_bytes=(1e6, 1e6))
+            prog.profile = Profile(gpus={"default": GpuEfficiency()}, fabrics={"default": FabricEfficiency()},
+                                   runtime=RuntimeSettings(straggler_us=lag_us))
+            out[(plan_text, lag_us)] = run_engine(prog)
+    (s0, r0), (s1, r1) = out[("tp=2,dp=2,mbs=2", 0.0)], out[("tp=2,dp=2,mbs=2", 3000.0)]
+    assert s1 - s0 == pytest.approx(3e-3, rel=1e-9)
+    assert r1.exposed_comm_s["dp"] - r0.exposed_comm_s["dp"] == pytest.approx(3e-3, rel=1e-6)
+    assert out[("tp=2,pp=2,mbs=2", 3000.0)][0] == pytest.approx(out[("tp=2,pp=2,mbs=2", 0.0)][0], rel=1e-12)

@@ -209,8 +209,11 @@ def test_overheads_without_training_chain_fall_back_to_plain():
 
 def test_profile_file_round_trips_through_load_profile(tmp_path):
     """What calibrate writes is a profile in the bundled schema: load_profile reads back the
-    fitted numbers for the CPU device and the loopback fabric, and the CPU runtime facts."""
+    fitted numbers for the CPU device and the loopback fabric, and the CPU runtime facts
+    and measured waits (4.2 ms of straggle, as MicrobenchResult records it, in seconds)."""
     res = synthetic_bench(world=4)
+    res.straggler_s = 4.2e-3
+    assert MicrobenchResult.from_dict(res.to_dict()).straggler_s == 4.2e-3
     fit = fit_profile(res, CPU, GpuEfficiency(), LINK, FabricEfficiency())
     mapping = profile_mapping(fit, res, "CPU", "loopback", "cpu", "2026-01-01 on test", "t")
     path = tmp_path / "p.yaml"
@@ -221,6 +224,7 @@ def test_profile_file_round_trips_through_load_profile(tmp_path):
     assert prof.fabric("loopback").call_s("send_recv") == pytest.approx(100e-6, rel=1e-2)
     assert prof.runtime.host_overhead_us == pytest.approx(7.0)
     assert prof.runtime.launch_blocking is True
+    assert prof.runtime.straggler_us == pytest.approx(4200.0)
     assert "2026-01-01 on test" in prof.gpu("CPU").source
 
 

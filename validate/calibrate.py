@@ -381,6 +381,7 @@ def profile_mapping(fit: FitResult, res: MicrobenchResult, gpu_name: str, link_k
                     "host_cores": res.host_cores if device_kind == "cpu" else 0,
                     "comm_busy_fraction": round(res.comm_busy_fraction, 4) if device_kind == "cpu" else 0.0,
                     "speed_probe_us": round(res.probe_s * 1e6, 2),
+                    "straggler_us": round(res.straggler_s * 1e6, 1),
                     "source": (f"host_overhead_us FIT by plansim calibrate ({where}): per cost-model op, "
                                f"forward+backward of tiny-op chains under autograd minus the plain per-op cost. "
                                f"host_cores: the cores the worker processes share (affinity mask), compute "
@@ -388,6 +389,8 @@ def profile_mapping(fit: FitResult, res: MicrobenchResult, gpu_name: str, link_k
                                f"speed_probe_us: validate/probe.py's probe then (median over those processes). "
                                f"comm_busy_fraction: CPU seconds per wall second in a stream of small all-reduces "
                                f"(validate/collective_bench.busy_fraction_row). "
+                               f"straggler_us: the extra wait of a 32 KiB all-reduce closing about 50 ms of "
+                               f"GEMMs over one closing 1 ms (validate/collective_bench.straggler_row). "
                                f"Other fields: how validate/'s eager torch runner drives the device.")},
     }
     if fit.fabric is not None and link_kind:

@@ -81,6 +81,7 @@ class CollectiveConfig:
     compute_gap_s: float = 1e-3
     after_compute_calls: int = 100  # rounds per mean (after_compute_rows)
     busy_calls: int = 0  # calls of the busy-fraction stream (busy_fraction_row); 0: not measured
+    straggler_reps: int = 0  # long compute phases per group size (straggler_row); 0: not measured
 
 
 def _collective_call(op: str, count: int, n: int, group, first: int, nxt: int, prv: int, dev):
@@ -167,6 +168,8 @@ def collective_worker(rank: int, world: int, cfg: CollectiveConfig) -> list:
                 rows.append([op, n, count * 4, statistics.median(times)])
         if cfg.after_compute_sizes:
             rows += after_compute_rows(cfg, n, group, first, nxt, prv, dev, dsync)
+        if cfg.straggler_reps:
+            rows.append(straggler_row(cfg, n, group, dev, dsync, world))
         if cfg.busy_calls and n == min(cfg.group_sizes or (world,)):
             rows.append(busy_fraction_row(cfg, n, group, first, nxt, prv, dev, world))
     return rows
@@ -277,6 +280,62 @@ def after_compute_rows(cfg: CollectiveConfig, n: int, group, first: int, nxt: in
             with_call = mean_round(call)
             rows.append([op + AFTER_COMPUTE_SUFFIX, n, count * 4, max(with_call - compute, 1e-7)])
     return rows
+
+
+STRAGGLER_OP = "straggler"  # the row's op; its 'seconds' field holds the extra wait
+STRAGGLER_BYTES = 32 * 1024
+STRAGGLER_ROUNDS = 50  # a long compute phase: this many rounds of compute_gap_s (about 50 ms)
+
+
+def straggler_row(cfg: CollectiveConfig, n: int, group, dev, dsync, world: int) -> list:
+    """[STRAGGLER_OP, n, STRAGGLER_BYTES, seconds]: how much longer a collective waits when
+    it ends a long compute phase (STRAGGLER_ROUNDS rounds of about cfg.compute_gap_s of
+    GEMMs, as a backward pass is) than when it follows one such round, in groups of n
+    (world/n groups at once); the mean over ranks and cfg.straggler_reps phases, less the
+    mean over as many short rounds, never below 0.
+
+    Where processes share cores (more processes than cores, a time-sliced guest), ranks
+    given the same work drift apart over a long phase, by up to a scheduler slice or so
+    (the scheduler is fair over its period, not within it), and the collective that
+    closes the phase waits for the last; after a short round they are still in step.
+    Measured here (gloo, 2026-11-30, 32 KiB all-reduce): 0.7 ms with 2 processes on 2
+    cores; 2.7-5.6 ms with 4, in groups of 2 and of 4 alike. sim/gradient_reducer.py adds
+    it to the gradient reduction that closes each backward (fabric straggler_us)."""
+    import torch
+    import torch.distributed as dist
+
+    a, w = torch.randn(64, 512, device=dev), torch.randn(128, 512, device=dev)
+    t0 = time.perf_counter()
+    for _ in range(20):
+        torch.nn.functional.linear(a, w)
+    if dsync:
+        dsync()
+    k = torch.tensor([max(1, int(cfg.compute_gap_s / max((time.perf_counter() - t0) / 20, 1e-7)))],
+                     dtype=torch.float64, device=dev)
+    dist.all_reduce(k, op=dist.ReduceOp.MIN)
+    k = int(k[0])
+    buf = torch.ones(STRAGGLER_BYTES // 4 // n * n, device=dev)
+
+    def waits(rounds: int, reps: int) -> float:
+        got = []
+        for i in range(reps + 1):
+            for _ in range(rounds):
+                for _ in range(k):
+                    torch.nn.functional.linear(a, w)
+            if dsync:
+                dsync()
+            t = time.perf_counter()
+            dist.all_reduce(buf, group=group)
+            if i:  # the first phase warms up
+                got.append(time.perf_counter() - t)
+        return statistics.fmean(got)
+    dist.barrier()
+    short = waits(1, 4 * STRAGGLER_ROUNDS)
+    dist.barrier()
+    long = waits(STRAGGLER_ROUNDS, cfg.straggler_reps)
+    extra = torch.tensor([long - short], dtype=torch.float64)
+    dist.all_reduce(extra)
+    return [STRAGGLER_OP, n, STRAGGLER_BYTES, max(0.0, float(extra[0]) / world)]
 
 
 def format_collectives(samples: list[CollectiveSample]) -> str:

@@ -35,8 +35,8 @@ from dataclasses import asdict, dataclass, field, replace
 
 from costmodel import flops as fl
 from costmodel.shapes import ModelSpec
-from validate.collective_bench import (BUSY_OP, COLLECTIVES, KIB, MIB, CollectiveConfig, CollectiveSample,
-                                       collective_worker)
+from validate.collective_bench import (BUSY_OP, COLLECTIVES, KIB, MIB, STRAGGLER_OP, CollectiveConfig,
+                                       CollectiveSample, collective_worker)
 
 MEMORY_OPS = ("add", "gelu", "layernorm", "softmax")
 # ----------------------------------------------------------------------- records
@@ -125,6 +125,9 @@ class MicrobenchResult:
     harness: dict = field(default_factory=dict)
     # CPU time per wall second in a stream of small all-reduces (collective_bench.busy_fraction_row); 0: not measured
     comm_busy_fraction: float = 0.0
+    # Extra wait of a collective closing a long compute phase (collective_bench.straggler_row),
+    # seconds, mean over the group sizes and launches; 0: not measured
+    straggler_s: float = 0.0
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -140,7 +143,8 @@ class MicrobenchResult:
                    topk=[TopkSample(**x) for x in d.get("topk", [])],
                    wall_s=d.get("wall_s", 0.0), compute_world=d.get("compute_world", 0),
                    host_cores=d.get("host_cores", 0), probe_s=d.get("probe_s", 0.0),
-                   harness=dict(d.get("harness", {})), comm_busy_fraction=d.get("comm_busy_fraction", 0.0))
+                   harness=dict(d.get("harness", {})), comm_busy_fraction=d.get("comm_busy_fraction", 0.0),
+                   straggler_s=d.get("straggler_s", 0.0))
 
 
 # ------------------------------------------------------------------------ shapes
@@ -261,6 +265,8 @@ AFTER_COMPUTE_SIZES = (4 * KIB, 32 * KIB, 256 * KIB, 2 * MIB)
 AFTER_COMPUTE_LAUNCHES = 3
 # Calls of the busy-fraction stream (collective_bench.busy_fraction_row): about 0.3-1 s here.
 BUSY_CALLS = 300
+# Long compute phases per group size and launch (collective_bench.straggler_row): about 0.6 s.
+STRAGGLER_REPS = 12
 
 
 THREADS_ENV = "OMP_NUM_THREADS"
@@ -365,7 +371,8 @@ def run_microbenchmarks(world: int, gemm_shapes, mem_sizes, coll_sizes, *, attn_
             f"{len(coll_sizes)} sizes {coll_sizes[0]} B .. {coll_sizes[-1]} B")
         after = tuple(sz for sz in AFTER_COMPUTE_SIZES if coll_sizes[0] <= sz <= coll_sizes[-1])
         kcfg = CollectiveConfig(tuple(coll_sizes), ops, ns, repeats=repeats, threads=threads, backend=be_name,
-                                after_compute_sizes=after, busy_calls=BUSY_CALLS)
+                                after_compute_sizes=after, busy_calls=BUSY_CALLS,
+                                straggler_reps=STRAGGLER_REPS if after else 0)
         with worker_threads_env(world):
             rows = launch(collective_worker, world, (kcfg,), timeout_s=timeout_s, backend=be_name)[0]
             if after:
@@ -373,7 +380,9 @@ def run_microbenchmarks(world: int, gemm_shapes, mem_sizes, coll_sizes, *, attn_
                     launch(collective_worker, world, (replace(kcfg, sizes=(), ops=(), busy_calls=0),),
                            timeout_s=timeout_s, backend=be_name)[0] for _ in range(AFTER_COMPUTE_LAUNCHES - 1)])
         res.comm_busy_fraction = next((s for op, n, nbytes, s in rows if op == BUSY_OP), 0.0)
-        res.collectives = [CollectiveSample(op, nbytes, n, s) for op, n, nbytes, s in rows if op != BUSY_OP]
+        res.straggler_s = statistics.fmean([s for op, n, nbytes, s in rows if op == STRAGGLER_OP] or [0.0])
+        res.collectives = [CollectiveSample(op, nbytes, n, s) for op, n, nbytes, s in rows
+                           if op not in (BUSY_OP, STRAGGLER_OP)]
     res.wall_s = time.perf_counter() - t_wall
     return res
 
@@ -402,6 +411,9 @@ def format_compute(res: MicrobenchResult) -> str:
     lines.append("# per-op overhead (GPT layer chain at width 8, per op as the cost model counts them)")
     for o in res.overhead:
         lines.append(f"{o.what:>10} {o.model_ops:>4} ops {o.per_op_s * 1e6:>8.2f} us/op")
+    if res.comm_busy_fraction or res.straggler_s:
+        lines.append(f"# waits: busy fraction in collectives {res.comm_busy_fraction:.3f}; a collective closing "
+                     f"50 ms of compute waits {res.straggler_s * 1e6:.0f} us more than one closing 1 ms")
     return "\n".join(lines)
 
 
