@@ -151,7 +151,7 @@ class RuntimeSettings:
     # collective after a short compute, us: replicas given the same work drift apart over
     # a long phase where processes time-share cores (the scheduler is fair over its period,
     # not within it), and the reduction waits for the last (validate/collective_bench.
-    # straggler_row: 0.7 ms with 2 gloo processes on 2 cores, 2.7-5.6 ms with 4; 2026-11-30).
+    # straggler_row: 1.1-1.4 ms with 2 gloo processes on 2 cores, 6.4-9.9 ms with 4; 2026-11-30).
     # 0: replicas stay in step (a device each, no sharing measured).
     straggler_us: float = 0.0
     source: str = "built-in default"

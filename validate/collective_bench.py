@@ -298,8 +298,8 @@ def straggler_row(cfg: CollectiveConfig, n: int, group, dev, dsync, world: int) 
     given the same work drift apart over a long phase, by up to a scheduler slice or so
     (the scheduler is fair over its period, not within it), and the collective that
     closes the phase waits for the last; after a short round they are still in step.
-    Measured here (gloo, 2026-11-30, 32 KiB all-reduce): 0.7 ms with 2 processes on 2
-    cores; 2.7-5.6 ms with 4, in groups of 2 and of 4 alike. sim/gradient_reducer.py adds
+    Measured here (gloo, 2026-11-30, 32 KiB all-reduce, mean of 3 launches, four
+    calibrations): 1.1-1.4 ms with 2 processes on 2 cores; 6.4-9.9 ms with 4. sim/gradient_reducer.py adds
     it to the gradient reduction that closes each backward (fabric straggler_us)."""
     import torch
     import torch.distributed as dist
