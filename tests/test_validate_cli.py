@@ -94,7 +94,7 @@ def test_calibrate_and_validate_smoke(tmp_path, capsys):
     assert d["measured_step_time_s"] > 0 and d["predicted_step_time_s"] > 0
     assert set(d["phases"]) >= {"compute", "dp"}
     assert all(set(v) == {"measured_s", "predicted_s"} for v in d["phases"].values())
-    # The speed probe: timed at calibration (the profile's speed_probe_us) and around the
+    # The speed probe: timed at calibration (the profile's speed_probe_us) and before the
     # run; the prediction is the simulation with the profile's compute slowed by the ratio,
     # recomputed here from the two probes (validate/probe.py, sim/core_sharing.slowed_profile).
     from costmodel.profile import load_profile

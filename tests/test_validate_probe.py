@@ -9,7 +9,7 @@ from validate.record import RunRecord
 
 
 def test_drift_factor_by_hand():
-    """4.4 ms around the run against 4,000 us at calibration: the host computes 1.1x slower.
+    """4.4 ms before the run against 4,000 us at calibration: the host computes 1.1x slower.
     Unknown probes (0) and ratios outside [0.5, 2] give None (not applied)."""
     assert drift_factor(4.4e-3, 4000.0) == pytest.approx(1.1)
     assert drift_factor(3.0e-3, 4000.0) == pytest.approx(0.75)
@@ -27,13 +27,14 @@ def _worker(rank, probes):
     return out
 
 
-def test_record_probe_is_the_median_over_ranks_of_before_and_after():
-    """Rank 0 probed 4 and 6 ms (mean 5), rank 1 3 and 3 ms, rank 2 4 and 4 ms: the record's
-    probe is the median of 5, 3, 4 = 4 ms; a record without probes has 0."""
-    ws = [_worker(0, [4e-3, 6e-3]), _worker(1, [3e-3, 3e-3]), _worker(2, [4e-3, 4e-3])]
+def test_record_probe_is_the_median_over_ranks_of_the_probe_before_the_steps():
+    """Rank 0 probed 6 ms before its steps and 2 ms after, rank 1 5 and 5 ms, rank 2 3 and
+    3 ms: the record's probe is the median of the before probes 6, 5, 3 = 5 ms (the
+    median of the means 4, 5, 3 would be 4 ms); a record without probes has 0."""
+    ws = [_worker(0, [6e-3, 2e-3]), _worker(1, [5e-3, 5e-3]), _worker(2, [3e-3, 3e-3])]
     rec = RunRecord.from_workers(ws, model="tiny", plan="dp=3", backend="gloo", device="cpu",
                                  steps=1, warmup=0, seed=0)
-    assert rec.speed_probe_s == pytest.approx(4e-3)
+    assert rec.speed_probe_s == pytest.approx(5e-3)
     old = RunRecord.from_workers([_worker(0, None)], model="tiny", plan="dp=1", backend="gloo",
                                  device="cpu", steps=1, warmup=0, seed=0)
     assert old.speed_probe_s == 0.0
@@ -46,7 +47,7 @@ def test_comparison_reports_the_drift():
                                  device="cpu", steps=1, warmup=0, seed=0)
     sim = SimpleNamespace(step_time_s=1.0, breakdown={"compute": 1.0})  # what compare() reads
     c = compare(rec, sim, drift=1.1, drift_applied=True, calibrated_probe_s=4e-3)
-    assert "4.40 ms around the run, 4.00 ms at calibration (compute predicted x1.100)" in format_comparison(c)
+    assert "4.40 ms before the run, 4.00 ms at calibration (compute predicted x1.100)" in format_comparison(c)
     assert c.to_dict()["speed_probe"] == {"run_s": pytest.approx(4.4e-3), "calibrated_s": 4e-3,
                                           "drift_factor": 1.1, "applied": True}
     off = compare(rec, sim, drift=1.1, drift_applied=False, calibrated_probe_s=4e-3)

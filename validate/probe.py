@@ -7,7 +7,9 @@ and 49.0 and 49.9 ms in two launches ten minutes later, no other job running: th
 move under it. Any cluster drifts the same way (a node throttled, a neighbour busy).
 
 So calibration times a probe (``probe_s``) in every compute worker, and the validator's
-runner times the same probe in every rank right before and right after its steps. The
+runner times the same probe in every rank right before its steps (and after them, for the
+record: a process that has just trained probes slower than a fresh one, validate/record.py,
+so only the probe before the steps is compared with calibration's). The
 ratio, run over calibration, is how much slower the host computes now; the validator
 predicts with the profile's compute slowed by that factor (sim/core_sharing.slowed_profile:
 every rate divided, every per-op cost multiplied), prints it, and can be told not to
