@@ -15,10 +15,14 @@
 # Ends with the table (plan, processes, measured and predicted median step time, error,
 # the measured spread p10..p90 around the median), the Spearman rank correlation, and the
 # wall time of the whole; the target is at most 5 minutes on a 2-core host.
-# STEPS (default 20) measured steps per plan after 2 warm-up steps.
+# STEPS (default 20) measured steps per plan, in LAUNCHES (default 2) launches of fresh
+# processes, one pass over the eight plans after another, each launch after 2 warm-up
+# steps: a launch is one draw of where the processes and their threads land (the same
+# pp=2 1F1B plan's median step moved between 63 and 92 ms over nine launches here).
 set -euo pipefail
 OUT="${1:-results/validate-cpu-$(date -u +%Y%m%d-%H%M)}"
 STEPS="${STEPS:-20}"
+LAUNCHES="${LAUNCHES:-2}"
 mkdir -p "$OUT"
 PY="${PYTHON:-python3}"
 start=$(date +%s)
@@ -29,7 +33,8 @@ for W in 2 4; do
 done
 PLANS=("dp=2" "tp=2" "pp=2,schedule=1f1b" "pp=2,schedule=gpipe" "dp=2,compress=topk:0.1" "tp=2,dp=2" "pp=2,dp=2" "dp=4")
 "$PY" -m plansim validate localhost-cpu --model tiny --plans "${PLANS[@]}" \
-    --profile "2=$OUT/cpu-w2.yaml" --profile "4=$OUT/cpu-w4.yaml" --steps "$STEPS" \
+    --profile "2=$OUT/cpu-w2.yaml" --profile "4=$OUT/cpu-w4.yaml" \
+    --steps "$(( (STEPS + LAUNCHES - 1) / LAUNCHES ))" --launches "$LAUNCHES" \
     --report "$OUT/report" | tee "$OUT/validation.txt"
 wall=$(( $(date +%s) - start ))
 "$PY" - "$OUT" "$wall" <<'PYEOF' | tee "$OUT/summary.txt"

@@ -1,6 +1,6 @@
 """`plansim validate`: run plans for real and compare with the simulator's prediction.
 
-    plansim validate TOPOLOGY --model M --plan P [--profile F] [--steps N] [--json] [--report DIR]
+    plansim validate TOPOLOGY --model M --plan P [--profile F] [--steps N] [--launches K] [--json] [--report DIR]
     plansim validate TOPOLOGY --model M --plans P1 P2 ... [--profile [W=]F ...]
 
 Each plan runs in tp*pp*dp worker processes on this host (validate/runner.run_plan: real
@@ -29,7 +29,10 @@ def register(subparsers) -> None:
                    help="calibrated profile; WORLD=FILE applies it to plans of WORLD processes (repeatable)")
     from plansim.cli import add_runtime_arg
     add_runtime_arg(p, default=None)
-    p.add_argument("--steps", type=int, default=10, help="measured steps per plan (default 10)")
+    p.add_argument("--steps", type=int, default=10, help="measured steps per plan and launch (default 10)")
+    p.add_argument("--launches", type=int, default=1,
+                   help="run every plan this many times in fresh processes, pooling the steps (default 1): "
+                        "one launch is one draw of where the processes and their threads land")
     p.add_argument("--warmup", type=int, default=2, help="unmeasured steps first (default 2)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=300.0, help="seconds before a run is abandoned")
@@ -72,8 +75,10 @@ def profile_for(specs: list[str]) -> dict:
 
 def validate_plans(topology: str, model_name: str, plans: list[str], profiles: dict, *, steps: int,
                    warmup: int, seed: int, timeout_s: float, record: bool, progress=None,
-                   runtime: str | None = None, drift_correction: bool = True):
-    """Run and simulate every plan; the comparisons in the given order."""
+                   runtime: str | None = None, drift_correction: bool = True, launches: int = 1):
+    """Run and simulate every plan; the comparisons in the given order. With ``launches``
+    > 1 every plan runs that many times in fresh processes, one pass over all the plans
+    after another, and its record pools the passes' steps (RunRecord.pooled)."""
     from costmodel.profile import load_profile
     from plansim.cmd_calibrate import resolve_world
     from sim.metrics import simulate
@@ -98,13 +103,20 @@ def validate_plans(topology: str, model_name: str, plans: list[str], profiles: d
     from validate.microbench import worker_threads_env
     from validate.runner import run_plan
 
+    from validate.record import RunRecord
+
+    runs: list[list] = [[] for _ in prepared]
+    for k in range(launches):
+        for i, (plan, cluster, profile, prof_path) in enumerate(prepared):
+            if progress:
+                of = f", launch {k + 1} of {launches}" if launches > 1 else ""
+                progress(f"running {plan.to_string()} in {plan.num_devices} processes "
+                         f"({warmup} warm-up + {steps} steps{of}); profile {prof_path or 'default (uncalibrated)'}")
+            with worker_threads_env(plan.num_devices):  # the threads calibration measured with
+                runs[i].append(run_plan(model, plan, steps=steps, warmup=warmup, seed=seed, timeout_s=timeout_s))
     out = []
-    for plan, cluster, profile, prof_path in prepared:
-        if progress:
-            progress(f"running {plan.to_string()} in {plan.num_devices} processes "
-                     f"({warmup} warm-up + {steps} steps); profile {prof_path or 'default (uncalibrated)'}")
-        with worker_threads_env(plan.num_devices):  # the threads calibration measured with
-            rec = run_plan(model, plan, steps=steps, warmup=warmup, seed=seed, timeout_s=timeout_s)
+    for (plan, cluster, profile, prof_path), recs in zip(prepared, runs):
+        rec = RunRecord.pooled(recs)
         drift = drift_factor(rec.speed_probe_s, profile.runtime.speed_probe_us)
         applied = drift_correction and drift is not None
         sim = simulate(model, plan, cluster, slowed_profile(profile, drift) if applied else profile, record=record)
@@ -120,6 +132,8 @@ def cmd_validate(args) -> int:
         raise InputError("--steps", None, f"must be a positive integer (got {args.steps})")
     if args.warmup < 0:
         raise InputError("--warmup", None, f"must be >= 0 (got {args.warmup})")
+    if not 1 <= args.launches <= 100:
+        raise InputError("--launches", None, f"must be an integer from 1 to 100 (got {args.launches})")
     if args.report:
         from reports.files import output_dir
         output_dir(args.report)
@@ -128,7 +142,7 @@ def cmd_validate(args) -> int:
     comps = validate_plans(args.topology, args.model, plans, profile_for(args.profile), steps=args.steps,
                            warmup=args.warmup, seed=args.seed, timeout_s=args.timeout,
                            record=bool(args.report), progress=say, runtime=args.runtime,
-                           drift_correction=args.drift_correction)
+                           drift_correction=args.drift_correction, launches=args.launches)
     ranking = Ranking(comps)
     if args.report:
         from reports.validation import write_validation_report

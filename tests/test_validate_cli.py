@@ -49,6 +49,13 @@ def test_validate_plan_too_big_for_the_host(capsys):
     assert "must be an integer in [1, 4] (devices of one localhost-cpu node)" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("launches", ["0", "101"])
+def test_validate_bad_launches(launches, capsys):
+    """--launches outside 1..100: exit 2 before anything runs, the range named."""
+    assert main(["validate", "localhost-cpu", "--plan", "dp=2", "--launches", launches]) == 2
+    assert "--launches" in capsys.readouterr().err
+
+
 def test_calibrate_heterogeneous_topology_refused(capsys, tmp_path):
     """The validator calibrates one host of one node type: a two-group topology is an input error."""
     assert main(["calibrate", "hetero-a100-v100", "--world", "2", "--out", str(tmp_path / "p.yaml")]) == 2
@@ -72,8 +79,8 @@ def test_plan_world_and_profile_mapping():
 
 def test_calibrate_and_validate_smoke(tmp_path, capsys):
     """A short real run (2 processes, quick sweep, 3 steps): calibrate writes a profile that
-    validate then uses; the JSON has the contract's fields and finite, positive numbers.
-    (No accuracy assertion: timings depend on the machine.)"""
+    validate then uses (in two launches, pooled); the JSON has the contract's fields and
+    finite, positive numbers. (No accuracy assertion: timings depend on the machine.)"""
     pytest.importorskip("torch")
     pytest.importorskip("validate.runner")
     prof = tmp_path / "w2.yaml"
@@ -81,8 +88,10 @@ def test_calibrate_and_validate_smoke(tmp_path, capsys):
     capsys.readouterr()
     rep = tmp_path / "report"
     assert main(["validate", "localhost-cpu", "--model", "tiny", "--plan", "dp=2",
-                 "--profile", str(prof), "--steps", "3", "--warmup", "1", "--json", "--report", str(rep)]) == 0
+                 "--profile", str(prof), "--steps", "3", "--warmup", "1", "--launches", "2", "--json",
+                 "--report", str(rep)]) == 0
     d = json.loads(capsys.readouterr().out)
+    assert d["launches"] == 2 and d["measured_steps"] == 6  # two launches of 3 steps, pooled
     # The report: table, both traces (measured and simulated, same layout), calibration curves.
     for name in ("index.html", "report.md", "validation.csv", "trace-1-measured.json", "trace-1-simulated.json"):
         assert (rep / name).is_file()

@@ -56,6 +56,30 @@ def test_step_statistics_by_hand():
     assert rec.per_rank[1]["bytes_sent"] == {"dp": 2000.0, "tp": 0.0, "pp": 0.0, "cp": 0.0}
 
 
+def test_pooled_launches_by_hand():
+    """Two launches of the same plan pool their steps: launch A (the record above, steps
+    [1.5, 2, 3.5, 4, 5], compute 0.6, probe 4 ms) and launch B (two steps of 10 and 12 s,
+    compute 0.9, probe 6 ms, a larger peak): the pooled median of the seven steps is 4,
+    compute is weighted by steps (5 x 0.6 + 2 x 0.9) / 7 = 0.6857, the probe is the mean
+    5 ms, peak memory the larger, losses and timeline the first launch's."""
+    from dataclasses import replace
+    a = replace(_record(), speed_probe_s=4e-3)
+    wb = [_worker(r, [9.0, 10.0, 12.0], [8.0, 0.9, 0.9], "F0.0") for r in (0, 1)]
+    for w in wb:
+        w["peak_memory_bytes"] = 999999
+    b = replace(RunRecord.from_workers(wb, model="tiny", plan="dp=2", backend="gloo", device="cpu",
+                                       steps=2, warmup=1, seed=0), speed_probe_s=6e-3)
+    p = RunRecord.pooled([a, b])
+    assert p.step_times_s == [1.5, 2.0, 3.5, 4.0, 5.0, 10.0, 12.0]
+    assert p.median_step_time_s == 4.0 and p.steps == 7 and p.launches == 2
+    assert p.phases_s["compute"] == pytest.approx((5 * 0.6 + 2 * 0.9) / 7)
+    assert p.per_rank[0]["phases_s"]["compute"] == pytest.approx((5 * 0.5 + 2 * 0.9) / 7)
+    assert p.speed_probe_s == pytest.approx(5e-3)
+    assert p.per_rank[1]["peak_memory_bytes"] == 999999
+    assert p.losses == a.losses and p.segments == a.segments
+    assert RunRecord.pooled([a]) is a
+
+
 def test_json_round_trip(tmp_path):
     """write_json/read_json give back an equal record, and no temporary file is left."""
     rec = _record()

@@ -41,6 +41,7 @@ class Comparison:
                 "predicted_step_time_s": self.predicted_step_time_s,
                 "error_pct": self.error_pct,
                 "measured_p10_s": self.p10_step_time_s, "measured_p90_s": self.p90_step_time_s,
+                "measured_steps": int(self.record.get("steps", 0)), "launches": int(self.record.get("launches", 1)),
                 "phases": self.phases,
                 # the runner's finer measured split (forward, backward, optimizer, each collective)
                 "measured_detail_s": dict(self.record.get("detail_s", {})),
@@ -105,7 +106,8 @@ def format_comparison(c: Comparison) -> str:
     lines = [f"plan {c.plan} ({c.world} processes)",
              f"  step time  measured {c.measured_step_time_s * 1e3:8.1f} ms (p10 {c.p10_step_time_s * 1e3:.1f}, "
              f"p90 {c.p90_step_time_s * 1e3:.1f})  predicted {c.predicted_step_time_s * 1e3:8.1f} ms  "
-             f"error {c.error_pct:+.1f} %",
+             f"error {c.error_pct:+.1f} %" + (f"  ({c.record.get('steps')} steps in {c.record.get('launches')} launches)"
+                                              if c.record.get("launches", 1) > 1 else ""),
              f"  {'phase':8s} {'measured (ms)':>14} {'predicted (ms)':>15}"]
     for cat, v in c.phases.items():
         lines.append(f"  {cat:8s} {v['measured_s'] * 1e3:>14.2f} {v['predicted_s'] * 1e3:>15.2f}")

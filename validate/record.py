@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import os
 import statistics
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -56,6 +56,7 @@ class RunRecord:
     # that has not, by 2-3 % after dp=2 and 7-21 % after pp=2 here (the allocator's state
     # after the run), while calibration probes a fresh process.
     speed_probe_s: float = 0.0
+    launches: int = 1  # separate launches of fresh processes whose steps this record pools
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -74,6 +75,40 @@ class RunRecord:
     @classmethod
     def read_json(cls, path: str | Path) -> "RunRecord":
         return cls.from_dict(json.loads(Path(path).read_text()))
+
+    @classmethod
+    def pooled(cls, records: list["RunRecord"]) -> "RunRecord":
+        """One record of the same plan run in several launches (fresh processes each): the
+        step times pooled, so the median and percentiles are over every measured step;
+        per-phase figures (each launch's median over its steps) and each rank's, weighted by
+        steps; the speed probe, the mean of the launches'; peak memory, the largest;
+        losses, bytes and the timeline, the first launch's."""
+        if not records:
+            raise ValueError("pooled() needs at least one record")
+        if len(records) == 1:
+            return records[0]
+        first = records[0]
+        w = np.asarray([r.steps for r in records], dtype=float)
+        w = w / w.sum()
+
+        def mean_of(dicts: list[dict]) -> dict[str, float]:
+            keys = sorted({k for d in dicts for k in d})
+            return {k: float(sum(wi * d.get(k, 0.0) for wi, d in zip(w, dicts))) for k in keys}
+        per_rank = []
+        for i, pr in enumerate(first.per_rank):
+            ranks = [r.per_rank[i] for r in records]
+            per_rank.append({**pr, "phases_s": mean_of([x["phases_s"] for x in ranks]),
+                             "host_per_step": mean_of([x.get("host_per_step", {}) for x in ranks]),
+                             "peak_memory_bytes": max(int(x["peak_memory_bytes"]) for x in ranks)})
+        times = np.asarray([t for r in records for t in r.step_times_s])
+        probes = [r.speed_probe_s for r in records]
+        return replace(
+            first, steps=sum(r.steps for r in records), created_utc=records[-1].created_utc,
+            step_times_s=[float(t) for t in times], median_step_time_s=float(np.median(times)),
+            p10_step_time_s=float(np.percentile(times, 10)), p90_step_time_s=float(np.percentile(times, 90)),
+            phases_s=mean_of([r.phases_s for r in records]), detail_s=mean_of([r.detail_s for r in records]),
+            per_rank=per_rank, speed_probe_s=float(statistics.fmean(probes)) if all(probes) else 0.0,
+            launches=sum(r.launches for r in records))
 
     @classmethod
     def from_workers(cls, workers: list[dict], *, model: str, plan: str, backend: str, device: str,
