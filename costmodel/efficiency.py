@@ -311,9 +311,11 @@ def expected_max_std_normal(n: int) -> float:
     return NormalDist().inv_cdf((n - 0.375) / (n + 0.25))
 
 
-def topk_compress_time_s(elements: float, gpu: GpuSpec, eff: GpuEfficiency, group: int = 1) -> float:
-    """Error feedback plus top-k selection of one bucket: its memory traffic, the
-    selection's compute where the profile has one (topk_select_ns_per_elem), 3 kernels.
+def topk_compress_time_s(elements: float, gpu: GpuSpec, eff: GpuEfficiency, group: int = 1,
+                         kept: float = 0.0) -> float:
+    """Error feedback plus top-k selection of one bucket keeping ``kept`` entries: its
+    memory traffic, the selection's compute where the profile has one
+    (topk_select_ns_per_elem per element, topk_select_ns_per_kept per kept entry), 3 kernels.
 
     The selection's time depends on the data (a CPU's partial sort: measured here, one
     bucket of 867k elements took 4-16 ms from step to step on the same rank), and the
@@ -321,7 +323,7 @@ def topk_compress_time_s(elements: float, gpu: GpuSpec, eff: GpuEfficiency, grou
     selected. With a coefficient of variation ``topk_select_cv`` per selection, the group
     waits the expected maximum of ``group`` draws: mean x (1 + cv x E[max of group
     standard normals]). GPU radix selects (cv 0) take the same time on every rank."""
-    select_s = elements * eff.topk_select_ns_per_elem * 1e-9
+    select_s = (elements * eff.topk_select_ns_per_elem + kept * eff.topk_select_ns_per_kept) * 1e-9
     if eff.topk_select_cv:
         select_s *= 1.0 + eff.topk_select_cv * expected_max_std_normal(group)
     return (elements * TOPK_COMPRESS_BYTES_PER_ELEM / (gpu.mem_bw_Bps * eff.hbm_eff)

@@ -51,6 +51,12 @@ class GpuEfficiency:
     # memory bound; a CPU's selection (a partial sort, comparisons and branches) is not,
     # and plansim calibrate times it (validate/microbench.py).
     topk_select_ns_per_elem: float = 0.0
+    # The selection's cost per kept entry, ns, beside the per-element one: gathering the k
+    # kept values and indices and zeroing them in the residual (validate/topk.select) is
+    # O(k) work next to the O(n) partial sort. On a CPU the time per element grows with the
+    # kept fraction (plansim calibrate, 867k elements, 2026-11-30: 7.6 ns at 1 %, 9.2 ns at
+    # 10 %); 0: selection independent of k (GPU radix select).
+    topk_select_ns_per_kept: float = 0.0
     # Coefficient of variation of one selection's time from step to step and rank to rank
     # (its data changes with every step's gradients): the group waits for its slowest
     # member (costmodel/efficiency.topk_compress_time_s). 0 where selection time does not

@@ -333,7 +333,7 @@ class CostTables:
                         elems = size / self.grad_bytes(prec)
                         nnz = max(1.0, frac * elems)
                         a0, a1 = self.dp_op(plan, s, "sparse")
-                        t_b = (topk_compress_time_s(elems, gpu, eff, plan.grad_degree) + a0
+                        t_b = (topk_compress_time_s(elems, gpu, eff, plan.grad_degree, nnz) + a0
                                + a1 * nnz * TOPK_ENTRY_BYTES
                                + topk_decompress_time_s(elems, plan.grad_degree * nnz, TOPK_ENTRY_BYTES, gpu, eff))
                     elif plan.zero == 0 or self.runtime.zero1_grad_all_reduce:

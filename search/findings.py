@@ -112,7 +112,7 @@ def compression_note(tables: CostTables, best: StepResult, space,
         for c, v in variants.items():
             r = by_plan[v.to_string()]
             nnz = [max(1.0, float(c[5:]) * e) for e in buckets]
-            comp_s = sum(topk_compress_time_s(e, gpu, eff, plan.grad_degree)
+            comp_s = sum(topk_compress_time_s(e, gpu, eff, plan.grad_degree, z)
                          + topk_decompress_time_s(e, plan.grad_degree * z, TOPK_ENTRY_BYTES, gpu, eff)
                          for e, z in zip(buckets, nnz))
             sparse_gb = sum((n - 1) * z * TOPK_ENTRY_BYTES for z in nnz) / 1e9

@@ -72,8 +72,9 @@ class GradientReducer(EnginePart):
         """Top-k selection of one bucket on ``key``'s GPU (error-feedback residual added,
         top k selected): GPU kernels that run on the compute stream."""
         gpu = self.cluster.devices[self.prog.pipelines[key[0]].ranks[key[1]]].gpu
-        return ce.topk_compress_time_s(self.bucket_elements(stage, chunk), gpu, self.prog.profile.gpu(gpu.name),
-                                       self.plan.grad_degree)
+        elems = self.bucket_elements(stage, chunk)
+        return ce.topk_compress_time_s(elems, gpu, self.prog.profile.gpu(gpu.name), self.plan.grad_degree,
+                                       max(1.0, self.plan.topk_fraction * elems))
 
     def bucket_ready(self, stage: int, chunk: int, j: int) -> None:
         """One simulated class has bucket j of (stage, chunk); the DP stream may reduce it

@@ -146,13 +146,23 @@ def fit_attention(samples: list[AttentionSample], gpu: GpuSpec, base: GpuEfficie
     return float(_least_squares(resid, [0.1], [1e-5], [1.0])[0])
 
 
-def fit_topk(samples: list[TopkSample], gpu: GpuSpec, base: GpuEfficiency) -> float:
-    """topk_select_ns_per_elem: the selection's compute per element on top of the memory
-    traffic and kernel overhead the cost model already counts (hbm_eff, overhead fixed)."""
+def topk_kept(t: TopkSample) -> int:
+    """Entries a selection of ``t`` keeps (validate/topk.TopKCompressor.kept)."""
+    return max(1, math.ceil(t.fraction * t.elems))
+
+
+def fit_topk(samples: list[TopkSample], gpu: GpuSpec, base: GpuEfficiency) -> tuple[float, float]:
+    """(topk_select_ns_per_elem, topk_select_ns_per_kept): the selection's compute per
+    element and per kept entry on top of the memory traffic and kernel overhead the cost
+    model already counts (hbm_eff, overhead fixed). The samples' kept fractions (1, 10,
+    30 %) tell the two apart; with one fraction only the per-element cost is fitted."""
+    two = len({t.fraction for t in samples}) > 1
+
     def resid(x):
-        eff = replace(base, topk_select_ns_per_elem=x[0])
-        return [math.log(topk_compress_time_s(t.elems, gpu, eff) / t.seconds) for t in samples]
-    return float(_least_squares(resid, [1.0], [0.0], [1e4])[0])
+        eff = replace(base, topk_select_ns_per_elem=x[0], topk_select_ns_per_kept=x[1] if two else 0.0)
+        return [math.log(topk_compress_time_s(t.elems, gpu, eff, kept=topk_kept(t)) / t.seconds) for t in samples]
+    x = _least_squares(resid, [1.0, 1.0], [0.0, 0.0], [1e4, 1e5])
+    return float(x[0]), float(x[1]) if two else 0.0
 
 
 def topk_cv(samples: list[TopkSample]) -> float:
@@ -282,7 +292,9 @@ def fit_profile(res: MicrobenchResult, gpu: GpuSpec, base_gpu: GpuEfficiency,
     if res.attention:
         eff = replace(eff, attention_eff=fit_attention(res.attention, gpu, eff, h), **CPU_ATTENTION_SHAPE)
     if res.topk:
-        eff = replace(eff, topk_select_ns_per_elem=fit_topk(res.topk, gpu, eff), topk_select_cv=topk_cv(res.topk))
+        per_elem, per_kept = fit_topk(res.topk, gpu, eff)
+        eff = replace(eff, topk_select_ns_per_elem=per_elem, topk_select_ns_per_kept=per_kept,
+                      topk_select_cv=topk_cv(res.topk))
     out = FitResult(gpu=eff, fabric=None, host_overhead_us=host_us)
     out.residuals["gemm"] = [(f"{g.m}x{g.n}x{g.k}" + (f"x{g.batch}" if g.batch > 1 else ""), g.seconds,
                               fit_time_s(_gemm_op(g), g, gpu, eff, h)) for g in res.gemm]
@@ -290,7 +302,8 @@ def fit_profile(res: MicrobenchResult, gpu: GpuSpec, base_gpu: GpuEfficiency,
                                for s in res.memory]
     out.residuals["attention"] = [(f"sdpa {a.batch}x{a.s}x{a.d}", a.seconds, fit_time_s(_attn_op(a), a, gpu, eff, h))
                                   for a in res.attention]
-    out.residuals["topk"] = [(f"topk {t.elems} x{t.fraction:g}", t.seconds, topk_compress_time_s(t.elems, gpu, eff))
+    out.residuals["topk"] = [(f"topk {t.elems} x{t.fraction:g}", t.seconds,
+                              topk_compress_time_s(t.elems, gpu, eff, kept=topk_kept(t)))
                              for t in res.topk]
     out.measured_peak_flops = max((g.flops / g.seconds for g in res.gemm), default=0.0)
     out.measured_peak_Bps = max((s.bytes / s.seconds for s in res.memory), default=0.0)
@@ -373,6 +386,7 @@ def profile_mapping(fit: FitResult, res: MicrobenchResult, gpu_name: str, link_k
             "attention_eff": round(g.attention_eff, 5),
             **CPU_ATTENTION_SHAPE, "hbm_eff": round(g.hbm_eff, 5), "kernel_overhead_us": round(g.kernel_overhead_us, 3),
             "topk_select_ns_per_elem": round(g.topk_select_ns_per_elem, 4),
+            "topk_select_ns_per_kept": round(g.topk_select_ns_per_kept, 4),
             "topk_select_cv": round(g.topk_select_cv, 4),
             "source": gpu_src,
         }},
@@ -426,7 +440,8 @@ def format_params(fit: FitResult) -> str:
     g, f = fit.gpu, fit.fabric
     s = (f"gemm_eff_max={g.gemm_eff_max:.4f} gemm_k_half={g.gemm_k_half:.1f} gemm_dim_half={g.gemm_dim_half:.1f} "
          f"attention_eff={g.attention_eff:.4f} hbm_eff={g.hbm_eff:.4f} kernel_overhead_us={g.kernel_overhead_us:.2f} host_overhead_us={fit.host_overhead_us:.2f} "
-         f"topk_select_ns_per_elem={g.topk_select_ns_per_elem:.2f} topk_select_cv={g.topk_select_cv:.3f}")
+         f"topk_select_ns_per_elem={g.topk_select_ns_per_elem:.2f} topk_select_ns_per_kept={g.topk_select_ns_per_kept:.2f} "
+         f"topk_select_cv={g.topk_select_cv:.3f}")
     if f is not None:
         s += f" bw_eff={f.bw_eff:.4f} call_latency_us={f.call_latency_us:.1f}"
         s += "".join(f" {op}_call_us={getattr(f, f'{op}_call_us'):.1f}" for op in FITTED_COLLECTIVES
