@@ -216,6 +216,25 @@ def busy_fraction_row(cfg: CollectiveConfig, n: int, group, first: int, nxt: int
     return [BUSY_OP, n, BUSY_BYTES, float(frac[0] / frac[1])]
 
 
+def gap_gemms(gap_s: float, dev, dsync):
+    """(a, w, k): operands of a layer-shaped GEMM (64 tokens, 512 -> 128) and the number k
+    of them that takes about ``gap_s`` on this rank, the smallest over all ranks so that
+    every rank computes the same amount."""
+    import torch
+    import torch.distributed as dist
+
+    a, w = torch.randn(64, 512, device=dev), torch.randn(128, 512, device=dev)
+    t0 = time.perf_counter()
+    for _ in range(20):
+        torch.nn.functional.linear(a, w)
+    if dsync:
+        dsync()
+    per = (time.perf_counter() - t0) / 20
+    gemms = torch.tensor([max(1, int(gap_s / max(per, 1e-7)))], dtype=torch.float64, device=dev)
+    dist.all_reduce(gemms, op=dist.ReduceOp.MIN)
+    return a, w, int(gemms[0])
+
+
 # In a plan every collective follows compute: the ranks' main threads were busy on the
 # cores a moment before, so the threads that carry the collective (gloo's worker and TCP
 # loop threads; kernel and proxy threads elsewhere) are woken while cores may still be
@@ -243,16 +262,7 @@ def after_compute_rows(cfg: CollectiveConfig, n: int, group, first: int, nxt: in
     import torch
     import torch.distributed as dist
 
-    a, w = torch.randn(64, 512, device=dev), torch.randn(128, 512, device=dev)
-    t0 = time.perf_counter()
-    for _ in range(20):
-        torch.nn.functional.linear(a, w)
-    if dsync:
-        dsync()
-    per = (time.perf_counter() - t0) / 20
-    gemms = torch.tensor([max(1, int(cfg.compute_gap_s / max(per, 1e-7)))], dtype=torch.float64, device=dev)
-    dist.all_reduce(gemms, op=dist.ReduceOp.MIN)  # every rank computes the same amount
-    k = int(gemms[0])
+    a, w, k = gap_gemms(cfg.compute_gap_s, dev, dsync)
     calls = cfg.after_compute_calls
     mx = torch.zeros(1, dtype=torch.float64, device=dev)
 
@@ -299,21 +309,13 @@ def straggler_row(cfg: CollectiveConfig, n: int, group, dev, dsync, world: int) 
     (the scheduler is fair over its period, not within it), and the collective that
     closes the phase waits for the last; after a short round they are still in step.
     Measured here (gloo, 2026-11-30, 32 KiB all-reduce, mean of 3 launches, four
-    calibrations): 1.1-1.4 ms with 2 processes on 2 cores; 6.4-9.9 ms with 4. sim/gradient_reducer.py adds
-    it to the gradient reduction that closes each backward (fabric straggler_us)."""
+    calibrations): 1.1-1.4 ms with 2 processes on 2 cores; 6.4-9.9 ms with 4.
+    sim/gradient_reducer.py adds it to the gradient reduction that closes each backward
+    (runtime.straggler_us)."""
     import torch
     import torch.distributed as dist
 
-    a, w = torch.randn(64, 512, device=dev), torch.randn(128, 512, device=dev)
-    t0 = time.perf_counter()
-    for _ in range(20):
-        torch.nn.functional.linear(a, w)
-    if dsync:
-        dsync()
-    k = torch.tensor([max(1, int(cfg.compute_gap_s / max((time.perf_counter() - t0) / 20, 1e-7)))],
-                     dtype=torch.float64, device=dev)
-    dist.all_reduce(k, op=dist.ReduceOp.MIN)
-    k = int(k[0])
+    a, w, k = gap_gemms(cfg.compute_gap_s, dev, dsync)
     buf = torch.ones(STRAGGLER_BYTES // 4 // n * n, device=dev)
 
     def waits(rounds: int, reps: int) -> float:
