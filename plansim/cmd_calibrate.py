@@ -105,7 +105,8 @@ def cmd_calibrate(args) -> int:
     cluster, world = resolve_world(args.topology, args.world)
     model = load_model(args.model)
     require_torch()
-    from validate.calibrate import calibrate, format_params, format_residuals
+    from validate.calibrate import calibrate
+    from validate.profile_file import format_params, format_residuals
     from validate.collective_bench import format_collectives
     from validate.microbench import format_compute
 

@@ -15,7 +15,8 @@ from costmodel.profile import FabricEfficiency, GpuEfficiency, load_profile
 from specs.model import load_model
 from specs.topology import load_topology
 from validate.calibrate import (FIT_PRECISION, _attn_op, _gemm_op, _mem_op, collective_time_s, fit_profile,
-                                per_op_overheads, profile_mapping)
+                                per_op_overheads)
+from validate.profile_file import profile_mapping
 from validate.collective_bench import CollectiveSample, format_collectives, sizes_bytes
 from validate.microbench import (AttentionSample, GemmSample, MemorySample, MicrobenchResult, OverheadSample,
                                  memory_op_bytes, model_gemm_shapes, sweep_gemm_shapes)

@@ -1,0 +1,140 @@
+"""The profile file plansim calibrate writes: the fitted parameters (validate/calibrate.py)
+in the bundled profiles' schema (costmodel/profiles/*.yaml), with ``source`` fields that
+say what was measured, where and when, and the residual and parameter listings it prints.
+"""
+from __future__ import annotations
+
+import platform
+import socket
+from datetime import datetime, timezone
+
+from validate.calibrate import CPU_ATTENTION_SHAPE, FITTED_COLLECTIVES, FitResult
+from validate.microbench import MicrobenchResult
+
+
+def cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo (Linux), else platform's description."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def where_and_when(res: MicrobenchResult, device_name: str) -> str:
+    import torch
+    now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return (f"{now} on {socket.gethostname()} ({device_name}; CPU {cpu_model()}), torch {torch.__version__}, "
+            f"backend {res.backend}, {res.world} concurrent worker process(es), {res.threads} thread(s) each")
+
+
+# Facts about how validate/'s torch runner (validate/gpt.py) drives a device (not fits):
+# eager PyTorch, one op at a time; on a CPU the op runs in the issuing thread
+# (launch_blocking); fused attention (torch's scaled_dot_product_attention: no s x s scores
+# in memory); no dropout, so the cost model's dropout + residual pair is the one residual
+# add (fused_bias_dropout_add); autograd accumulates gradients in a separate pass; pipeline
+# activations sent whole by every TP rank; no asynchronous TP all-reduce in backward;
+# gradients reduced in fp32; Adam as eager element-wise ops (validate/dp.adam_update).
+def runtime_facts(kind: str) -> dict:
+    return {
+        "launch_blocking": kind == "cpu",
+        "p2p_scatter_gather": False,
+        "p2p_blocking": False,
+        "p2p_rendezvous": kind != "cuda",  # gloo's TCP pairs (costmodel/profile.RuntimeSettings)
+        "tp_bwd_overlap": False,
+        "fused_bias_dropout_add": True,
+        "grad_accumulation_fusion": False,
+        "flash_attention": True,
+        "grad_reduce_dtype": "fp32",
+        "zero1_grad_all_reduce": False,
+        "eager_adam": True,
+    }
+
+
+def profile_mapping(fit: FitResult, res: MicrobenchResult, gpu_name: str, link_kind: str | None,
+                    device_kind: str, where: str, name: str) -> dict:
+    """The profile as a mapping in the bundled profiles' schema (load_profile reads it)."""
+    g = fit.gpu
+    gpu_src = (f"FIT by plansim calibrate, {where}. Measured: {len(res.gemm)} GEMM shapes "
+               f"(best {fit.measured_peak_flops / 1e9:.1f} GFLOP/s per process; residual RMS "
+               f"{fit.rms_pct('gemm'):.1f} %), {len(res.memory)} memory-bound op sizes (best "
+               f"{fit.measured_peak_Bps / 1e9:.1f} GB/s; RMS {fit.rms_pct('memory'):.1f} %), tiny-op chains "
+               f"(plain {g.kernel_overhead_us:.2f} us/op), {len(res.topk)} top-k selections (validate/topk.select; "
+               f"RMS {fit.rms_pct('topk'):.1f} %). Efficiencies are fractions of the catalog peaks "
+               f"(costmodel/gpus.py {gpu_name}).")
+    out = {
+        "name": name,
+        "source": f"plansim calibrate (microbenchmarks only), {where}",
+        "gpus": {gpu_name: {
+            "gemm_eff_max": round(g.gemm_eff_max, 5), "gemm_k_half": round(g.gemm_k_half, 3),
+            "gemm_dim_half": round(g.gemm_dim_half, 3), "sm_count": 0,
+            "attention_eff": round(g.attention_eff, 5),
+            **CPU_ATTENTION_SHAPE, "hbm_eff": round(g.hbm_eff, 5), "kernel_overhead_us": round(g.kernel_overhead_us, 3),
+            "topk_select_ns_per_elem": round(g.topk_select_ns_per_elem, 4),
+            "topk_select_ns_per_kept": round(g.topk_select_ns_per_kept, 4),
+            "topk_select_cv": round(g.topk_select_cv, 4),
+            "source": gpu_src,
+        }},
+        "runtime": {"host_overhead_us": round(fit.host_overhead_us, 3), **runtime_facts(device_kind),
+                    # CPU workers share the host's cores (sim/core_sharing.py); GPUs do not.
+                    "host_cores": res.host_cores if device_kind == "cpu" else 0,
+                    "comm_busy_fraction": round(res.comm_busy_fraction, 4) if device_kind == "cpu" else 0.0,
+                    "speed_probe_us": round(res.probe_s * 1e6, 2),
+                    "straggler_us": round(res.straggler_s * 1e6, 1),
+                    "source": (f"host_overhead_us FIT by plansim calibrate ({where}): per cost-model op, "
+                               f"forward+backward of tiny-op chains under autograd minus the plain per-op cost. "
+                               f"host_cores: the cores the worker processes share (affinity mask), compute "
+                               f"measured in {res.compute_world or res.world} process(es) at once. "
+                               f"speed_probe_us: validate/probe.py's probe then (median over those processes). "
+                               f"comm_busy_fraction: CPU seconds per wall second in a stream of small all-reduces "
+                               f"(validate/collective_bench.busy_fraction_row). "
+                               f"straggler_us: the extra wait of a 32 KiB all-reduce closing about 50 ms of "
+                               f"GEMMs over one closing 1 ms (validate/collective_bench.straggler_row). "
+                               f"Other fields: how validate/'s eager torch runner drives the device.")},
+    }
+    if fit.fabric is not None and link_kind:
+        f = fit.fabric
+        out["fabrics"] = {link_kind: {
+            "bw_eff": round(f.bw_eff, 5), "call_latency_us": round(f.call_latency_us, 3),
+            "hop_latency_us": None if f.hop_latency_us is None else round(f.hop_latency_us, 3),
+            **{f"{op}_call_us": round(getattr(f, f"{op}_call_us"), 3) for op in FITTED_COLLECTIVES
+               if getattr(f, f"{op}_call_us") is not None},
+            "call_us_per_rank": round(f.call_us_per_rank, 3),
+            "source": (f"FIT by plansim calibrate, {where}: {', '.join(FITTED_COLLECTIVES)} over "
+                       f"{res.world} processes, {len(fit.residuals.get('collectives', []))} sizes x ops "
+                       f"(RMS {fit.rms_pct('collectives'):.1f} %), against the topology's link bandwidth; "
+                       f"hop_latency_us per ring step (replaces the topology's latency); <op>_call_us per call of "
+                       f"each collective, fitted to its calls in a stream of compute rounds as a plan issues "
+                       f"them (RMS {fit.rms_pct('collectives after compute'):.1f} %); call_latency_us, for "
+                       f"other collectives, their median."),
+        }}
+    return out
+
+
+def format_residuals(fit: FitResult) -> str:
+    lines = []
+    for fam, rows in fit.residuals.items():
+        lines.append(f"# {fam}: residual RMS {fit.rms_pct(fam):.1f} %")
+        lines.append(f"{'sample':>28} {'measured (us)':>14} {'fit (us)':>10} {'error':>8}")
+        for label, m, p in rows:
+            lines.append(f"{label:>28} {m * 1e6:>14.1f} {p * 1e6:>10.1f} {100 * (p / m - 1):>+7.1f}%")
+    return "\n".join(lines)
+
+
+def format_params(fit: FitResult) -> str:
+    g, f = fit.gpu, fit.fabric
+    s = (f"gemm_eff_max={g.gemm_eff_max:.4f} gemm_k_half={g.gemm_k_half:.1f} gemm_dim_half={g.gemm_dim_half:.1f} "
+         f"attention_eff={g.attention_eff:.4f} hbm_eff={g.hbm_eff:.4f} kernel_overhead_us={g.kernel_overhead_us:.2f} host_overhead_us={fit.host_overhead_us:.2f} "
+         f"topk_select_ns_per_elem={g.topk_select_ns_per_elem:.2f} topk_select_ns_per_kept={g.topk_select_ns_per_kept:.2f} "
+         f"topk_select_cv={g.topk_select_cv:.3f}")
+    if f is not None:
+        s += f" bw_eff={f.bw_eff:.4f} call_latency_us={f.call_latency_us:.1f}"
+        s += "".join(f" {op}_call_us={getattr(f, f'{op}_call_us'):.1f}" for op in FITTED_COLLECTIVES
+                     if getattr(f, f"{op}_call_us") is not None)
+        if f.hop_latency_us is not None:
+            s += f" hop_latency_us={f.hop_latency_us:.1f}"
+        s += f" call_us_per_rank={f.call_us_per_rank:.1f}"
+    return s
