@@ -151,7 +151,7 @@ class RuntimeSettings:
     comm_busy_fraction: float = 0.0
     # Time of validate/probe.py's fixed compute probe when the profile was calibrated, us
     # (median over the compute workers); 0: not measured. The validator times the same
-    # probe around each run and predicts with the compute slowed by the ratio.
+    # probe before each run and predicts with the compute slowed by the ratio.
     speed_probe_us: float = 0.0
     # How much longer the gradient reduction that closes each backward waits than the same
     # collective after a short compute, us: replicas given the same work drift apart over
