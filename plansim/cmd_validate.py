@@ -40,7 +40,7 @@ def register(subparsers) -> None:
     p.add_argument("--report", metavar="DIR", help="write a validation report (HTML, Markdown, traces)")
     p.add_argument("--no-drift-correction", dest="drift_correction", action="store_false",
                    help="predict with the profile as calibrated, not slowed or sped up by the speed probe "
-                        "timed around each run (validate/probe.py)")
+                        "timed before each run (validate/probe.py)")
     p.set_defaults(func=cmd_validate)
 
 
