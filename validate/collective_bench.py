@@ -245,13 +245,46 @@ AFTER_COMPUTE_OPS = ("all_reduce", "all_gather", "reduce_scatter", "send_recv")
 AFTER_COMPUTE_SUFFIX = "_after_compute"
 
 
+def gap_layers(gap_s: float, dev, dsync):
+    """A no-argument function running about ``gap_s`` of the runner's own layer code (the
+    width-8 GPT's forward, validate/compute_bench.chain_functions: embedding, layer norms,
+    attention, MLP, logits; dozens of small ops), the same number of forwards on every
+    rank (the smallest count over all ranks)."""
+    import torch
+    import torch.distributed as dist
+
+    from validate.compute_bench import chain_functions
+    plain, _ = chain_functions(torch, dev)
+    for _ in range(3):
+        plain()
+    t0 = time.perf_counter()
+    for _ in range(20):
+        plain()
+    if dsync:
+        dsync()
+    per = (time.perf_counter() - t0) / 20
+    reps = torch.tensor([max(1, int(gap_s / max(per, 1e-7)))], dtype=torch.float64, device=dev)
+    dist.all_reduce(reps, op=dist.ReduceOp.MIN)
+    j = int(reps[0])
+
+    def run():
+        for _ in range(j):
+            plain()
+    return run
+
+
 def after_compute_rows(cfg: CollectiveConfig, n: int, group, first: int, nxt: int, prv: int, dev, dsync) -> list:
     """[op + '_after_compute', n, nbytes, seconds] for AFTER_COMPUTE_OPS at each size: the
     cost one call adds to a stream of (compute, call) iterations, as a plan's rank pays it.
 
     Every rank first times ``after_compute_calls`` rounds of about cfg.compute_gap_s of
-    GEMMs alone, then as many rounds of the same GEMMs each followed by the collective;
-    the call's cost is the difference of the two mean round times, the slowest rank's.
+    the runner's layer code alone (gap_layers), then as many rounds of the same compute
+    each followed by the collective; the call's cost is the difference of the two mean
+    round times, the slowest rank's. The compute is a layer's small ops, as between a
+    plan's collectives, not GEMMs: small ops pay more for what a call's threads did to the
+    caches and the core (measured here, a 32 KiB 2-rank all-reduce added 1.53 ms to rounds
+    of the width-8 GPT's forward, mean of six, against 1.39 ms to rounds of GEMMs of the
+    same length).
     A plan's step is the sum of its calls, so the figure is a mean over a long stream, not
     a median: on a host whose cores time-share (a guest that halts idle vCPUs, a scheduler
     tick of a few ms) a fraction of calls wait a whole tick for a woken thread, and those
@@ -262,17 +295,16 @@ def after_compute_rows(cfg: CollectiveConfig, n: int, group, first: int, nxt: in
     import torch
     import torch.distributed as dist
 
-    a, w, k = gap_gemms(cfg.compute_gap_s, dev, dsync)
+    compute = gap_layers(cfg.compute_gap_s, dev, dsync)
     calls = cfg.after_compute_calls
     mx = torch.zeros(1, dtype=torch.float64, device=dev)
 
     def mean_round(call) -> float:
-        """The slowest rank's mean time of one round (k GEMMs, then ``call``)."""
+        """The slowest rank's mean time of one round (the layers, then ``call``)."""
         dist.barrier()
         t0 = time.perf_counter()
         for _ in range(calls):
-            for _ in range(k):
-                torch.nn.functional.linear(a, w)
+            compute()
             call()
         if dsync:
             dsync()
@@ -286,9 +318,9 @@ def after_compute_rows(cfg: CollectiveConfig, n: int, group, first: int, nxt: in
             count = nbytes // 4 // n * n
             call = _collective_call(op, count, n, group, first, nxt, prv, dev)
             call()
-            compute = mean_round(lambda: None)
+            alone = mean_round(lambda: None)
             with_call = mean_round(call)
-            rows.append([op + AFTER_COMPUTE_SUFFIX, n, count * 4, max(with_call - compute, 1e-7)])
+            rows.append([op + AFTER_COMPUTE_SUFFIX, n, count * 4, max(with_call - alone, 1e-7)])
     return rows
 
 
