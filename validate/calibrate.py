@@ -22,7 +22,7 @@ Parameters and what fixes each (few, global, physical):
 - ``<op>_call_us`` for each of those four collectives, and ``call_latency_us`` (the
   generic figure, for any other collective: their median): then, with bw_eff and
   hop_latency_us fixed, least squares over each collective's own calls issued in a stream
-  of (about 1 ms of compute, call) rounds on every rank, as a plan issues them
+  of (about 1 ms of the runner's layer code, call) rounds on every rank, as a plan issues them
   (validate/collective_bench.after_compute_rows: the mean cost a call adds to a round).
 
 Residuals are relative (log of predicted / measured), so small and large sizes weigh the
