@@ -216,23 +216,33 @@ def busy_fraction_row(cfg: CollectiveConfig, n: int, group, first: int, nxt: int
     return [BUSY_OP, n, BUSY_BYTES, float(frac[0] / frac[1])]
 
 
-def gap_gemms(gap_s: float, dev, dsync):
-    """(a, w, k): operands of a layer-shaped GEMM (64 tokens, 512 -> 128) and the number k
-    of them that takes about ``gap_s`` on this rank, the smallest over all ranks so that
+def units_in_gap(unit, gap_s: float, dev, dsync) -> int:
+    """How many calls of ``unit`` (a no-argument function) take about ``gap_s`` on this
+    rank (timed over 20 after 3 unmeasured), the smallest count over all ranks so that
     every rank computes the same amount."""
     import torch
     import torch.distributed as dist
 
-    a, w = torch.randn(64, 512, device=dev), torch.randn(128, 512, device=dev)
+    for _ in range(3):
+        unit()
     t0 = time.perf_counter()
     for _ in range(20):
-        torch.nn.functional.linear(a, w)
+        unit()
     if dsync:
         dsync()
     per = (time.perf_counter() - t0) / 20
-    gemms = torch.tensor([max(1, int(gap_s / max(per, 1e-7)))], dtype=torch.float64, device=dev)
-    dist.all_reduce(gemms, op=dist.ReduceOp.MIN)
-    return a, w, int(gemms[0])
+    count = torch.tensor([max(1, int(gap_s / max(per, 1e-7)))], dtype=torch.float64, device=dev)
+    dist.all_reduce(count, op=dist.ReduceOp.MIN)
+    return int(count[0])
+
+
+def gap_gemms(gap_s: float, dev, dsync):
+    """(a, w, k): operands of a layer-shaped GEMM (64 tokens, 512 -> 128) and the number k
+    of them that takes about ``gap_s`` (units_in_gap)."""
+    import torch
+
+    a, w = torch.randn(64, 512, device=dev), torch.randn(128, 512, device=dev)
+    return a, w, units_in_gap(lambda: torch.nn.functional.linear(a, w), gap_s, dev, dsync)
 
 
 # In a plan every collective follows compute: the ranks' main threads were busy on the
@@ -249,23 +259,12 @@ def gap_layers(gap_s: float, dev, dsync):
     """A no-argument function running about ``gap_s`` of the runner's own layer code (the
     width-8 GPT's forward, validate/compute_bench.chain_functions: embedding, layer norms,
     attention, MLP, logits; dozens of small ops), the same number of forwards on every
-    rank (the smallest count over all ranks)."""
+    rank (units_in_gap)."""
     import torch
-    import torch.distributed as dist
 
     from validate.compute_bench import chain_functions
     plain, _ = chain_functions(torch, dev)
-    for _ in range(3):
-        plain()
-    t0 = time.perf_counter()
-    for _ in range(20):
-        plain()
-    if dsync:
-        dsync()
-    per = (time.perf_counter() - t0) / 20
-    reps = torch.tensor([max(1, int(gap_s / max(per, 1e-7)))], dtype=torch.float64, device=dev)
-    dist.all_reduce(reps, op=dist.ReduceOp.MIN)
-    j = int(reps[0])
+    j = units_in_gap(plain, gap_s, dev, dsync)
 
     def run():
         for _ in range(j):
