@@ -39,6 +39,15 @@ class ChunkGrads:
     bucket_s: float
 
 
+def closing_straggler_s(straggler_us: float, grad_degree: int, zero: int) -> float:
+    """Seconds the gradient reduction that closes a backward waits for the replica that
+    ended it last (runtime.straggler_us): only where gradients are reduced across replicas
+    in buckets after the backward (grad_degree > 1); not under ZeRO-3, which
+    reduce-scatters each layer's gradients as its backward ends. The simulator
+    (sim/gradient_reducer.py) and the analytic estimate (search/costs.py) both use it."""
+    return straggler_us * 1e-6 if grad_degree > 1 and zero < 3 else 0.0
+
+
 @dataclass(frozen=True)
 class StageCost:
     """One pipeline rank of one replica class; times per microbatch summed over its chunks."""

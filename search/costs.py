@@ -21,7 +21,7 @@ from typing import NamedTuple
 from costmodel.context_parallel import ring_attention_s
 from costmodel.dtypes import grad_reduce_bytes, param_gather_bytes
 from costmodel.efficiency import optimizer_time_s, topk_compress_time_s, topk_decompress_time_s
-from costmodel.estimate import ChunkGrads, PipelineCost, StageCost
+from costmodel.estimate import ChunkGrads, PipelineCost, StageCost, closing_straggler_s
 from costmodel.profile import Profile
 from costmodel.shapes import ModelSpec
 from sim import collective_flows as cf
@@ -363,7 +363,7 @@ class CostTables:
                                         optimizer_s=optimizer_time_s(opt_params, gpu, eff, prec, self.runtime),
                                         gather_s=gather, zero3_gather_s=z3_gather, zero3_rs_s=z3_rs, vpp=v,
                                         layers=sum(ch.layers for ch in stage_chunks(plan, s)) / v,
-                                        straggler_s=self.runtime.straggler_us * 1e-6
-                                        if plan.grad_degree > 1 and plan.zero < 3 else 0.0))
+                                        straggler_s=closing_straggler_s(self.runtime.straggler_us,
+                                                                        plan.grad_degree, plan.zero)))
             out.append(PipelineCost(tuple(stages), m, v, plan.schedule, len(m_cls.members)))
         return out

@@ -17,6 +17,7 @@ import simpy
 
 from costmodel import efficiency as ce
 from costmodel.errors import InputError
+from costmodel.estimate import closing_straggler_s
 from sim import collective_flows as cf
 from sim.accountant import RankKey, StepAccountant
 from sim.calls import EnginePart
@@ -155,7 +156,7 @@ class GradientReducer(EnginePart):
         dpn = self.plan.grad_degree
         # The replicas' drift over the backward (runtime.straggler_us): the last bucket's
         # reduction waits for the replica that finished last.
-        straggle = self.prog.profile.runtime.straggler_us * 1e-6 if dpn > 1 else 0.0
+        straggle = closing_straggler_s(self.prog.profile.runtime.straggler_us, dpn, self.plan.zero)
         for i in range(total):
             chunk, j = yield self._queue[s].get()
             if i == 0:

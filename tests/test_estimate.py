@@ -114,6 +114,29 @@ def test_straggler_estimate_matches_the_simulation():
     assert got[1][1] - got[0][1] == pytest.approx(3e-3, rel=1e-6)
 
 
+
+def test_zero3_has_no_closing_straggler_in_either_computation():
+    """ZeRO-3 reduce-scatters each layer's gradients as its backward ends, so no bucket
+    reduction closes the backward to wait for the last replica: with 3 ms of
+    runtime.straggler_us the estimate and the simulation of tiny at dp=2, zero=3 keep
+    their step times (one rule, costmodel/estimate.closing_straggler_s, for both), while
+    dp=1 never waits: the helper gives 0 there and 3 ms at dp=2, zero=1."""
+    from dataclasses import replace as _replace
+    from costmodel.estimate import closing_straggler_s
+    from specs.model import load_model
+    assert closing_straggler_s(3000.0, 2, 1) == pytest.approx(3e-3)
+    assert closing_straggler_s(3000.0, 1, 0) == 0.0 and closing_straggler_s(3000.0, 2, 3) == 0.0
+    cluster = load_topology("localhost-cpu", gpus_per_node=2)
+    model = load_model("tiny")
+    plan = resolve_plan("dp=2,zero=3,precision=fp32", model, 2)
+    got = []
+    for lag in (0.0, 3000.0):
+        prof = _replace(PROFILE, runtime=_replace(PROFILE.runtime, straggler_us=lag))
+        got.append((estimate_step(CostTables(model, cluster, prof).pipelines(plan)).step_s,
+                    simulate(model, plan, cluster, prof).step_time_s))
+    assert got[1] == pytest.approx(got[0], rel=1e-12)
+
+
 PLANS = [
     ("dgx-a100", 2, "tp=2,pp=2,dp=4,mbs=2"),
     ("dgx-a100", 2, "tp=1,pp=4,dp=4,mbs=1,schedule=gpipe,recompute=full"),
