@@ -1,0 +1,110 @@
+"""Re-predict saved CPU validation runs with this tree's model: the measurements stay fixed.
+
+    python3 benchmarks/repredict.py RESULTS_DIR [RESULTS_DIR ...]
+
+Each RESULTS_DIR is what benchmarks/validate_cpu.sh wrote: validation.json (the measured
+steps, the plans, the host-speed probe of each run) and cpu-w<N>.yaml (the profile
+calibrated at N processes, used for the plans of N processes). Every plan is simulated
+again with its run's profile, slowed or sped up by the drift factor the run applied
+(validate/probe.py), and compared with the same measured median step time.
+
+What it is for: a change to the simulator or the cost model can be tried against every
+run already measured (results/validate-cpu-*/) in a second instead of a new five-minute
+benchmark, and the table shows the saved prediction beside the new one. It does not
+replace a fresh run: the profiles were calibrated by the code of their day, and a change
+to calibration itself needs new measurements (or a refit of the saved .bench.json).
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from costmodel.errors import InputError  # noqa: E402
+
+TOPOLOGY = "localhost-cpu"
+
+
+def short(plan: str) -> str:
+    """The plan without the fields every validated plan shares (as validate_cpu.sh prints)."""
+    keep = [x for x in plan.split(",") if not x.startswith(("mbs=1", "precision=", "tp=1", "pp=1", "dp=1"))]
+    return ",".join(x for x in keep if not (x == "schedule=1f1b" and "pp=2" not in plan))
+
+
+def load_run(path: Path) -> dict:
+    f = path / "validation.json"
+    try:
+        data = json.loads(f.read_text())
+    except FileNotFoundError:
+        raise InputError(str(f), "file", "missing: expected benchmarks/validate_cpu.sh's output") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise InputError(str(f), "file", f"not JSON ({type(e).__name__})") from None
+    plans = data.get("plans") if isinstance(data, dict) else None
+    if not isinstance(plans, list) or not plans:
+        raise InputError(str(f), "plans", "expected a non-empty list of validated plans")
+    for i, p in enumerate(plans):
+        for key in ("plan", "world", "measured_step_time_s", "predicted_step_time_s"):
+            if key not in p:
+                raise InputError(str(f), f"plans[{i}].{key}", "missing")
+    return data
+
+
+def repredict(path: Path) -> list[tuple[str, int, float, float, float]]:
+    """(plan, processes, measured s, saved prediction s, new prediction s) per plan."""
+    from costmodel.profile import load_profile
+    from plansim.cmd_calibrate import resolve_world
+    from sim.core_sharing import slowed_profile
+    from sim.metrics import simulate
+    from specs.model import load_model
+    from specs.plan import resolve_plan
+
+    model = load_model("tiny")
+    out = []
+    for p in load_run(path)["plans"]:
+        world = int(p["world"])
+        prof_file = path / f"cpu-w{world}.yaml"
+        if not prof_file.exists():
+            raise InputError(str(prof_file), "file", f"missing: the profile for the {world}-process plans")
+        cluster, _ = resolve_world(TOPOLOGY, world, "--world", "")
+        plan = resolve_plan(p["plan"], model, cluster.num_devices)
+        profile = load_profile(str(prof_file), bundled=cluster.profiles)
+        probe = p.get("speed_probe") or {}
+        drift = probe.get("drift_factor") if probe.get("applied") else None
+        sim = simulate(model, plan, cluster, slowed_profile(profile, drift) if drift else profile)
+        out.append((p["plan"], world, float(p["measured_step_time_s"]), float(p["predicted_step_time_s"]),
+                    float(sim.step_time_s)))
+    return out
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] in ("-h", "--help"):
+        print(__doc__.strip())
+        return 0 if argv else 2
+    errors: dict[str, list[float]] = {}
+    runs = [(d, repredict(d)) for d in map(Path, argv)]  # every input checked before printing
+    print(f"{'run':24s} {'plan':26s} {'procs':>5} {'measured ms':>11} {'saved':>8} {'now':>8}")
+    for d, rows in runs:
+        for plan, world, measured, saved, now in rows:
+            err = lambda x: 100.0 * (x / measured - 1.0)  # noqa: E731
+            print(f"{d.name[:24]:24s} {short(plan)[:26]:26s} {world:>5} {measured * 1e3:>11.1f} "
+                  f"{err(saved):>+7.1f}% {err(now):>+7.1f}%")
+            errors.setdefault(short(plan), []).append(err(now))
+    print()
+    print(f"{'plan':26s} {'runs':>4} {'mean error':>10} {'largest |error|':>15} {'beyond 15 %':>11}")
+    for plan, errs in errors.items():
+        print(f"{plan[:26]:26s} {len(errs):>4} {statistics.fmean(errs):>+9.1f}% {max(map(abs, errs)):>14.1f}% "
+              f"{sum(abs(e) > 15 for e in errs):>11}")
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main(sys.argv[1:]))
+    except InputError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    except BrokenPipeError:  # output piped into head and the like
+        sys.exit(0)

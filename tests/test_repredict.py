@@ -1,0 +1,74 @@
+"""benchmarks/repredict.py: re-simulating saved validation runs with this tree's model."""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from costmodel.profile import load_profile
+from plansim.cmd_calibrate import resolve_world
+from sim.core_sharing import slowed_profile
+from sim.metrics import simulate
+from specs.model import load_model
+from specs.plan import resolve_plan
+
+ROOT = Path(__file__).resolve().parents[1]
+SAVED = ROOT / "results" / "validate-cpu-2026-11-30" / "final-r3-1"
+
+
+def _load():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import repredict
+    finally:
+        sys.path.pop(0)
+    return repredict
+
+
+def _saved_run(tmp_path: Path, drift: float) -> tuple[Path, float, float]:
+    """A results dir with one 2-process plan whose run applied ``drift``, using a saved
+    calibrated profile; returns (dir, prediction with drift, prediction without)."""
+    d = tmp_path / "run"
+    d.mkdir()
+    shutil.copy(SAVED / "cpu-w2.yaml", d / "cpu-w2.yaml")
+    model = load_model("tiny")
+    cluster, _ = resolve_world("localhost-cpu", 2, "--world", "")
+    plan = resolve_plan("pp=2,schedule=gpipe,precision=fp32", model, 2)
+    prof = load_profile(str(d / "cpu-w2.yaml"), bundled=cluster.profiles)
+    with_drift = simulate(model, plan, cluster, slowed_profile(prof, drift)).step_time_s
+    without = simulate(model, plan, cluster, prof).step_time_s
+    (d / "validation.json").write_text(json.dumps({"plans": [{
+        "plan": plan.to_string(), "world": 2, "measured_step_time_s": 0.1, "predicted_step_time_s": 0.09,
+        "speed_probe": {"drift_factor": drift, "applied": True}}]}))
+    return d, with_drift, without
+
+
+def test_repredict_applies_the_runs_profile_and_drift(tmp_path):
+    """The tool simulates each plan with its run's profile for that process count, slowed by
+    the drift factor the run applied (1.25 here), and gives the same step time as calling
+    the simulator directly; that the drift matters at all is checked against the
+    prediction without it."""
+    d, with_drift, without = _saved_run(tmp_path, 1.25)
+    rows = _load().repredict(d)
+    assert len(rows) == 1
+    plan, world, measured, saved, now = rows[0]
+    assert (world, measured, saved) == (2, 0.1, 0.09)
+    assert now == pytest.approx(with_drift, rel=1e-12)
+    assert with_drift > without * 1.1
+
+
+def test_repredict_bad_input_is_one_line_and_exit_2(tmp_path):
+    """A missing results dir and a validation.json that is not JSON each end with one line
+    naming the file, exit code 2, no traceback, and nothing printed on stdout."""
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "validation.json").write_bytes(b"\x00\xff not json")
+    for arg in (tmp_path / "missing", tmp_path / "bad"):
+        p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "repredict.py"), str(arg)],
+                           capture_output=True, text=True, timeout=60)
+        assert p.returncode == 2 and p.stdout == ""
+        assert len(p.stderr.strip().splitlines()) == 1 and "validation.json" in p.stderr
+        assert "Traceback" not in p.stderr
