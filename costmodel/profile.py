@@ -92,6 +92,18 @@ class FabricEfficiency:
     all_gather_call_us: float | None = None
     reduce_scatter_call_us: float | None = None
     send_recv_call_us: float | None = None
+    # A rendezvous transport's pipeline receive of a message its sender posted earlier
+    # (runtime.p2p_rendezvous: the bytes leave once the receive is posted, so the sender's
+    # transport thread must answer): its whole cost to the receiver, us, while the sender
+    # computes (busy) and while it is blocked or done (idle); each replaces send_recv's
+    # call cost and the two message steps. None: those. Measured, not fitted
+    # (validate/collective_bench.posted_rows: a stream of such receives in pairs of ranks).
+    # A computing sender's thread waits for a core: 1.53 and 1.55 ms against 0.23 and 0.24
+    # ms for a blocked sender, with 2 gloo processes on 2 cores (mean of 4 launches each,
+    # 2026-11-30); with 4 processes on 2 cores 1.50 and 2.40 ms (a blocked sender's core
+    # goes to another process).
+    send_recv_posted_busy_us: float | None = None
+    send_recv_posted_idle_us: float | None = None
     # Added to every call per member of the group beyond two, us. 0 where a collective's
     # members each have their own processor. Where more processes than cores share a host,
     # every member must be scheduled in turn before the call completes, and a bigger group

@@ -58,6 +58,9 @@ class PipelineExecutor(EnginePart):
         # (bytes, route, label); the receiver starts the transfer when it posts its receive.
         self._posted: dict[Handoff, simpy.Event] = {}
         self._pending: dict[Handoff, tuple] = {}
+        # Ranks inside an action's compute now: a rendezvous receive of a message posted
+        # earlier costs what its sender is doing (_rendezvous_recv).
+        self._computing: set[RankKey] = set()
         # (pipeline, stage) -> backward finished, for the tied-embedding all-reduce.
         self._emb_done: dict[tuple[int, int], simpy.Event] = {}
         # Share of compute speed lost per second a stage's gradient collectives overlap
@@ -129,7 +132,11 @@ class PipelineExecutor(EnginePart):
         localPendingSend_ until the peer's NOTIFY_RECV_READY arrives, and
         Pair::handleRemotePendingRecv then writes it), so a receive posted after the send
         pays a notification hop plus the data hop; one posted before it, the data hop
-        only. The wait for the sender to post is bubble, the transfer exposed 'pp'."""
+        only. Where the profile measured the first case whole (FabricEfficiency.
+        send_recv_posted_busy_us / _idle_us), it costs what the sender is doing when the
+        receive is posted: computing, its transport thread waits for a core; blocked or
+        done, it answers at once. The wait for the sender to post is bubble, the transfer
+        exposed 'pp'."""
         t0 = self.env.now
         posted = self._posted_event(k)
         if not posted.triggered:
@@ -142,8 +149,10 @@ class PipelineExecutor(EnginePart):
             if route is None:
                 ev.succeed()
             else:
-                path, mult, call_s = route
+                path, mult, call_s, posted = route
                 steps = 1 if t1 > t0 else 2  # receive posted first: the notification is already there
+                if steps == 2 and posted is not None:  # (busy s, idle s), measured whole
+                    steps, call_s = 0, posted[0] if RankKey(k[0], k[2] % self.p) in self._computing else posted[1]
                 self.net.transfer(path, nbytes, mult, latency_steps=steps, label=lbl, delay_s=call_s, event=ev)
                 if self.acct.record:
                     src = RankKey(k[0], k[2] % self.p)  # (pipeline, vstage % p)
@@ -186,12 +195,15 @@ class PipelineExecutor(EnginePart):
             replicas = list(zip(srcs, map((ss * (dst_stage - src_stage)).__add__, srcs)))
             path, mult = cf.p2p_route(self.net, self.cluster.route, src, dst, replicas)
             call_s = self.call_latency_s([src, dst], "send_recv")
+            fab = self.prog.profile.fabric(group_kind(self.cluster, [src, dst]))
+            busy_us, idle_us = fab.send_recv_posted_busy_us, fab.send_recv_posted_idle_us
+            posted = None if busy_us is None or idle_us is None else (busy_us * 1e-6, idle_us * 1e-6)
             weights, latency = self.net.prepare(path, mult)
-            # (path, multiplicity, call latency) for the rendezvous receiver; the flow's
+            # (path, multiplicity, call latency, posted-first costs) for the rendezvous receiver; the flow's
             # weights and its start delay: the call's software cost, then one path
             # latency (transfer's latency * latency_steps + delay_s with one step).
             route = self._p2p_routes[(pi, src_stage, dst_stage)] = (
-                (path, mult, call_s), weights, latency * 1 + call_s)
+                (path, mult, call_s, posted), weights, latency * 1 + call_s)
         # One flow: the call's software cost and the path latency in one timeout, then
         # the bytes; the arrival event is the flow's own (no process, no forwarding).
         if self.prog.p2p_rendezvous:  # the receiver starts the transfer (_rendezvous_recv)
@@ -321,6 +333,8 @@ class PipelineExecutor(EnginePart):
                         t0 = env.now
                         yield ev
                         self._arrived(key, k, t0, label)
+            if rendezvous:
+                self._computing.add(key)
             tp_s = w.fwd_tp_s if fwd else w.bwd_tp_s
             work = None                      # a generator for the cases _busy does not cover
             if fwd:
@@ -354,6 +368,8 @@ class PipelineExecutor(EnginePart):
                 if tp_s > 0:
                     yield timeout(tp_s)
                 seg(key, "compute", "tp", t0, env.now, f"tp {label}" if rec else "")
+            if rendezvous:
+                self._computing.discard(key)
             # The output: this activation to the next virtual stage, or this gradient to
             # the previous one (the last stage's forward output stays: the loss).
             dst = vs + 1 if fwd else vs - 1

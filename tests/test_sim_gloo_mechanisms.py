@@ -17,7 +17,7 @@ DATA = Path(__file__).parent / "data"
 CALL_S = 50e-6
 
 
-def _prog(m: int, rendezvous: bool, p2p: float = 1e8):
+def _prog(m: int, rendezvous: bool, p2p: float = 1e8, busy_us: float | None = None, idle_us: float | None = None):
     # two-nodes.yaml: pp=2 puts one stage per node; 1e8 B over a 10 GB/s NIC path.
     cluster = load_topology(str(DATA / "two-nodes.yaml"))
     model = ModelSpec("t", 4, 1024, 16, 512, 32000, 2 * m)
@@ -25,7 +25,9 @@ def _prog(m: int, rendezvous: bool, p2p: float = 1e8):
     prog.p2p_rendezvous = rendezvous
     # Full line rate, a per-call cost, so c = call + latency + bytes/bw.
     prog.profile = Profile(gpus={"default": GpuEfficiency()},
-                           fabrics={"default": FabricEfficiency(bw_eff=1.0, call_latency_us=CALL_S * 1e6)})
+                           fabrics={"default": FabricEfficiency(bw_eff=1.0, call_latency_us=CALL_S * 1e6,
+                                                                send_recv_posted_busy_us=busy_us,
+                                                                send_recv_posted_idle_us=idle_us)})
     return prog, cluster
 
 
@@ -50,6 +52,41 @@ def test_rendezvous_send_waits_for_the_receive():
     L = cluster.path_latency_s(path)
     assert rdv2 - base2 == pytest.approx(2 * (c + L), rel=1e-9)
     assert res.breakdown["pp"] > 0
+
+
+def test_posted_first_receive_costs_what_its_blocked_sender_measured():
+    """The same GPipe step (p=2, m=2) with the posted-first receive measured whole: stage 1
+    asks for F1's activation at 2f + c, when stage 0 has sent it (2f) and blocks on B0's
+    gradient; stage 0 asks for B1's gradient after stage 1's last action. Both senders
+    are blocked, so each of the two receives costs the idle figure Y plus the bytes (B =
+    1e8 B / 10 GB/s) in place of c + L: the step is base + 2(Y + B), whatever the busy
+    figure (0.5 s here: never used)."""
+    base, _ = run_engine(_prog(2, False)[0])
+    base1, _ = run_engine(_prog(1, False)[0])
+    f, b = 0.02, 0.04
+    c = (base1 - 2 * f - 2 * b) / 2
+    prog, cluster = _prog(2, False)
+    L = cluster.path_latency_s(cluster.route(prog.pipelines[0].ranks[0], prog.pipelines[0].ranks[1]))
+    nbytes_s = c - CALL_S - L
+    assert nbytes_s == pytest.approx(0.01, rel=1e-3)
+    y = 2e-3
+    got, _ = run_engine(_prog(2, True, busy_us=5e5, idle_us=y * 1e6)[0])
+    assert got - base == pytest.approx(2 * (y + nbytes_s), rel=1e-9)
+    same, _ = run_engine(_prog(2, True, busy_us=1e3, idle_us=y * 1e6)[0])
+    assert same == pytest.approx(got, rel=1e-12)
+
+
+def test_posted_first_receive_from_a_computing_sender_costs_the_busy_figure():
+    """GPipe, p=2, m=3, c < f < b: stage 1 asks for F1's activation at 2f + c while stage 0
+    computes F2 (2f..3f), and stage 0 asks for the second gradient at T + c + b while stage
+    1 still computes its third backward (T + b .. T + 2b, T its first gradient's send):
+    two receives from a computing sender on the step's path. Changing the busy figure from
+    X2 to X1 moves the step by exactly 2 (X1 - X2); the other late receives find their
+    sender blocked or done in both runs (X1 = 0.5 s, X2 = 1 ms, idle 1 ms)."""
+    x1, x2 = 0.5, 1e-3
+    slow, _ = run_engine(_prog(3, True, busy_us=x1 * 1e6, idle_us=1e3)[0])
+    fast, _ = run_engine(_prog(3, True, busy_us=x2 * 1e6, idle_us=1e3)[0])
+    assert slow - fast == pytest.approx(2 * (x1 - x2), rel=1e-9)
 
 
 def test_tied_embedding_allreduce_on_first_and_last_stage():

@@ -211,10 +211,13 @@ def test_overheads_without_training_chain_fall_back_to_plain():
 def test_profile_file_round_trips_through_load_profile(tmp_path):
     """What calibrate writes is a profile in the bundled schema: load_profile reads back the
     fitted numbers for the CPU device and the loopback fabric, and the CPU runtime facts
-    and measured waits (4.2 ms of straggle, as MicrobenchResult records it, in seconds)."""
+    and measured waits (4.2 ms of straggle; 1.5 and 0.25 ms for a posted-first pipeline
+    receive from a computing and from a blocked sender; as MicrobenchResult records them,
+    in seconds)."""
     res = synthetic_bench(world=4)
-    res.straggler_s = 4.2e-3
-    assert MicrobenchResult.from_dict(res.to_dict()).straggler_s == 4.2e-3
+    res.straggler_s, res.posted_busy_s, res.posted_idle_s = 4.2e-3, 1.5e-3, 0.25e-3
+    back = MicrobenchResult.from_dict(res.to_dict())
+    assert (back.straggler_s, back.posted_busy_s, back.posted_idle_s) == (4.2e-3, 1.5e-3, 0.25e-3)
     fit = fit_profile(res, CPU, GpuEfficiency(), LINK, FabricEfficiency())
     mapping = profile_mapping(fit, res, "CPU", "loopback", "cpu", "2026-01-01 on test", "t")
     path = tmp_path / "p.yaml"
@@ -226,6 +229,8 @@ def test_profile_file_round_trips_through_load_profile(tmp_path):
     assert prof.runtime.host_overhead_us == pytest.approx(7.0)
     assert prof.runtime.launch_blocking is True
     assert prof.runtime.straggler_us == pytest.approx(4200.0)
+    assert prof.fabric("loopback").send_recv_posted_busy_us == pytest.approx(1500.0)
+    assert prof.fabric("loopback").send_recv_posted_idle_us == pytest.approx(250.0)
     assert "2026-01-01 on test" in prof.gpu("CPU").source
 
 

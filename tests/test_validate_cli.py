@@ -86,6 +86,10 @@ def test_calibrate_and_validate_smoke(tmp_path, capsys):
     prof = tmp_path / "w2.yaml"
     assert main(["calibrate", "localhost-cpu", "--world", "2", "--quick", "--out", str(prof)]) == 0
     capsys.readouterr()
+    # The pipeline handoff streams ran (collective_bench.posted_rows): both figures finite, > 0.
+    from costmodel.profile import load_profile as _load
+    fab = _load(str(prof)).fabric("loopback")
+    assert all(math.isfinite(x) and x > 0 for x in (fab.send_recv_posted_busy_us, fab.send_recv_posted_idle_us))
     rep = tmp_path / "report"
     assert main(["validate", "localhost-cpu", "--model", "tiny", "--plan", "dp=2",
                  "--profile", str(prof), "--steps", "3", "--warmup", "1", "--launches", "2", "--json",

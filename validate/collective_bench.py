@@ -170,6 +170,8 @@ def collective_worker(rank: int, world: int, cfg: CollectiveConfig) -> list:
             rows += after_compute_rows(cfg, n, group, first, nxt, prv, dev, dsync)
         if cfg.straggler_reps:
             rows.append(straggler_row(cfg, n, group, dev, dsync, world))
+        if cfg.after_compute_sizes and n == 2:  # pipeline handoffs are between two ranks
+            rows += posted_rows(cfg, dev, dsync, world)
         if cfg.busy_calls and n == min(cfg.group_sizes or (world,)):
             rows.append(busy_fraction_row(cfg, n, group, first, nxt, prv, dev, world))
     return rows
@@ -321,6 +323,73 @@ def after_compute_rows(cfg: CollectiveConfig, n: int, group, first: int, nxt: in
             with_call = mean_round(call)
             rows.append([op + AFTER_COMPUTE_SUFFIX, n, count * 4, max(with_call - alone, 1e-7)])
     return rows
+
+
+POSTED_BUSY_OP = "send_recv_posted_busy"  # rows' 'seconds': a posted-first message's receive,
+POSTED_IDLE_OP = "send_recv_posted_idle"  # its sender computing, or blocked
+POSTED_BYTES = 32 * 1024  # one microbatch's activation of the validator's tiny model (1 x 64 x 128 fp32)
+POSTED_LAG_ROUNDS = 4  # the receiver starts this many rounds behind, so every message is there first
+POSTED_BUSY_MARGIN = 6  # the busy sender computes on for this many times the stream's rounds
+
+
+def posted_rows(cfg: CollectiveConfig, dev, dsync, world: int) -> list:
+    """[[POSTED_BUSY_OP, 2, POSTED_BYTES, s_busy], [POSTED_IDLE_OP, 2, POSTED_BYTES, s_idle]]:
+    what receiving a message its sender posted earlier adds to a stream of compute rounds,
+    in pairs of ranks (world/2 pairs at once, as the pipelines of a pp x dp plan run),
+    mean over the pairs. gloo's rendezvous (gloo/transport/tcp/pair.cc: the sender's bytes
+    leave once the receive is posted) makes such a receive a notification to the sender's
+    transport thread and the data back, so it costs what the sender is doing:
+
+    - busy: the sender runs cfg.after_compute_calls rounds of about cfg.compute_gap_s of
+      the runner's layer code (gap_layers), posting a non-blocking send after each, and
+      computes on (POSTED_BUSY_MARGIN times as long, by the host's clock) while the
+      receiver, POSTED_LAG_ROUNDS rounds behind, runs as many rounds each ending with a
+      blocking receive of the next message;
+    - idle: the sender posts every send at once and blocks until they are taken; the
+      receiver runs the same rounds.
+    Each is the receiver's mean round less its mean round of the compute alone."""
+    import torch
+    import torch.distributed as dist
+
+    compute = gap_layers(cfg.compute_gap_s, dev, dsync)
+    rounds, rank = cfg.after_compute_calls, dist.get_rank()
+    sender, peer = rank % 2 == 0, rank + 1 if rank % 2 == 0 else rank - 1
+    buf = torch.ones(POSTED_BYTES // 4, device=dev)
+
+    def mean_round(call) -> float:
+        t0 = time.perf_counter()
+        for r in range(rounds):
+            compute()
+            call(r)
+        if dsync:
+            dsync()
+        return (time.perf_counter() - t0) / rounds
+
+    dist.barrier()
+    base = mean_round(lambda r: None)
+    got = torch.zeros(2, dtype=torch.float64)
+    for i, busy in enumerate((True, False)):
+        tag0 = i * rounds
+        dist.barrier()
+        if sender:
+            if busy:
+                t_end = time.perf_counter() + POSTED_BUSY_MARGIN * rounds * base
+                works = []
+                mean_round(lambda r: works.append(dist.isend(buf, peer, tag=tag0 + r)))
+                while time.perf_counter() < t_end:
+                    compute()
+            else:
+                works = [dist.isend(buf, peer, tag=tag0 + r) for r in range(rounds)]
+            for w in works:
+                w.wait()
+        else:
+            for _ in range(POSTED_LAG_ROUNDS):
+                compute()
+            got[i] = mean_round(lambda r: dist.irecv(buf, peer, tag=tag0 + r).wait()) - base
+    dist.all_reduce(got)
+    pairs = world // 2
+    return [[POSTED_BUSY_OP, 2, POSTED_BYTES, max(0.0, float(got[0]) / pairs)],
+            [POSTED_IDLE_OP, 2, POSTED_BYTES, max(0.0, float(got[1]) / pairs)]]
 
 
 STRAGGLER_OP = "straggler"  # the row's op; its 'seconds' field holds the extra wait

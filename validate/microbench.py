@@ -35,7 +35,8 @@ from dataclasses import asdict, dataclass, field, replace
 
 from costmodel import flops as fl
 from costmodel.shapes import ModelSpec
-from validate.collective_bench import (BUSY_OP, COLLECTIVES, KIB, MIB, STRAGGLER_OP, CollectiveConfig,
+from validate.collective_bench import (BUSY_OP, COLLECTIVES, KIB, MIB, POSTED_BUSY_OP, POSTED_IDLE_OP,
+                                       STRAGGLER_OP, CollectiveConfig,
                                        CollectiveSample, collective_worker)
 
 MEMORY_OPS = ("add", "gelu", "layernorm", "softmax")
@@ -128,6 +129,11 @@ class MicrobenchResult:
     # Extra wait of a collective closing a long compute phase (collective_bench.straggler_row),
     # seconds, mean over the group sizes and launches; 0: not measured
     straggler_s: float = 0.0
+    # What receiving a message its sender posted earlier adds to a round of compute while
+    # the sender computes, and while it is blocked (collective_bench.posted_rows), seconds,
+    # mean over the pairs and launches; 0: not measured
+    posted_busy_s: float = 0.0
+    posted_idle_s: float = 0.0
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -144,7 +150,8 @@ class MicrobenchResult:
                    wall_s=d.get("wall_s", 0.0), compute_world=d.get("compute_world", 0),
                    host_cores=d.get("host_cores", 0), probe_s=d.get("probe_s", 0.0),
                    harness=dict(d.get("harness", {})), comm_busy_fraction=d.get("comm_busy_fraction", 0.0),
-                   straggler_s=d.get("straggler_s", 0.0))
+                   straggler_s=d.get("straggler_s", 0.0), posted_busy_s=d.get("posted_busy_s", 0.0),
+                   posted_idle_s=d.get("posted_idle_s", 0.0))
 
 
 # ------------------------------------------------------------------------ shapes
@@ -381,8 +388,10 @@ def run_microbenchmarks(world: int, gemm_shapes, mem_sizes, coll_sizes, *, attn_
                            timeout_s=timeout_s, backend=be_name)[0] for _ in range(AFTER_COMPUTE_LAUNCHES - 1)])
         res.comm_busy_fraction = next((s for op, n, nbytes, s in rows if op == BUSY_OP), 0.0)
         res.straggler_s = statistics.fmean([s for op, n, nbytes, s in rows if op == STRAGGLER_OP] or [0.0])
+        res.posted_busy_s = next((s for op, n, nbytes, s in rows if op == POSTED_BUSY_OP), 0.0)
+        res.posted_idle_s = next((s for op, n, nbytes, s in rows if op == POSTED_IDLE_OP), 0.0)
         res.collectives = [CollectiveSample(op, nbytes, n, s) for op, n, nbytes, s in rows
-                           if op not in (BUSY_OP, STRAGGLER_OP)]
+                           if op not in (BUSY_OP, STRAGGLER_OP, POSTED_BUSY_OP, POSTED_IDLE_OP)]
     res.wall_s = time.perf_counter() - t_wall
     return res
 
@@ -414,6 +423,9 @@ def format_compute(res: MicrobenchResult) -> str:
     if res.comm_busy_fraction or res.straggler_s:
         lines.append(f"# waits: busy fraction in collectives {res.comm_busy_fraction:.3f}; a collective closing "
                      f"50 ms of compute waits {res.straggler_s * 1e6:.0f} us more than one closing 1 ms")
+    if res.posted_busy_s or res.posted_idle_s:
+        lines.append(f"# pipeline handoffs: receiving a message posted earlier adds {res.posted_busy_s * 1e6:.0f} us "
+                     f"to a round while its sender computes, {res.posted_idle_s * 1e6:.0f} us while it is blocked")
     return "\n".join(lines)
 
 

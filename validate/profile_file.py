@@ -103,13 +103,20 @@ def profile_mapping(fit: FitResult, res: MicrobenchResult, gpu_name: str, link_k
             **{f"{op}_call_us": round(getattr(f, f"{op}_call_us"), 3) for op in FITTED_COLLECTIVES
                if getattr(f, f"{op}_call_us") is not None},
             "call_us_per_rank": round(f.call_us_per_rank, 3),
+            **({"send_recv_posted_busy_us": round(res.posted_busy_s * 1e6, 1),
+                "send_recv_posted_idle_us": round(res.posted_idle_s * 1e6, 1)}
+               if res.posted_busy_s > 0 and res.posted_idle_s > 0 else {}),
             "source": (f"FIT by plansim calibrate, {where}: {', '.join(FITTED_COLLECTIVES)} over "
                        f"{res.world} processes, {len(fit.residuals.get('collectives', []))} sizes x ops "
                        f"(RMS {fit.rms_pct('collectives'):.1f} %), against the topology's link bandwidth; "
                        f"hop_latency_us per ring step (replaces the topology's latency); <op>_call_us per call of "
                        f"each collective, fitted to its calls in a stream of compute rounds as a plan issues "
                        f"them (RMS {fit.rms_pct('collectives after compute'):.1f} %); call_latency_us, for "
-                       f"other collectives, their median."),
+                       f"other collectives, their median."
+                       + (" send_recv_posted_busy_us and _idle_us MEASURED: what receiving a 32 KiB message "
+                          "its sender posted earlier adds to a round of the runner's layer code, the sender "
+                          "computing or blocked (validate/collective_bench.posted_rows)."
+                          if res.posted_busy_s > 0 and res.posted_idle_s > 0 else "")),
         }}
     return out
 
