@@ -246,3 +246,20 @@ def test_search_validate_out_of_range(capsys):
     topo = str(Path(__file__).parent / "data" / "localhost-cpu-2.yaml")
     assert main(["search", topo, "--model", "tiny", "--top", "1", "--validate", "999"]) == 2
     assert "--validate" in capsys.readouterr().err
+
+
+def test_ranking_lists_swapped_pairs_with_their_measured_gap():
+    """Three plans measured 100, 105 and 200 ms, predicted 110, 100 and 300 ms: only the
+    first two are ordered the other way round, measured 5.0 % apart (of the faster); the
+    JSON and the printed ranking both name that pair and nothing else."""
+    from validate.compare import Comparison, Ranking, format_ranking
+    comps = [Comparison(f"p{i}", 2, m * 1e-3, q * 1e-3, m * 1e-3, m * 1e-3, {})
+             for i, (m, q) in enumerate([(100, 110), (105, 100), (200, 300)])]
+    r = Ranking(comps)
+    assert not r.same_order()
+    assert [(i, j) for i, j, _ in r.swapped_pairs()] == [(0, 1)]
+    assert r.swapped_pairs()[0][2] == pytest.approx(5.0)
+    d = r.to_dict()["swapped_pairs"]
+    assert d == [{"plans": ["p0", "p1"], "measured_gap_pct": pytest.approx(5.0)}]
+    text = format_ranking(r)
+    assert "swapped: p0 / p1 (measured 5.0 % apart)" in text and text.count("swapped:") == 1

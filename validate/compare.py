@@ -97,9 +97,28 @@ class Ranking:
         by_m = sorted(range(len(self.comparisons)), key=lambda i: (self.comparisons[i].measured_step_time_s, i))
         return by_p == by_m
 
+    def swapped_pairs(self) -> list[tuple[int, int, float]]:
+        """(i, j, gap %) for every pair of plans the prediction orders the other way round
+        from the measurement, i before j in the given order; gap: how far apart their
+        measured medians are, % of the faster one. A swap between plans measured a few %
+        apart says less than one between plans measured far apart: their medians move
+        that much between launches (the same plan's median over several launches here
+        moved by 5-30 %), so the gap is printed beside each swap."""
+        cs, out = self.comparisons, []
+        for i in range(len(cs)):
+            for j in range(i + 1, len(cs)):
+                dm = cs[i].measured_step_time_s - cs[j].measured_step_time_s
+                dp = cs[i].predicted_step_time_s - cs[j].predicted_step_time_s
+                if dm * dp < 0:
+                    lo = min(cs[i].measured_step_time_s, cs[j].measured_step_time_s)
+                    out.append((i, j, 100.0 * abs(dm) / lo))
+        return out
+
     def to_dict(self) -> dict:
         return {"plans": [c.to_dict() for c in self.comparisons], "spearman": self.spearman,
-                "same_order": self.same_order(), "max_abs_error_pct": self.max_abs_error_pct}
+                "same_order": self.same_order(), "max_abs_error_pct": self.max_abs_error_pct,
+                "swapped_pairs": [{"plans": [self.comparisons[i].plan, self.comparisons[j].plan],
+                                   "measured_gap_pct": g} for i, j, g in self.swapped_pairs()]}
 
 
 def format_comparison(c: Comparison) -> str:
@@ -131,5 +150,7 @@ def format_ranking(r: Ranking) -> str:
     table = tabulate(rows, headers=["plan", "procs", "measured (ms)", "predicted (ms)", "error"],
                      tablefmt="simple", disable_numparse=True)
     rho = "n/a" if r.spearman is None else f"{r.spearman:.3f}"
+    swaps = "".join(f"\n  swapped: {r.comparisons[i].plan} / {r.comparisons[j].plan} (measured {g:.1f} % apart)"
+                    for i, j, g in r.swapped_pairs())
     return (table + f"\n\nSpearman rank correlation (predicted vs measured): {rho}; same order: "
-            f"{'yes' if r.same_order() else 'no'}; largest |error|: {r.max_abs_error_pct:.1f} %")
+            f"{'yes' if r.same_order() else 'no'}; largest |error|: {r.max_abs_error_pct:.1f} %" + swaps)
