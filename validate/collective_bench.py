@@ -82,6 +82,7 @@ class CollectiveConfig:
     after_compute_calls: int = 100  # rounds per mean (after_compute_rows)
     busy_calls: int = 0  # calls of the busy-fraction stream (busy_fraction_row); 0: not measured
     straggler_reps: int = 0  # long compute phases per group size (straggler_row); 0: not measured
+    posted: bool = False  # time the pipeline handoff streams in pairs (posted_rows)
 
 
 def _collective_call(op: str, count: int, n: int, group, first: int, nxt: int, prv: int, dev):
@@ -170,7 +171,7 @@ def collective_worker(rank: int, world: int, cfg: CollectiveConfig) -> list:
             rows += after_compute_rows(cfg, n, group, first, nxt, prv, dev, dsync)
         if cfg.straggler_reps:
             rows.append(straggler_row(cfg, n, group, dev, dsync, world))
-        if cfg.after_compute_sizes and n == 2:  # pipeline handoffs are between two ranks
+        if cfg.posted and n == 2:  # pipeline handoffs are between two ranks
             rows += posted_rows(cfg, dev, dsync, world)
         if cfg.busy_calls and n == min(cfg.group_sizes or (world,)):
             rows.append(busy_fraction_row(cfg, n, group, first, nxt, prv, dev, world))

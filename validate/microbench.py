@@ -270,6 +270,11 @@ AFTER_COMPUTE_SIZES = (4 * KIB, 32 * KIB, 256 * KIB, 2 * MIB)
 # threads landed, and a plan's own launch is another: the mean over launches is the
 # expected cost.
 AFTER_COMPUTE_LAUNCHES = 3
+# Launches the pipeline handoff streams are timed in (collective_bench.posted_rows), averaged:
+# the after-compute launches and more of their own (about 3 s each here). A receive from a
+# computing sender moved 0.4-2.6 ms between single launches; the mean over three
+# launches still moved 0.61-1.65 ms between calibrations (2026-11-30).
+POSTED_LAUNCHES = 8
 # Calls of the busy-fraction stream (collective_bench.busy_fraction_row): about 0.3-1 s here.
 BUSY_CALLS = 300
 # Long compute phases per group size and launch (collective_bench.straggler_row): about 0.6 s.
@@ -379,13 +384,17 @@ def run_microbenchmarks(world: int, gemm_shapes, mem_sizes, coll_sizes, *, attn_
         after = tuple(sz for sz in AFTER_COMPUTE_SIZES if coll_sizes[0] <= sz <= coll_sizes[-1])
         kcfg = CollectiveConfig(tuple(coll_sizes), ops, ns, repeats=repeats, threads=threads, backend=be_name,
                                 after_compute_sizes=after, busy_calls=BUSY_CALLS,
-                                straggler_reps=STRAGGLER_REPS if after else 0)
+                                straggler_reps=STRAGGLER_REPS if after else 0, posted=bool(after) and world % 2 == 0)
         with worker_threads_env(world):
             rows = launch(collective_worker, world, (kcfg,), timeout_s=timeout_s, backend=be_name)[0]
             if after:
                 rows = _mean_over_launches(rows, [
                     launch(collective_worker, world, (replace(kcfg, sizes=(), ops=(), busy_calls=0),),
-                           timeout_s=timeout_s, backend=be_name)[0] for _ in range(AFTER_COMPUTE_LAUNCHES - 1)])
+                           timeout_s=timeout_s, backend=be_name)[0] for _ in range(AFTER_COMPUTE_LAUNCHES - 1)]
+                    + ([launch(collective_worker, world, (replace(kcfg, sizes=(), ops=(), busy_calls=0, group_sizes=(2,),
+                                                                  after_compute_sizes=(), straggler_reps=0),),
+                               timeout_s=timeout_s, backend=be_name)[0]
+                        for _ in range(POSTED_LAUNCHES - AFTER_COMPUTE_LAUNCHES)] if kcfg.posted else []))
         res.comm_busy_fraction = next((s for op, n, nbytes, s in rows if op == BUSY_OP), 0.0)
         res.straggler_s = statistics.fmean([s for op, n, nbytes, s in rows if op == STRAGGLER_OP] or [0.0])
         res.posted_busy_s = next((s for op, n, nbytes, s in rows if op == POSTED_BUSY_OP), 0.0)
