@@ -96,23 +96,29 @@ def test_straggler_delays_only_the_last_bucket_by_hand():
     assert e1.step_s == pytest.approx(7.5) and e1.dp_s == pytest.approx(1.5)
 
 
-def test_straggler_estimate_matches_the_simulation():
-    """runtime.straggler_us moves the analytic estimate and the discrete-event simulation
-    by the same amount (two independent computations): tiny at dp=2 on localhost-cpu with
-    3 ms of straggle, step +3 ms in both (the last bucket's reduction closes the step)."""
+def _steps_with_straggle(text: str) -> list[tuple[float, float]]:
+    """(estimate, simulation) step times of tiny on localhost-cpu's 2 processes under plan
+    ``text``, without and with 3 ms of runtime.straggler_us."""
     from dataclasses import replace as _replace
     from specs.model import load_model
     cluster = load_topology("localhost-cpu", gpus_per_node=2)
     model = load_model("tiny")
-    plan = resolve_plan("dp=2,precision=fp32", model, 2)
+    plan = resolve_plan(text, model, 2)
     got = []
     for lag in (0.0, 3000.0):
         prof = _replace(PROFILE, runtime=_replace(PROFILE.runtime, straggler_us=lag))
         got.append((estimate_step(CostTables(model, cluster, prof).pipelines(plan)).step_s,
                     simulate(model, plan, cluster, prof).step_time_s))
+    return got
+
+
+def test_straggler_estimate_matches_the_simulation():
+    """runtime.straggler_us moves the analytic estimate and the discrete-event simulation
+    by the same amount (two independent computations): tiny at dp=2 on localhost-cpu with
+    3 ms of straggle, step +3 ms in both (the last bucket's reduction closes the step)."""
+    got = _steps_with_straggle("dp=2,precision=fp32")
     assert got[1][0] - got[0][0] == pytest.approx(3e-3, rel=1e-6)
     assert got[1][1] - got[0][1] == pytest.approx(3e-3, rel=1e-6)
-
 
 
 def test_zero3_has_no_closing_straggler_in_either_computation():
@@ -121,19 +127,10 @@ def test_zero3_has_no_closing_straggler_in_either_computation():
     runtime.straggler_us the estimate and the simulation of tiny at dp=2, zero=3 keep
     their step times (one rule, costmodel/estimate.closing_straggler_s, for both), while
     dp=1 never waits: the helper gives 0 there and 3 ms at dp=2, zero=1."""
-    from dataclasses import replace as _replace
     from costmodel.estimate import closing_straggler_s
-    from specs.model import load_model
     assert closing_straggler_s(3000.0, 2, 1) == pytest.approx(3e-3)
     assert closing_straggler_s(3000.0, 1, 0) == 0.0 and closing_straggler_s(3000.0, 2, 3) == 0.0
-    cluster = load_topology("localhost-cpu", gpus_per_node=2)
-    model = load_model("tiny")
-    plan = resolve_plan("dp=2,zero=3,precision=fp32", model, 2)
-    got = []
-    for lag in (0.0, 3000.0):
-        prof = _replace(PROFILE, runtime=_replace(PROFILE.runtime, straggler_us=lag))
-        got.append((estimate_step(CostTables(model, cluster, prof).pipelines(plan)).step_s,
-                    simulate(model, plan, cluster, prof).step_time_s))
+    got = _steps_with_straggle("dp=2,zero=3,precision=fp32")
     assert got[1] == pytest.approx(got[0], rel=1e-12)
 
 
