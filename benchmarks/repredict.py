@@ -24,14 +24,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from costmodel.errors import InputError  # noqa: E402
+from validate.compare import short_plan as short  # noqa: E402
 
 TOPOLOGY = "localhost-cpu"
-
-
-def short(plan: str) -> str:
-    """The plan without the fields every validated plan shares (as validate_cpu.sh prints)."""
-    keep = [x for x in plan.split(",") if not x.startswith(("mbs=1", "precision=", "tp=1", "pp=1", "dp=1"))]
-    return ",".join(x for x in keep if not (x == "schedule=1f1b" and "pp=2" not in plan))
 
 
 def load_run(path: Path) -> dict:

@@ -39,6 +39,7 @@ PLANS=("dp=2" "tp=2" "pp=2,schedule=1f1b" "pp=2,schedule=gpipe" "dp=2,compress=t
 wall=$(( $(date +%s) - start ))
 "$PY" - "$OUT" "$wall" <<'PYEOF' | tee "$OUT/summary.txt"
 import json, sys, pathlib
+from validate.compare import short_plan
 out, wall = pathlib.Path(sys.argv[1]), int(sys.argv[2])
 d = json.loads((out / "report" / "validation.json").read_text())
 d["wall_s"] = wall
@@ -47,16 +48,12 @@ print()
 print(f"{'plan':34s} {'procs':>5} {'measured ms':>11} {'predicted ms':>12} {'error':>8} {'spread p10..p90':>17}")
 for p in d["plans"]:
     m = p["measured_step_time_s"]
-    short = ",".join(x for x in p["plan"].split(",") if not x.startswith(("mbs=1", "precision=", "tp=1", "pp=1", "dp=1"))
-                     and not (x == "schedule=1f1b" and "pp=2" not in p["plan"]))
+    short = short_plan(p["plan"])
     spread = f"{100 * (p['measured_p10_s'] / m - 1):+.0f}..{100 * (p['measured_p90_s'] / m - 1):+.0f} %"
     print(f"{short:34s} {p['world']:>5} {m * 1e3:>11.1f} {p['predicted_step_time_s'] * 1e3:>12.1f} "
           f"{p['error_pct']:>+7.1f}% {spread:>17}")
-def shorten(plan):
-    return ",".join(x for x in plan.split(",") if not x.startswith(("mbs=1", "precision=", "tp=1", "pp=1", "dp=1"))
-                    and not (x == "schedule=1f1b" and "pp=2" not in plan))
 for s in d.get("swapped_pairs", []):
-    print(f"swapped: {shorten(s['plans'][0])} / {shorten(s['plans'][1])} (measured {s['measured_gap_pct']:.1f} % apart)")
+    print(f"swapped: {short_plan(s['plans'][0])} / {short_plan(s['plans'][1])} (measured {s['measured_gap_pct']:.1f} % apart)")
 rho = d["spearman"]
 print(f"Spearman {rho:.3f}; same order: {'yes' if d['same_order'] else 'no'}; "
       f"largest |error| {d['max_abs_error_pct']:.1f} %; within 15 %: "

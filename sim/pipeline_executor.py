@@ -149,13 +149,13 @@ class PipelineExecutor(EnginePart):
             if route is None:
                 ev.succeed()
             else:
-                path, mult, call_s, posted = route
+                path, mult, call_s, posted_s = route
+                src = RankKey(k[0], k[2] % self.p)  # the sender: (pipeline, vstage % p)
                 steps = 1 if t1 > t0 else 2  # receive posted first: the notification is already there
-                if steps == 2 and posted is not None:  # (busy s, idle s), measured whole
-                    steps, call_s = 0, posted[0] if RankKey(k[0], k[2] % self.p) in self._computing else posted[1]
+                if steps == 2 and posted_s is not None:  # (busy s, idle s), measured whole
+                    steps, call_s = 0, posted_s[0] if src in self._computing else posted_s[1]
                 self.net.transfer(path, nbytes, mult, latency_steps=steps, label=lbl, delay_s=call_s, event=ev)
                 if self.acct.record:
-                    src = RankKey(k[0], k[2] % self.p)  # (pipeline, vstage % p)
                     ev.callbacks.append(lambda _e: self.acct.seg(src, "pp", "send", t1, self.env.now, lbl))
             yield ev
         self.acct.seg(key, "compute", "pp", t1, self.env.now, f"recv {label}")
@@ -197,13 +197,13 @@ class PipelineExecutor(EnginePart):
             call_s = self.call_latency_s([src, dst], "send_recv")
             fab = self.prog.profile.fabric(group_kind(self.cluster, [src, dst]))
             busy_us, idle_us = fab.send_recv_posted_busy_us, fab.send_recv_posted_idle_us
-            posted = None if busy_us is None or idle_us is None else (busy_us * 1e-6, idle_us * 1e-6)
+            posted_s = None if busy_us is None or idle_us is None else (busy_us * 1e-6, idle_us * 1e-6)
             weights, latency = self.net.prepare(path, mult)
             # (path, multiplicity, call latency, posted-first costs) for the rendezvous receiver; the flow's
             # weights and its start delay: the call's software cost, then one path
             # latency (transfer's latency * latency_steps + delay_s with one step).
             route = self._p2p_routes[(pi, src_stage, dst_stage)] = (
-                (path, mult, call_s, posted), weights, latency * 1 + call_s)
+                (path, mult, call_s, posted_s), weights, latency * 1 + call_s)
         # One flow: the call's software cost and the path latency in one timeout, then
         # the bytes; the arrival event is the flow's own (no process, no forwarding).
         if self.prog.p2p_rendezvous:  # the receiver starts the transfer (_rendezvous_recv)

@@ -25,6 +25,13 @@ import numpy as np
 from sim.result import CATEGORIES, Segment
 
 
+def _step_statistics(step_times) -> dict:
+    """The record's step-time fields: every step time, their median, p10 and p90, seconds."""
+    times = np.asarray(step_times, dtype=float)
+    return {"step_times_s": [float(t) for t in times], "median_step_time_s": float(np.median(times)),
+            "p10_step_time_s": float(np.percentile(times, 10)), "p90_step_time_s": float(np.percentile(times, 90))}
+
+
 def _median_over_steps(per_step: list[dict]) -> dict[str, float]:
     keys = sorted({k for d in per_step for k in d})
     return {k: float(statistics.median(d.get(k, 0.0) for d in per_step)) for k in keys}
@@ -100,12 +107,10 @@ class RunRecord:
             per_rank.append({**pr, "phases_s": mean_of([x["phases_s"] for x in ranks]),
                              "host_per_step": mean_of([x.get("host_per_step", {}) for x in ranks]),
                              "peak_memory_bytes": max(int(x["peak_memory_bytes"]) for x in ranks)})
-        times = np.asarray([t for r in records for t in r.step_times_s])
         probes = [r.speed_probe_s for r in records]
         return replace(
             first, steps=sum(r.steps for r in records), created_utc=records[-1].created_utc,
-            step_times_s=[float(t) for t in times], median_step_time_s=float(np.median(times)),
-            p10_step_time_s=float(np.percentile(times, 10)), p90_step_time_s=float(np.percentile(times, 90)),
+            **_step_statistics([t for r in records for t in r.step_times_s]),
             phases_s=mean_of([r.phases_s for r in records]), detail_s=mean_of([r.detail_s for r in records]),
             per_rank=per_rank, speed_probe_s=float(statistics.fmean(probes)) if all(probes) else 0.0,
             launches=sum(r.launches for r in records))
@@ -154,14 +159,10 @@ class RunRecord:
         segments = []
         for w in workers:
             segments += [dict(s, device=w["rank"]) for s in w["segments"]]
-        times = np.asarray(step_times)
         return cls(
             model=model, plan=plan, world=n, backend=backend, device=device, steps=steps,
             warmup=warmup, seed=seed, created_utc=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            step_times_s=[float(t) for t in step_times],
-            median_step_time_s=float(np.median(times)),
-            p10_step_time_s=float(np.percentile(times, 10)),
-            p90_step_time_s=float(np.percentile(times, 90)),
+            **_step_statistics(step_times),
             phases_s=_median_over_steps(phases_per_step), detail_s=_median_over_steps(detail_per_step),
             per_rank=per_rank, losses=losses, segments=segments,
             speed_probe_s=float(statistics.median(w["probe_s"][0] for w in workers))
