@@ -150,14 +150,20 @@ def test_bad_rows_give_one_line_errors(tmp_path, column, value, match):
 
 
 def test_bad_files_give_one_line_errors(tmp_path):
-    """A file that is not UTF-8, or lacks a required column, is refused in one line naming
-    the file (and the column)."""
+    """A file that is not UTF-8, a binary file, a missing one, or one that lacks a required
+    column, is refused in one line naming the file (and the column)."""
     header, raw = _published_table()
     latin = tmp_path / "latin1.csv"
     latin.write_bytes(("run_id,source\nk22-\xe9,x\n").encode("latin-1"))
     with pytest.raises(InputError, match="not UTF-8") as err:
         calibrate_from_runs(latin)
     assert str(latin) in str(err.value) and "\n" not in str(err.value)
+    binary = tmp_path / "runs.csv"
+    binary.write_bytes(b"run_id,source\n\x00\x01\x02,x\n")
+    with pytest.raises(InputError, match=r"runs\.csv: binary content \(a NUL byte at offset 14\)"):
+        calibrate_from_runs(binary)
+    with pytest.raises(InputError, match=r"nope\.csv: no such runs file"):
+        calibrate_from_runs(tmp_path / "nope.csv")
     short = _write(tmp_path / "short.csv", [h for h in header if h != "figure"],
                    [{k: v for k, v in d.items() if k != "figure"} for d in raw[:3]])
     with pytest.raises(InputError, match=r"short\.csv: figure: missing column"):

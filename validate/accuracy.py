@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from costmodel.errors import InputError
+from costmodel.yamlio import read_text
 from costmodel.flops import megatron_flops_per_iteration
 from costmodel.limits import number_problem
 from costmodel.profile import RUNTIMES, Profile, for_gpus, load_profile
@@ -193,12 +194,9 @@ def load_rows(path: str | Path | None = None) -> list[RunRow]:
     and column of a bad value."""
     p = Path(path) if path else DEFAULT_ROWS
     src = str(p)
-    if not p.is_file():
-        raise InputError(src, "--rows", "no such file")
-    try:
-        text = p.read_text(encoding="utf-8")
-    except UnicodeDecodeError as err:
-        raise InputError(src, None, f"not UTF-8 text (byte {err.start}: {err.reason}); save the CSV as UTF-8") from None
+    # The one text reader of every input file: missing, too large, binary or not UTF-8
+    # are each refused in one line naming the file.
+    text = read_text(p, src, "runs file")
     lines = [ln for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
     reader = csv.DictReader(lines)
     have = set(reader.fieldnames or ())
