@@ -13,7 +13,7 @@
 #    validation.txt, validation.json, summary.txt and OUT_DIR/report/ (HTML, Markdown,
 #    Chrome traces).
 # Ends with the table (plan, processes, measured and predicted median step time, error,
-# the measured spread p10..p90 around the median), the Spearman rank correlation, and the
+# the measured spread p10..p90 around the median, each launch's median), the Spearman rank correlation, and the
 # wall time of the whole; the target is at most 5 minutes on a 2-core host.
 # STEPS (default 20) measured steps per plan, in LAUNCHES (default 2) launches of fresh
 # processes, one pass over the eight plans after another, each launch after 2 warm-up
@@ -45,13 +45,15 @@ d = json.loads((out / "report" / "validation.json").read_text())
 d["wall_s"] = wall
 (out / "validation.json").write_text(json.dumps(d, indent=2))
 print()
-print(f"{'plan':34s} {'procs':>5} {'measured ms':>11} {'predicted ms':>12} {'error':>8} {'spread p10..p90':>17}")
+print(f"{'plan':34s} {'procs':>5} {'measured ms':>11} {'predicted ms':>12} {'error':>8} {'spread p10..p90':>17} "
+      f"{'launch medians ms':>18}")
 for p in d["plans"]:
     m = p["measured_step_time_s"]
     short = short_plan(p["plan"])
     spread = f"{100 * (p['measured_p10_s'] / m - 1):+.0f}..{100 * (p['measured_p90_s'] / m - 1):+.0f} %"
+    launches = " / ".join(f"{x * 1e3:.1f}" for x in p.get("launch_medians_s", []))
     print(f"{short:34s} {p['world']:>5} {m * 1e3:>11.1f} {p['predicted_step_time_s'] * 1e3:>12.1f} "
-          f"{p['error_pct']:>+7.1f}% {spread:>17}")
+          f"{p['error_pct']:>+7.1f}% {spread:>17} {launches:>18}")
 for s in d.get("swapped_pairs", []):
     print(f"swapped: {short_plan(s['plans'][0])} / {short_plan(s['plans'][1])} (measured {s['measured_gap_pct']:.1f} % apart)")
 rho = d["spearman"]

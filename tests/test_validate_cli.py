@@ -96,6 +96,10 @@ def test_calibrate_and_validate_smoke(tmp_path, capsys):
                  "--report", str(rep)]) == 0
     d = json.loads(capsys.readouterr().out)
     assert d["launches"] == 2 and d["measured_steps"] == 6  # two launches of 3 steps, pooled
+    # every step kept, and each launch's median is the median of its three steps
+    assert len(d["measured_step_times_s"]) == 6 and len(d["launch_medians_s"]) == 2
+    for k, med in enumerate(d["launch_medians_s"]):
+        assert med == pytest.approx(sorted(d["measured_step_times_s"][3 * k:3 * k + 3])[1])
     # The report: table, both traces (measured and simulated, same layout), calibration curves.
     for name in ("index.html", "report.md", "validation.csv", "trace-1-measured.json", "trace-1-simulated.json"):
         assert (rep / name).is_file()

@@ -61,7 +61,8 @@ def test_pooled_launches_by_hand():
     [1.5, 2, 3.5, 4, 5], compute 0.6, probe 4 ms) and launch B (two steps of 10 and 12 s,
     compute 0.9, probe 6 ms, a larger peak): the pooled median of the seven steps is 4,
     compute is weighted by steps (5 x 0.6 + 2 x 0.9) / 7 = 0.6857, the probe is the mean
-    5 ms, peak memory the larger, losses and timeline the first launch's."""
+    5 ms, peak memory the larger, losses and timeline the first launch's; each launch's
+    median is kept, in order: 3.5 (of A's five) and 11 (of B's two)."""
     from dataclasses import replace
     a = replace(_record(), speed_probe_s=4e-3)
     wb = [_worker(r, [9.0, 10.0, 12.0], [8.0, 0.9, 0.9], "F0.0") for r in (0, 1)]
@@ -77,6 +78,8 @@ def test_pooled_launches_by_hand():
     assert p.speed_probe_s == pytest.approx(5e-3)
     assert p.per_rank[1]["peak_memory_bytes"] == 999999
     assert p.losses == a.losses and p.segments == a.segments
+    assert p.launch_medians_s == [3.5, 11.0] and a.launch_medians_s == [3.5]
+    assert RunRecord.pooled([p, a]).launch_medians_s == [3.5, 11.0, 3.5]  # pooling pooled records keeps every launch
     assert RunRecord.pooled([a]) is a
 
 

@@ -42,6 +42,9 @@ class Comparison:
                 "error_pct": self.error_pct,
                 "measured_p10_s": self.p10_step_time_s, "measured_p90_s": self.p90_step_time_s,
                 "measured_steps": int(self.record.get("steps", 0)), "launches": int(self.record.get("launches", 1)),
+                # every measured step (launch after launch) and each launch's median, seconds
+                "measured_step_times_s": [float(t) for t in self.record.get("step_times_s", [])],
+                "launch_medians_s": [float(t) for t in self.record.get("launch_medians_s", [])],
                 "phases": self.phases,
                 # the runner's finer measured split (forward, backward, optimizer, each collective)
                 "measured_detail_s": dict(self.record.get("detail_s", {})),
@@ -132,11 +135,18 @@ class Ranking:
                                    "measured_gap_pct": g} for i, j, g in self.swapped_pairs()]}
 
 
+def _launch_medians(record: dict) -> str:
+    """': medians 63.4, 77.7 ms' (each launch's, in order), or '' when not recorded."""
+    meds = record.get("launch_medians_s") or []
+    return ": medians " + ", ".join(f"{m * 1e3:.1f}" for m in meds) + " ms" if meds else ""
+
+
 def format_comparison(c: Comparison) -> str:
     lines = [f"plan {c.plan} ({c.world} processes)",
              f"  step time  measured {c.measured_step_time_s * 1e3:8.1f} ms (p10 {c.p10_step_time_s * 1e3:.1f}, "
              f"p90 {c.p90_step_time_s * 1e3:.1f})  predicted {c.predicted_step_time_s * 1e3:8.1f} ms  "
-             f"error {c.error_pct:+.1f} %" + (f"  ({c.record.get('steps')} steps in {c.record.get('launches')} launches)"
+             f"error {c.error_pct:+.1f} %" + (f"  ({c.record.get('steps')} steps in {c.record.get('launches')} launches"
+                                              + _launch_medians(c.record) + ")"
                                               if c.record.get("launches", 1) > 1 else ""),
              f"  {'phase':8s} {'measured (ms)':>14} {'predicted (ms)':>15}"]
     for cat, v in c.phases.items():

@@ -64,6 +64,10 @@ class RunRecord:
     # after the run), while calibration probes a fresh process.
     speed_probe_s: float = 0.0
     launches: int = 1  # separate launches of fresh processes whose steps this record pools
+    # Each launch's median step time, seconds, in launch order: a launch is one draw of
+    # where the processes and their threads land, and the same plan's launches can differ
+    # by more than the model's error ([] in records written before it).
+    launch_medians_s: list[float] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -89,7 +93,7 @@ class RunRecord:
         step times pooled, so the median and percentiles are over every measured step;
         per-phase figures (each launch's median over its steps) and each rank's, weighted by
         steps; the speed probe, the mean of the launches'; peak memory, the largest;
-        losses, bytes and the timeline, the first launch's."""
+        losses, bytes and the timeline, the first launch's; each launch's median kept."""
         if not records:
             raise ValueError("pooled() needs at least one record")
         if len(records) == 1:
@@ -113,7 +117,8 @@ class RunRecord:
             **_step_statistics([t for r in records for t in r.step_times_s]),
             phases_s=mean_of([r.phases_s for r in records]), detail_s=mean_of([r.detail_s for r in records]),
             per_rank=per_rank, speed_probe_s=float(statistics.fmean(probes)) if all(probes) else 0.0,
-            launches=sum(r.launches for r in records))
+            launches=sum(r.launches for r in records),
+            launch_medians_s=[m for r in records for m in (r.launch_medians_s or [r.median_step_time_s])])
 
     @classmethod
     def from_workers(cls, workers: list[dict], *, model: str, plan: str, backend: str, device: str,
@@ -167,6 +172,7 @@ class RunRecord:
             per_rank=per_rank, losses=losses, segments=segments,
             speed_probe_s=float(statistics.median(w["probe_s"][0] for w in workers))
             if all(w.get("probe_s") for w in workers) else 0.0,
+            launch_medians_s=[float(np.median(step_times))],
         )
 
 
