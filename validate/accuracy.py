@@ -21,11 +21,11 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from costmodel.errors import InputError
-from costmodel.yamlio import read_text
 from costmodel.flops import megatron_flops_per_iteration
 from costmodel.limits import number_problem
 from costmodel.profile import RUNTIMES, Profile, for_gpus, load_profile
 from costmodel.shapes import ModelSpec
+from costmodel.yamlio import read_text
 from sim.metrics import simulate
 from specs.plan import resolve_plan
 from specs.topology import Cluster, load_topology
