@@ -126,8 +126,17 @@ def cmd_topologies(args) -> int:
     return 0
 
 
+class _OneLineParser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line on stderr and exit 2 like every other bad
+    input (argparse prints the whole usage block first); --help still prints it all.
+    Subcommand parsers are made of the same class (add_subparsers' default)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="plansim", description=__doc__)
+    ap = _OneLineParser(prog="plansim", description=__doc__)
     sub = ap.add_subparsers(dest="cmd", required=True)
     sp = sub.add_parser("simulate", help="simulate one training step of a plan")
     _add_common(sp)

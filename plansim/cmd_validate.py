@@ -99,6 +99,11 @@ def validate_plans(topology: str, model_name: str, plans: list[str], profiles: d
         prof_path = profiles.get(world, profiles.get(None))
         profile = load_profile(prof_path, bundled=cluster.profiles, runtime=runtime)
         prepared.append((plan, cluster, profile, prof_path))
+    worlds = sorted({c.num_devices for _, c, _, _ in prepared})
+    for w in sorted(k for k in profiles if k is not None):
+        if w not in worlds:  # a profile no plan would use is a mistake in the command
+            raise InputError("--profile", f"{w}={profiles[w]}", f"no plan runs in {w} processes; "
+                             f"the plans run in {', '.join(map(str, worlds))}")
     require_torch()
     from validate.microbench import worker_threads_env
     from validate.runner import run_plan

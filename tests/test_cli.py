@@ -165,3 +165,20 @@ def test_long_plan_string_and_unwritable_output(capsys, tmp_path):
     assert code == 2 and "mb_shares" in err and len(err.strip().splitlines()) == 1
     code, _, err = run(capsys, "simulate", "--nodes", "1", "--trace", str(tmp_path / "no" / "t.json"))
     assert code == 2 and "No such file" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("argv, names", [
+    ([], "cmd"),
+    (["compare", "x"], "invalid choice: 'compare'"),
+    (["simulate", "--plan"], "--plan: expected one argument"),
+    (["report", "--plans", "dp=2"], "required: --out"),
+])
+def test_usage_errors_are_one_line(argv, names, capsys):
+    """A command-line usage error (no subcommand, an unknown one, an option without its
+    value, a required option missing) exits 2 with one line on stderr that names the
+    problem and where help is, not argparse's usage block."""
+    with pytest.raises(SystemExit) as ex:
+        main(argv)
+    assert ex.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and names in err and "--help)" in err and err.startswith("plansim")

@@ -56,6 +56,16 @@ def test_validate_bad_launches(launches, capsys):
     assert "--launches" in capsys.readouterr().err
 
 
+def test_validate_profile_for_no_plan_refused(capsys):
+    """--profile 9=FILE when no plan runs in 9 processes: one line naming the option, the
+    world and the plans' worlds, before any process starts (the file is never read)."""
+    assert main(["validate", "localhost-cpu", "--model", "tiny", "--plans", "dp=2", "tp=2,dp=2",
+                 "--profile", "9=nowhere.yaml"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--profile: 9=nowhere.yaml: no plan runs in 9 processes; the plans run in 2, 4" in err
+    assert "\n" not in err
+
+
 def test_calibrate_heterogeneous_topology_refused(capsys, tmp_path):
     """The validator calibrates one host of one node type: a two-group topology is an input error."""
     assert main(["calibrate", "hetero-a100-v100", "--world", "2", "--out", str(tmp_path / "p.yaml")]) == 2
