@@ -277,3 +277,17 @@ def test_ranking_lists_swapped_pairs_with_their_measured_gap():
     assert d == [{"plans": ["p0", "p1"], "measured_gap_pct": pytest.approx(5.0)}]
     text = format_ranking(r)
     assert "swapped: p0 / p1 (measured 5.0 % apart)" in text and text.count("swapped:") == 1
+
+
+@pytest.mark.parametrize("plan, short", [
+    ("tp=1,pp=2,dp=1,mbs=1,schedule=1f1b,precision=fp32", "pp=2,schedule=1f1b"),
+    ("tp=1,pp=1,dp=2,mbs=1,schedule=1f1b,precision=fp32", "dp=2"),
+    ("tp=2,pp=1,dp=2,mbs=1,schedule=1f1b,compress=topk:0.1,precision=fp32", "tp=2,dp=2,compress=topk:0.1"),
+    # whole fields only: degrees and microbatch sizes that start with 1 stay
+    ("tp=16,pp=12,dp=128,mbs=16,schedule=1f1b,precision=fp32", "tp=16,pp=12,dp=128,mbs=16,schedule=1f1b"),
+])
+def test_short_plan_drops_only_the_shared_fields(plan, short):
+    """short_plan leaves out mbs=1, degrees of 1, the precision, and 1F1B where there is no
+    pipeline, and nothing else (pp=12 is a pipeline; tp=16 is not tp=1)."""
+    from validate.compare import short_plan
+    assert short_plan(plan) == short

@@ -77,15 +77,18 @@ def compare(record, sim: StepResult, *, drift: float | None = None, drift_applie
                       calibrated_probe_s=calibrated_probe_s)
 
 
-# Fields every plan of benchmarks/validate_cpu.sh shares (mbs=1, fp32, degrees of 1, 1F1B
-# without a pipeline): left out where those plans are listed.
-_SHARED_FIELDS = ("mbs=1", "precision=", "tp=1", "pp=1", "dp=1")
+# Fields every plan of benchmarks/validate_cpu.sh shares (mbs=1, degrees of 1, the runner's
+# precision; 1F1B without a pipeline): left out where those plans are listed.
+_SHARED_FIELDS = {"mbs=1", "tp=1", "pp=1", "dp=1"}
 
 
 def short_plan(plan: str) -> str:
-    """``plan`` without the fields the validation benchmark's plans all share."""
-    return ",".join(x for x in plan.split(",") if not x.startswith(_SHARED_FIELDS)
-                    and not (x == "schedule=1f1b" and "pp=" not in plan.replace("pp=1", "")))
+    """``plan`` without the fields the validation benchmark's plans all share (whole
+    fields: pp=12 stays)."""
+    fields = plan.split(",")
+    pipelined = any(x.startswith("pp=") and x != "pp=1" for x in fields)
+    return ",".join(x for x in fields if x not in _SHARED_FIELDS and not x.startswith("precision=")
+                    and not (x == "schedule=1f1b" and not pipelined))
 
 
 @dataclass

@@ -164,15 +164,16 @@ class RunRecord:
         segments = []
         for w in workers:
             segments += [dict(s, device=w["rank"]) for s in w["segments"]]
+        stats = _step_statistics(step_times)
         return cls(
             model=model, plan=plan, world=n, backend=backend, device=device, steps=steps,
             warmup=warmup, seed=seed, created_utc=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            **_step_statistics(step_times),
+            **stats,
             phases_s=_median_over_steps(phases_per_step), detail_s=_median_over_steps(detail_per_step),
             per_rank=per_rank, losses=losses, segments=segments,
             speed_probe_s=float(statistics.median(w["probe_s"][0] for w in workers))
             if all(w.get("probe_s") for w in workers) else 0.0,
-            launch_medians_s=[float(np.median(step_times))],
+            launch_medians_s=[stats["median_step_time_s"]],
         )
 
 
