@@ -98,10 +98,11 @@ class FabricEfficiency:
     # computes (busy) and while it is blocked or done (idle); each replaces send_recv's
     # call cost and the two message steps. None: those. Measured, not fitted
     # (validate/collective_bench.posted_rows: a stream of such receives in pairs of ranks).
-    # A computing sender's thread waits for a core: 1.53 and 1.55 ms against 0.23 and 0.24
-    # ms for a blocked sender, with 2 gloo processes on 2 cores (mean of 4 launches each,
-    # 2026-11-30); with 4 processes on 2 cores 1.50 and 2.40 ms (a blocked sender's core
-    # goes to another process).
+    # A computing sender's thread waits for a core: 0.92-1.12 ms against 0.22-0.27 ms for a
+    # blocked sender, with 2 gloo processes on 2 cores; with 4 processes on 2 cores
+    # 1.37-1.49 against 1.49-2.13 ms (a blocked sender's core goes to another process).
+    # Means over 8 launches, four calibrations, 2026-11-30/12-01
+    # (results/validate-cpu-2026-11-30/sender-state-6..8, results/validate-cpu-2026-12-01/final-4).
     send_recv_posted_busy_us: float | None = None
     send_recv_posted_idle_us: float | None = None
     # Added to every call per member of the group beyond two, us. 0 where a collective's
