@@ -55,9 +55,11 @@ for p in d["plans"]:
     print(f"{short:34s} {p['world']:>5} {m * 1e3:>11.1f} {p['predicted_step_time_s'] * 1e3:>12.1f} "
           f"{p['error_pct']:>+7.1f}% {spread:>17} {launches:>18}")
 for s in d.get("swapped_pairs", []):
-    print(f"swapped: {short_plan(s['plans'][0])} / {short_plan(s['plans'][1])} (measured {s['measured_gap_pct']:.1f} % apart)")
+    tie = "" if s.get("told_apart", True) else "; a measured tie"
+    print(f"swapped: {short_plan(s['plans'][0])} / {short_plan(s['plans'][1])} (measured {s['measured_gap_pct']:.1f} % apart{tie})")
 rho = d["spearman"]
 print(f"Spearman {rho:.3f}; same order: {'yes' if d['same_order'] else 'no'}; "
+      f"order of the plans the runs tell apart: {'yes' if d.get('resolved_order') else 'no'}; "
       f"largest |error| {d['max_abs_error_pct']:.1f} %; within 15 %: "
       f"{sum(abs(p['error_pct']) <= 15 for p in d['plans'])}/{len(d['plans'])}")
 print(f"calibrate + validate wall time: {wall} s; results in {out}/")

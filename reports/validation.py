@@ -148,7 +148,8 @@ def write_validation_report(out_dir: str | Path, ranking, profiles: dict | None 
     rho = ranking.spearman
     summary = (f"Plans: {len(comps)}. Largest |error|: {ranking.max_abs_error_pct:.1f} %. "
                f"Spearman rank correlation: {'n/a' if rho is None or math.isnan(rho) else f'{rho:.3f}'}; "
-               f"same order: {'yes' if ranking.same_order() else 'no'}.")
+               f"same order: {'yes' if ranking.same_order() else 'no'}; order of the plans the runs tell apart "
+               f"(launch medians that do not overlap): {'yes' if ranking.resolved_order() else 'no'}.")
     figs = [("Predicted vs measured", scatter(comps)), ("Phases", phase_bars(comps))]
     for world, path in sorted((profiles or {}).items(), key=lambda kv: (kv[0] is None, kv[0] or 0)):
         bp = bench_path(path)

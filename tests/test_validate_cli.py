@@ -274,9 +274,51 @@ def test_ranking_lists_swapped_pairs_with_their_measured_gap():
     assert [(i, j) for i, j, _ in r.swapped_pairs()] == [(0, 1)]
     assert r.swapped_pairs()[0][2] == pytest.approx(5.0)
     d = r.to_dict()["swapped_pairs"]
-    assert d == [{"plans": ["p0", "p1"], "measured_gap_pct": pytest.approx(5.0)}]
+    assert d == [{"plans": ["p0", "p1"], "measured_gap_pct": pytest.approx(5.0), "told_apart": True}]
     text = format_ranking(r)
     assert "swapped: p0 / p1 (measured 5.0 % apart)" in text and text.count("swapped:") == 1
+
+
+def _comp(name: str, launch_medians_ms: list[float], predicted_ms: float):
+    from validate.compare import Comparison
+    import statistics
+    m = statistics.median(launch_medians_ms) * 1e-3
+    return Comparison(name, 2, m, predicted_ms * 1e-3, m, m, {},
+                      record={"launch_medians_s": [x * 1e-3 for x in launch_medians_ms],
+                              "launches": len(launch_medians_ms)})
+
+
+def test_ranking_resolved_order_ignores_swaps_between_overlapping_launches():
+    """Launch medians a = (60, 66), b = (63, 70), c = (80, 84) ms; predicted 65, 62, 90.
+    a and b overlap (63 <= 66): a measured tie, so predicting b before a is no error;
+    c is told apart from both. Strict order fails (a measured 63 before b 66.5), the
+    order of the plans the runs tell apart holds. Predicting c at 61 instead swaps c with
+    a and with b, both told apart: the resolved order then fails too."""
+    from validate.compare import Ranking, format_ranking
+    r = Ranking([_comp("a", [60, 66], 65), _comp("b", [63, 70], 62), _comp("c", [80, 84], 90)])
+    assert not r.same_order() and r.resolved_order()
+    assert r.ties() == [(0, 1)] and r.told_apart(0, 2) and r.told_apart(1, 2)
+    assert [(i, j) for i, j, _ in r.swapped_pairs()] == [(0, 1)]
+    d = r.to_dict()
+    assert d["resolved_order"] is True and d["measured_ties"] == [["a", "b"]]
+    assert d["swapped_pairs"][0]["told_apart"] is False
+    text = format_ranking(r)
+    assert "(measured 5.6 % apart; a measured tie)" in text  # (66.5 - 63) / 63
+    assert "tell apart: yes (1 of 3 pairs measured as ties)" in text
+    r2 = Ranking([_comp("a", [60, 66], 65), _comp("b", [63, 70], 62), _comp("c", [80, 84], 61)])
+    assert not r2.resolved_order()
+    assert sorted((i, j) for i, j, _ in r2.swapped_pairs() if r2.told_apart(i, j)) == [(0, 2), (1, 2)]
+
+
+def test_ranking_single_launch_uses_the_step_spread():
+    """With one launch a plan's measured range is its steps' p10..p90: 100 (95..104) and
+    103 (101..108) ms overlap, a tie; 100 and 110 (105..115) do not."""
+    from validate.compare import Comparison, Ranking
+    a = Comparison("a", 2, 0.100, 0.1, 0.095, 0.104, {})
+    b = Comparison("b", 2, 0.103, 0.1, 0.101, 0.108, {})
+    c = Comparison("c", 2, 0.110, 0.1, 0.105, 0.115, {})
+    r = Ranking([a, b, c])
+    assert not r.told_apart(0, 1) and r.told_apart(0, 2) and not r.told_apart(1, 2)
 
 
 @pytest.mark.parametrize("plan, short", [

@@ -114,6 +114,34 @@ class Ranking:
         by_m = sorted(range(len(self.comparisons)), key=lambda i: (self.comparisons[i].measured_step_time_s, i))
         return by_p == by_m
 
+    @staticmethod
+    def measured_range_s(c: Comparison) -> tuple[float, float]:
+        """Where the plan's measured median could have landed: the lowest and highest of
+        its launch medians when it ran in two launches or more (a launch is one draw of
+        where the processes and their threads land; the same plan's median moves between
+        launches far more than between steps), else its steps' p10..p90."""
+        meds = [float(x) for x in c.record.get("launch_medians_s", [])]
+        if len(meds) >= 2:
+            return min(meds), max(meds)
+        return c.p10_step_time_s, c.p90_step_time_s
+
+    def told_apart(self, i: int, j: int) -> bool:
+        """True when the runs order plans i and j whatever the draw: their measured
+        ranges (measured_range_s) do not overlap. Plans whose ranges overlap are a
+        measured tie: either order of their predictions is consistent with the runs."""
+        (lo_i, hi_i), (lo_j, hi_j) = (self.measured_range_s(self.comparisons[k]) for k in (i, j))
+        return hi_i < lo_j or hi_j < lo_i
+
+    def resolved_order(self) -> bool:
+        """True when the prediction orders every pair the runs tell apart as measured:
+        the ranking's order up to measured ties (strictly: same_order)."""
+        return not any(self.told_apart(i, j) for i, j, _ in self.swapped_pairs())
+
+    def ties(self) -> list[tuple[int, int]]:
+        """(i, j) for every pair of plans the runs do not tell apart."""
+        n = len(self.comparisons)
+        return [(i, j) for i in range(n) for j in range(i + 1, n) if not self.told_apart(i, j)]
+
     def swapped_pairs(self) -> list[tuple[int, int, float]]:
         """(i, j, gap %) for every pair of plans the prediction orders the other way round
         from the measurement, i before j in the given order; gap: how far apart their
@@ -132,10 +160,13 @@ class Ranking:
         return out
 
     def to_dict(self) -> dict:
-        return {"plans": [c.to_dict() for c in self.comparisons], "spearman": self.spearman,
-                "same_order": self.same_order(), "max_abs_error_pct": self.max_abs_error_pct,
-                "swapped_pairs": [{"plans": [self.comparisons[i].plan, self.comparisons[j].plan],
-                                   "measured_gap_pct": g} for i, j, g in self.swapped_pairs()]}
+        cs = self.comparisons
+        return {"plans": [c.to_dict() for c in cs], "spearman": self.spearman,
+                "same_order": self.same_order(), "resolved_order": self.resolved_order(),
+                "max_abs_error_pct": self.max_abs_error_pct,
+                "measured_ties": [[cs[i].plan, cs[j].plan] for i, j in self.ties()],
+                "swapped_pairs": [{"plans": [cs[i].plan, cs[j].plan], "measured_gap_pct": g,
+                                   "told_apart": self.told_apart(i, j)} for i, j, g in self.swapped_pairs()]}
 
 
 def _launch_medians(record: dict) -> str:
@@ -174,7 +205,11 @@ def format_ranking(r: Ranking) -> str:
     table = tabulate(rows, headers=["plan", "procs", "measured (ms)", "predicted (ms)", "error"],
                      tablefmt="simple", disable_numparse=True)
     rho = "n/a" if r.spearman is None else f"{r.spearman:.3f}"
-    swaps = "".join(f"\n  swapped: {r.comparisons[i].plan} / {r.comparisons[j].plan} (measured {g:.1f} % apart)"
+    swaps = "".join(f"\n  swapped: {r.comparisons[i].plan} / {r.comparisons[j].plan} (measured {g:.1f} % apart"
+                    + ("" if r.told_apart(i, j) else "; a measured tie") + ")"
                     for i, j, g in r.swapped_pairs())
+    n = len(r.comparisons)
     return (table + f"\n\nSpearman rank correlation (predicted vs measured): {rho}; same order: "
-            f"{'yes' if r.same_order() else 'no'}; largest |error|: {r.max_abs_error_pct:.1f} %" + swaps)
+            f"{'yes' if r.same_order() else 'no'}; order of the plans the runs tell apart: "
+            f"{'yes' if r.resolved_order() else 'no'} ({len(r.ties())} of {n * (n - 1) // 2} pairs measured as ties); "
+            f"largest |error|: {r.max_abs_error_pct:.1f} %" + swaps)
