@@ -49,6 +49,11 @@ def _killed(rank, world):
     return rank
 
 
+def _sleeps(rank, world, seconds):
+    time.sleep(seconds)
+    return rank
+
+
 def _children(pid: int, needle: str) -> list[int]:
     """Live (or zombie) children of ``pid`` whose command line contains ``needle``."""
     out = []
@@ -64,10 +69,33 @@ def _children(pid: int, needle: str) -> list[int]:
     return sorted(out)
 
 
+def _workers_of(pid: int) -> list[int]:
+    """The worker processes ``pid`` started, however launch started them: its children
+    that are multiprocessing spawn workers, and the children of its forkserver (the
+    forkserver and the resource tracker, which outlive runs by design, are not workers)."""
+    servers = _children(pid, "forkserver")
+    return sorted(_children(pid, "spawn_main") + [w for s in servers for w in _children(s, "")])
+
+
 def _worker_children() -> list[int]:
-    """Children of this process that are multiprocessing spawn workers (the spawn
-    resource tracker, which outlives runs by design, is not one)."""
-    return _children(os.getpid(), "spawn_main")
+    """The workers this process started that are still there (or zombies)."""
+    return _workers_of(os.getpid())
+
+
+def test_workers_are_found_under_either_start_method():
+    """The orphan checks below can fail: while a run is in progress, _workers_of finds its
+    two workers under the start method launch uses (validate.launch.start_method)."""
+    import threading
+    seen: list[list[int]] = []
+    t = threading.Thread(target=lambda: launch(_sleeps, 2, (3.0,), timeout_s=60))
+    t.start()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and len(seen[-1] if seen else []) < 2:
+        time.sleep(0.1)
+        seen.append(_worker_children())
+    t.join()
+    assert len(seen[-1]) == 2
+    assert _worker_children() == []
 
 
 def test_allreduce_sums_over_two_processes():
@@ -117,7 +145,7 @@ def test_killed_worker_ends_the_runner_without_output(tmp_path):
         workers: list[int] = []
         while len(workers) < 2 and time.monotonic() < deadline:
             time.sleep(0.2)
-            workers = _children(proc.pid, "spawn_main")
+            workers = _workers_of(proc.pid)
         assert len(workers) == 2, "the runner did not start two workers"
         time.sleep(3.0)  # let them get into the training loop
         os.kill(workers[-1], signal.SIGKILL)
@@ -152,3 +180,19 @@ def test_port_taken_before_rendezvous_is_retried(monkeypatch):
     finally:
         busy.close()
     assert [o[2] for o in out] == [[1.0] * 4] * 2
+
+
+def test_start_method_env_is_checked(monkeypatch):
+    """$PLANSIM_START_METHOD picks how workers start; a value other than spawn or
+    forkserver is an input error naming the variable, and unset means forkserver here
+    (Linux has it)."""
+    from costmodel.errors import InputError
+    from validate.launch import START_METHOD_ENV, start_method
+    monkeypatch.setenv(START_METHOD_ENV, "fork")
+    with pytest.raises(InputError) as info:
+        start_method()
+    assert START_METHOD_ENV in str(info.value) and "'fork'" in str(info.value)
+    monkeypatch.setenv(START_METHOD_ENV, "spawn")
+    assert start_method() == "spawn"
+    monkeypatch.delenv(START_METHOD_ENV)
+    assert start_method() == "forkserver"
