@@ -1,6 +1,6 @@
 """Re-predict saved CPU validation runs with this tree's model: the measurements stay fixed.
 
-    python3 benchmarks/repredict.py RESULTS_DIR [RESULTS_DIR ...]
+    python3 benchmarks/repredict.py [--launch-aggregate mean|median] RESULTS_DIR [RESULTS_DIR ...]
 
 Each RESULTS_DIR is what benchmarks/validate_cpu.sh wrote: validation.json (the measured
 steps, the plans, the host-speed probe of each run) and cpu-w<N>.yaml (the profile
@@ -13,6 +13,13 @@ run already measured (results/validate-cpu-*/) in a second instead of a new five
 benchmark, and the table shows the saved prediction beside the new one. It does not
 replace a fresh run: the profiles were calibrated by the code of their day, and a change
 to calibration itself needs new measurements (or a refit of the saved .bench.json).
+
+--launch-aggregate refits each run's profiles from its saved microbenchmarks
+(cpu-w<N>.bench.json) with the rows timed in several launches merged by the mean or the
+median of their launches (validate/microbench.with_launch_aggregate), the fit itself
+unchanged (validate/calibrate.profile_from_bench): the same measurements calibrated two
+ways. Runs whose .bench.json has no launch samples (calibrated before 2026-12-01) are
+refused.
 """
 from __future__ import annotations
 
@@ -20,6 +27,8 @@ import json
 import statistics
 import sys
 from pathlib import Path
+
+import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -47,8 +56,41 @@ def load_run(path: Path) -> dict:
     return data
 
 
-def repredict(path: Path) -> list[tuple[str, int, float, float, float]]:
-    """(plan, processes, measured s, saved prediction s, new prediction s) per plan."""
+AGGREGATES = ("mean", "median")
+
+
+def refit_profile(path: Path, world: int, aggregate: str, cluster):
+    """The profile of ``path``'s cpu-w<world>.bench.json, refitted with its launches merged
+    by ``aggregate`` (AGGREGATES)."""
+    import statistics
+
+    from costmodel.profile import load_profile
+    from validate.calibrate import profile_from_bench
+    from validate.microbench import MicrobenchResult, with_launch_aggregate
+
+    bench_file = path / f"cpu-w{world}.bench.json"
+    try:
+        res = MicrobenchResult.from_dict(json.loads(bench_file.read_text()))
+    except FileNotFoundError:
+        raise InputError(str(bench_file), "file", "missing: --launch-aggregate refits from it") from None
+    except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as e:
+        raise InputError(str(bench_file), "file", f"not a calibration's microbenchmarks ({type(e).__name__})") from None
+    if not res.launch_samples:
+        raise InputError(str(bench_file), "launch_samples", "absent: calibrated before each launch was kept")
+    res = with_launch_aggregate(res, statistics.fmean if aggregate == "mean" else statistics.median)
+    saved = yaml.safe_load((path / f"cpu-w{world}.yaml").read_text())
+    _, mapping = profile_from_bench(cluster, res, str(saved.get("source", "")) or "refit")
+    tmp = path / f".refit-w{world}-{aggregate}.yaml"
+    try:
+        tmp.write_text(yaml.safe_dump(mapping))
+        return load_profile(str(tmp), bundled=cluster.profiles)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def repredict(path: Path, aggregate: str | None = None) -> list[tuple[str, int, float, float, float]]:
+    """(plan, processes, measured s, saved prediction s, new prediction s) per plan;
+    ``aggregate``: refit each profile (refit_profile) first."""
     from costmodel.profile import load_profile
     from plansim.cmd_calibrate import resolve_world
     from sim.core_sharing import slowed_profile
@@ -65,7 +107,8 @@ def repredict(path: Path) -> list[tuple[str, int, float, float, float]]:
             raise InputError(str(prof_file), "file", f"missing: the profile for the {world}-process plans")
         cluster, _ = resolve_world(TOPOLOGY, world, "--world", "")
         plan = resolve_plan(p["plan"], model, cluster.num_devices)
-        profile = load_profile(str(prof_file), bundled=cluster.profiles)
+        profile = (refit_profile(path, world, aggregate, cluster) if aggregate
+                   else load_profile(str(prof_file), bundled=cluster.profiles))
         probe = p.get("speed_probe") or {}
         drift = probe.get("drift_factor") if probe.get("applied") else None
         sim = simulate(model, plan, cluster, slowed_profile(profile, drift) if drift else profile)
@@ -78,8 +121,18 @@ def main(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__.strip())
         return 0 if argv else 2
+    aggregate = None
+    if argv[0].startswith("--launch-aggregate"):
+        flag, _, value = argv[0].partition("=")
+        if not value:
+            value, argv = (argv[1] if len(argv) > 1 else ""), argv[1:]
+        if value not in AGGREGATES:
+            raise InputError("--launch-aggregate", None, f"must be {' or '.join(AGGREGATES)} (got {value!r})")
+        aggregate, argv = value, argv[1:]
+        if not argv:
+            raise InputError("repredict", "RESULTS_DIR", "give at least one results directory")
     errors: dict[str, list[float]] = {}
-    runs = [(d, repredict(d)) for d in map(Path, argv)]  # every input checked before printing
+    runs = [(d, repredict(d, aggregate)) for d in map(Path, argv)]  # every input checked before printing
     print(f"{'run':24s} {'plan':26s} {'procs':>5} {'measured ms':>11} {'saved':>8} {'now':>8}")
     for d, rows in runs:
         for plan, world, measured, saved, now in rows:

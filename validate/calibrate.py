@@ -334,11 +334,10 @@ def calibrate(cluster, model, world: int, *, tps: list[int] | None = None, repea
     """Run the microbenchmarks in ``world`` processes on this host and fit the profile of
     the cluster's device type and intra-node link class. ``cluster`` must have ``world``
     devices on one node (load_topology(..., gpus_per_node=world)). Never runs a plan."""
-    from costmodel.profile import load_profile
     from validate.backend import pick_backend
     from costmodel.profile import RuntimeSettings
     from validate.collective_bench import sizes_bytes
-    from validate.profile_file import profile_mapping, runtime_facts, where_and_when
+    from validate.profile_file import runtime_facts, where_and_when
     from validate.microbench import (TOPK_FRACTIONS, memory_sizes, model_attention_shapes, model_gemm_shapes,
                                      run_microbenchmarks, sweep_gemm_shapes, topk_sizes)
 
@@ -353,13 +352,25 @@ def calibrate(cluster, model, world: int, *, tps: list[int] | None = None, repea
     topk = [(n, f) for n in topk_sizes(model, tps) for f in TOPK_FRACTIONS]
     res = run_microbenchmarks(world, shapes, mem, coll, attn_shapes=model_attention_shapes(model, tps), topk=topk,
                               runtime=runtime, repeats=repeats, backend=be_name, progress=progress, timeout_s=timeout_s)
+    device_name = be.device_name() if be is not None else kind
+    fit, mapping = profile_from_bench(cluster, res, where_and_when(res, device_name))
+    return Calibration(res, fit, mapping)
+
+
+def profile_from_bench(cluster, res, where: str):
+    """(FitResult, profile mapping) fitted to the microbenchmarks ``res``
+    (validate/microbench.MicrobenchResult) for ``cluster``'s device type and intra-node
+    link class; ``where``: where and when they were measured, for the profile's source.
+    What calibrate does after measuring, and what a refit of a saved .bench.json does
+    (benchmarks/repredict.py --launch-aggregate)."""
+    from costmodel.profile import load_profile
+    from validate.profile_file import profile_mapping
+
+    kind = "cuda" if res.backend == "nccl" else "cpu"
     gpu = cluster.devices[0].gpu
     node = cluster.nodes[0]
     base = load_profile(None, bundled=cluster.profiles)
-    link = (node.intra_bw_Bps, node.intra_latency_s, node.intra_kind) if world > 1 else None
+    link = (node.intra_bw_Bps, node.intra_latency_s, node.intra_kind) if res.world > 1 else None
     fit = fit_profile(res, gpu, base.gpu(gpu.name), link, base.fabric(node.intra_kind))
-    device_name = be.device_name() if be is not None else kind
-    where = where_and_when(res, device_name)
-    name = f"calibrated-{cluster.name}-w{world}"
-    mapping = profile_mapping(fit, res, gpu.name, node.intra_kind if link else None, kind, where, name)
-    return Calibration(res, fit, mapping)
+    name = f"calibrated-{cluster.name}-w{res.world}"
+    return fit, profile_mapping(fit, res, gpu.name, node.intra_kind if link else None, kind, where, name)

@@ -127,13 +127,16 @@ class MicrobenchResult:
     # CPU time per wall second in a stream of small all-reduces (collective_bench.busy_fraction_row); 0: not measured
     comm_busy_fraction: float = 0.0
     # Extra wait of a collective closing a long compute phase (collective_bench.straggler_row),
-    # seconds, mean over the group sizes and launches; 0: not measured
+    # seconds, mean over the group sizes of each one's median over launches; 0: not measured
     straggler_s: float = 0.0
     # What receiving a message its sender posted earlier adds to a round of compute while
     # the sender computes, and while it is blocked (collective_bench.posted_rows), seconds,
-    # mean over the pairs and launches; 0: not measured
+    # mean over the pairs, median over launches; 0: not measured
     posted_busy_s: float = 0.0
     posted_idle_s: float = 0.0
+    # Every launch's figure of the rows timed in several launches: [op, n, nbytes,
+    # [seconds, launch by launch]]; the rows themselves hold the median. [] in older records.
+    launch_samples: list = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -151,7 +154,7 @@ class MicrobenchResult:
                    host_cores=d.get("host_cores", 0), probe_s=d.get("probe_s", 0.0),
                    harness=dict(d.get("harness", {})), comm_busy_fraction=d.get("comm_busy_fraction", 0.0),
                    straggler_s=d.get("straggler_s", 0.0), posted_busy_s=d.get("posted_busy_s", 0.0),
-                   posted_idle_s=d.get("posted_idle_s", 0.0))
+                   posted_idle_s=d.get("posted_idle_s", 0.0), launch_samples=list(d.get("launch_samples", [])))
 
 
 # ------------------------------------------------------------------------ shapes
@@ -263,15 +266,19 @@ def compute_processes(world: int, kind: str) -> int:
 # Sizes of the collectives timed right after compute (collective_bench.after_compute_rows):
 # from a small tensor-parallel activation to a gradient bucket of a small model.
 AFTER_COMPUTE_SIZES = (4 * KIB, 32 * KIB, 256 * KIB, 2 * MIB)
-# Separate launches the after-compute calls are timed in, averaged. Within one launch a
-# call's cost is steady; between launches it is not (measured here, quiet: a 32 KiB 2-rank
-# all-reduce in a stream of rounds with 1 ms of GEMMs cost 0.47, 0.99, 1.03, 1.30 and
-# 1.90 ms in five launches), so one launch is one draw of where the processes and their
-# threads landed, and a plan's own launch is another: the mean over launches is the
-# expected cost.
-AFTER_COMPUTE_LAUNCHES = 3
-# Launches the pipeline handoff streams are timed in (collective_bench.posted_rows), averaged:
-# the after-compute launches and more of their own (about 3 s each here). A receive from a
+# Separate launches the after-compute calls are timed in. Within one launch a call's cost
+# is steady; between launches it is not (measured here, quiet: a 32 KiB 2-rank all-reduce
+# in a stream of rounds with 1 ms of GEMMs cost 0.47, 0.99, 1.03, 1.30 and 1.90 ms in
+# five launches), so one launch is one draw of where the processes and their threads
+# landed, and a plan's own launch is another. The profile takes the median over the
+# launches: what `plansim validate` reports is the median step over a plan's launches,
+# the typical draw, and a call's cost over launches is skewed (one slow launch in five
+# pulls a mean of three up by a fifth). Every launch's figure is kept in the .bench.json
+# (MicrobenchResult.launch_samples).
+AFTER_COMPUTE_LAUNCHES = 5
+# Launches the pipeline handoff streams are timed in (collective_bench.posted_rows), the
+# median taken as for the after-compute calls: the after-compute launches and more of
+# their own (about 3 s each here). A receive from a
 # computing sender moved 0.4-2.6 ms between single launches; the mean over three
 # launches still moved 0.61-1.65 ms between calibrations (2026-11-30).
 POSTED_LAUNCHES = 8
@@ -320,14 +327,21 @@ def worker_threads_env(world: int):
             os.environ[THREADS_ENV] = old
 
 
-def _mean_over_launches(rows: list, more: list[list]) -> list:
-    """``rows`` ([op, n, nbytes, seconds]) with each row that ``more`` (rows of further
-    launches) also has replaced by its mean over all launches."""
+def _over_launches(rows: list, more: list[list]) -> tuple[list, list]:
+    """(``rows`` ([op, n, nbytes, seconds]) with each row that ``more`` (rows of further
+    launches) also has replaced by its median over all launches, [[op, n, nbytes,
+    [seconds of each launch]]] of those rows)."""
     extra: dict[tuple, list[float]] = {}
     for launch_rows in more:
         for op, n, nbytes, s in launch_rows:
             extra.setdefault((op, n, nbytes), []).append(s)
-    return [[op, n, nbytes, statistics.fmean([s] + extra.get((op, n, nbytes), []))] for op, n, nbytes, s in rows]
+    merged, samples = [], []
+    for op, n, nbytes, s in rows:
+        got = [s] + extra.get((op, n, nbytes), [])
+        merged.append([op, n, nbytes, statistics.median(got)])
+        if len(got) > 1:
+            samples.append([op, n, nbytes, got])
+    return merged, samples
 
 
 def run_microbenchmarks(world: int, gemm_shapes, mem_sizes, coll_sizes, *, attn_shapes=(), topk=(), runtime=None,
@@ -388,21 +402,49 @@ def run_microbenchmarks(world: int, gemm_shapes, mem_sizes, coll_sizes, *, attn_
         with worker_threads_env(world):
             rows = launch(collective_worker, world, (kcfg,), timeout_s=timeout_s, backend=be_name)[0]
             if after:
-                rows = _mean_over_launches(rows, [
+                rows, res.launch_samples = _over_launches(rows, [
                     launch(collective_worker, world, (replace(kcfg, sizes=(), ops=(), busy_calls=0),),
                            timeout_s=timeout_s, backend=be_name)[0] for _ in range(AFTER_COMPUTE_LAUNCHES - 1)]
                     + ([launch(collective_worker, world, (replace(kcfg, sizes=(), ops=(), busy_calls=0, group_sizes=(2,),
                                                                   after_compute_sizes=(), straggler_reps=0),),
                                timeout_s=timeout_s, backend=be_name)[0]
                         for _ in range(POSTED_LAUNCHES - AFTER_COMPUTE_LAUNCHES)] if kcfg.posted else []))
-        res.comm_busy_fraction = next((s for op, n, nbytes, s in rows if op == BUSY_OP), 0.0)
-        res.straggler_s = statistics.fmean([s for op, n, nbytes, s in rows if op == STRAGGLER_OP] or [0.0])
-        res.posted_busy_s = next((s for op, n, nbytes, s in rows if op == POSTED_BUSY_OP), 0.0)
-        res.posted_idle_s = next((s for op, n, nbytes, s in rows if op == POSTED_IDLE_OP), 0.0)
-        res.collectives = [CollectiveSample(op, nbytes, n, s) for op, n, nbytes, s in rows
-                           if op not in (BUSY_OP, STRAGGLER_OP, POSTED_BUSY_OP, POSTED_IDLE_OP)]
+        _apply_collective_rows(res, rows)
     res.wall_s = time.perf_counter() - t_wall
     return res
+
+
+_SCALAR_OPS = (BUSY_OP, STRAGGLER_OP, POSTED_BUSY_OP, POSTED_IDLE_OP)
+
+
+def _apply_collective_rows(res: MicrobenchResult, rows: list) -> None:
+    """Set ``res``'s collective samples and the figures derived from special rows
+    ([op, n, nbytes, seconds], every launch already merged)."""
+    res.comm_busy_fraction = next((s for op, n, nbytes, s in rows if op == BUSY_OP), 0.0)
+    res.straggler_s = statistics.fmean([s for op, n, nbytes, s in rows if op == STRAGGLER_OP] or [0.0])
+    res.posted_busy_s = next((s for op, n, nbytes, s in rows if op == POSTED_BUSY_OP), 0.0)
+    res.posted_idle_s = next((s for op, n, nbytes, s in rows if op == POSTED_IDLE_OP), 0.0)
+    res.collectives = [CollectiveSample(op, nbytes, n, s) for op, n, nbytes, s in rows if op not in _SCALAR_OPS]
+
+
+def with_launch_aggregate(res: MicrobenchResult, aggregate) -> MicrobenchResult:
+    """A copy of ``res`` whose rows timed in several launches take ``aggregate`` (a
+    function of the list of each launch's seconds, e.g. statistics.fmean) of their
+    launch_samples instead of the median: the same measurements, merged another way
+    (benchmarks/repredict.py --launch-aggregate). Rows measured once are unchanged."""
+    agg = {(op, n, nbytes): float(aggregate(ss)) for op, n, nbytes, ss in res.launch_samples}
+    rows = [[c.op, c.n, c.nbytes, agg.get((c.op, c.n, c.nbytes), c.seconds)] for c in res.collectives]
+    if res.comm_busy_fraction:
+        rows.append([BUSY_OP, 0, 0, res.comm_busy_fraction])
+    rows += [[op, n, nbytes, v] for (op, n, nbytes), v in agg.items() if op in _SCALAR_OPS and op != BUSY_OP]
+    out = replace(res)
+    _apply_collective_rows(out, rows)
+    if not any(op == STRAGGLER_OP for op, *_ in res.launch_samples):
+        out.straggler_s = res.straggler_s
+    for field_name, op in (("posted_busy_s", POSTED_BUSY_OP), ("posted_idle_s", POSTED_IDLE_OP)):
+        if not any(o == op for o, *_ in res.launch_samples):
+            setattr(out, field_name, getattr(res, field_name))
+    return out
 
 
 def format_compute(res: MicrobenchResult) -> str:
