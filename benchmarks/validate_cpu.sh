@@ -15,16 +15,16 @@
 # Ends with the table (plan, processes, measured and predicted median step time, error,
 # the measured spread p10..p90 around the median, each launch's median), the Spearman rank correlation, and the
 # wall time of the whole; the target is at most 5 minutes on a 2-core host.
-# STEPS (default 24) measured steps per plan, in LAUNCHES (default 4) launches of fresh
+# STEPS (default 20) measured steps per plan, in LAUNCHES (default 2) launches of fresh
 # processes, one pass over the eight plans after another, each launch after 2 warm-up
 # steps: a launch is one draw of where the processes and their threads land (the same
-# pp=2 1F1B plan's median step moved between 63 and 92 ms over nine launches here), so
-# four draws of 6 steps say more than two of 10. (Four launches fit since workers fork
-# from a server that has imported torch once: validate/launch.py.)
+# pp=2 1F1B plan's median step moved between 63 and 92 ms over nine launches here).
+# PLANSIM_START_METHOD=forkserver makes launches cheap enough for LAUNCHES=4 STEPS=24
+# within the 5 minutes, but moved the results (validate/launch.py).
 set -euo pipefail
 OUT="${1:-results/validate-cpu-$(date -u +%Y%m%d-%H%M)}"
-STEPS="${STEPS:-24}"
-LAUNCHES="${LAUNCHES:-4}"
+STEPS="${STEPS:-20}"
+LAUNCHES="${LAUNCHES:-2}"
 mkdir -p "$OUT"
 PY="${PYTHON:-python3}"
 start=$(date +%s)

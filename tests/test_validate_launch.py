@@ -184,15 +184,14 @@ def test_port_taken_before_rendezvous_is_retried(monkeypatch):
 
 def test_start_method_env_is_checked(monkeypatch):
     """$PLANSIM_START_METHOD picks how workers start; a value other than spawn or
-    forkserver is an input error naming the variable, and unset means forkserver here
-    (Linux has it)."""
+    forkserver is an input error naming the variable, and unset means spawn."""
     from costmodel.errors import InputError
     from validate.launch import START_METHOD_ENV, start_method
     monkeypatch.setenv(START_METHOD_ENV, "fork")
     with pytest.raises(InputError) as info:
         start_method()
     assert START_METHOD_ENV in str(info.value) and "'fork'" in str(info.value)
-    monkeypatch.setenv(START_METHOD_ENV, "spawn")
-    assert start_method() == "spawn"
-    monkeypatch.delenv(START_METHOD_ENV)
+    monkeypatch.setenv(START_METHOD_ENV, "forkserver")
     assert start_method() == "forkserver"
+    monkeypatch.delenv(START_METHOD_ENV)
+    assert start_method() == "spawn"

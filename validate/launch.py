@@ -6,14 +6,14 @@ validate/backend.py) and returns their return values in rank order.
 
 Two ways to start:
 - On one machine, ``launch`` starts the processes itself and rendezvouses them over TCP
-  on 127.0.0.1 at a free port. They are forked from multiprocessing's "forkserver", a
-  fresh interpreter that has imported torch once and never touched a device (so CUDA,
-  which a process may not inherit initialized, is safe: torch.multiprocessing's notes
-  name spawn and forkserver as the two start methods CUDA supports). Each rank is still a
-  new process that joins a new group; what it skips is importing torch again, 1.5-4 s a
-  launch of 2 to 4 processes on this 2-core host against 0.4-0.7 s forked (dp=2 and
-  dp=4 of the tiny model, 2026-12-01), which is most of a short validation run.
-  $PLANSIM_START_METHOD=spawn gives every rank its own fresh interpreter instead.
+  on 127.0.0.1 at a free port: multiprocessing "spawn", a fresh interpreter per rank (as
+  CUDA requires). $PLANSIM_START_METHOD=forkserver forks them instead from a server that
+  has imported torch once and never touched a device (CUDA allows it too): 0.4-0.7 s a
+  launch of 2 to 4 processes on this 2-core host against 1.5-4 s spawned (dp=2 and dp=4
+  of the tiny model, 2026-12-01). It is not the default because on this host it moved
+  the CPU validation (benchmarks/validate_cpu.sh, docs/validation-cpu.md, mechanism 18):
+  over six forked runs tp=2 came out +13 % on average against -1 % over seven spawned,
+  and the issue's six plans were within 15 % in 2 of 5 clean forked runs against 5 of 7.
 - On several machines, the processes are started by torchrun, which sets RANK,
   WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT. ``launch`` then runs ``fn`` in
   this process only and gathers every rank's result to rank 0 (other ranks get None).
@@ -135,8 +135,8 @@ def _worker(rank: int, world: int, port: int, backend_name: str | None, fn: Call
 
 
 def start_method() -> str:
-    """How launch starts its workers (module docstring): $PLANSIM_START_METHOD, else
-    "forkserver" where this platform has it, else "spawn"."""
+    """How launch starts its workers (module docstring): $PLANSIM_START_METHOD ("spawn" or
+    "forkserver" where this platform has it), else "spawn"."""
     import multiprocessing as mp
 
     have = mp.get_all_start_methods()
@@ -146,7 +146,7 @@ def start_method() -> str:
             allowed = " or ".join(m for m in ("spawn", "forkserver") if m in have)
             raise InputError(START_METHOD_ENV, "start method", f"must be {allowed} (got {raw!r})")
         return raw
-    return "forkserver" if "forkserver" in have else "spawn"
+    return "spawn"
 
 
 def _exit_cause(code: int | None) -> str:

@@ -127,15 +127,15 @@ class MicrobenchResult:
     # CPU time per wall second in a stream of small all-reduces (collective_bench.busy_fraction_row); 0: not measured
     comm_busy_fraction: float = 0.0
     # Extra wait of a collective closing a long compute phase (collective_bench.straggler_row),
-    # seconds, mean over the group sizes of each one's median over launches; 0: not measured
+    # seconds, mean over the group sizes and launches; 0: not measured
     straggler_s: float = 0.0
     # What receiving a message its sender posted earlier adds to a round of compute while
     # the sender computes, and while it is blocked (collective_bench.posted_rows), seconds,
-    # mean over the pairs, median over launches; 0: not measured
+    # mean over the pairs and launches; 0: not measured
     posted_busy_s: float = 0.0
     posted_idle_s: float = 0.0
     # Every launch's figure of the rows timed in several launches: [op, n, nbytes,
-    # [seconds, launch by launch]]; the rows themselves hold the median. [] in older records.
+    # [seconds, launch by launch]]; the rows themselves hold the mean. [] in older records.
     launch_samples: list = field(default_factory=list)
 
     def to_dict(self) -> dict:
@@ -266,19 +266,17 @@ def compute_processes(world: int, kind: str) -> int:
 # Sizes of the collectives timed right after compute (collective_bench.after_compute_rows):
 # from a small tensor-parallel activation to a gradient bucket of a small model.
 AFTER_COMPUTE_SIZES = (4 * KIB, 32 * KIB, 256 * KIB, 2 * MIB)
-# Separate launches the after-compute calls are timed in. Within one launch a call's cost
-# is steady; between launches it is not (measured here, quiet: a 32 KiB 2-rank all-reduce
-# in a stream of rounds with 1 ms of GEMMs cost 0.47, 0.99, 1.03, 1.30 and 1.90 ms in
-# five launches), so one launch is one draw of where the processes and their threads
-# landed, and a plan's own launch is another. The profile takes the median over the
-# launches: what `plansim validate` reports is the median step over a plan's launches,
-# the typical draw, and a call's cost over launches is skewed (one slow launch in five
-# pulls a mean of three up by a fifth). Every launch's figure is kept in the .bench.json
-# (MicrobenchResult.launch_samples).
-AFTER_COMPUTE_LAUNCHES = 5
-# Launches the pipeline handoff streams are timed in (collective_bench.posted_rows), the
-# median taken as for the after-compute calls: the after-compute launches and more of
-# their own (about 3 s each here). A receive from a
+# Separate launches the after-compute calls are timed in, averaged. Within one launch a
+# call's cost is steady; between launches it is not (measured here, quiet: a 32 KiB 2-rank
+# all-reduce in a stream of rounds with 1 ms of GEMMs cost 0.47, 0.99, 1.03, 1.30 and
+# 1.90 ms in five launches), so one launch is one draw of where the processes and their
+# threads landed, and a plan's own launch is another: the mean over launches is the
+# expected cost. Every launch's figure is kept in the .bench.json (launch_samples). The
+# median of five launches (tried 2026-12-01, docs/validation-cpu.md mechanism 19) cost
+# 47 s more and did not do better in four runs.
+AFTER_COMPUTE_LAUNCHES = 3
+# Launches the pipeline handoff streams are timed in (collective_bench.posted_rows), averaged:
+# the after-compute launches and more of their own (about 3 s each here). A receive from a
 # computing sender moved 0.4-2.6 ms between single launches; the mean over three
 # launches still moved 0.61-1.65 ms between calibrations (2026-11-30).
 POSTED_LAUNCHES = 8
@@ -329,7 +327,7 @@ def worker_threads_env(world: int):
 
 def _over_launches(rows: list, more: list[list]) -> tuple[list, list]:
     """(``rows`` ([op, n, nbytes, seconds]) with each row that ``more`` (rows of further
-    launches) also has replaced by its median over all launches, [[op, n, nbytes,
+    launches) also has replaced by its mean over all launches, [[op, n, nbytes,
     [seconds of each launch]]] of those rows)."""
     extra: dict[tuple, list[float]] = {}
     for launch_rows in more:
@@ -338,7 +336,7 @@ def _over_launches(rows: list, more: list[list]) -> tuple[list, list]:
     merged, samples = [], []
     for op, n, nbytes, s in rows:
         got = [s] + extra.get((op, n, nbytes), [])
-        merged.append([op, n, nbytes, statistics.median(got)])
+        merged.append([op, n, nbytes, statistics.fmean(got)])
         if len(got) > 1:
             samples.append([op, n, nbytes, got])
     return merged, samples
@@ -429,8 +427,8 @@ def _apply_collective_rows(res: MicrobenchResult, rows: list) -> None:
 
 def with_launch_aggregate(res: MicrobenchResult, aggregate) -> MicrobenchResult:
     """A copy of ``res`` whose rows timed in several launches take ``aggregate`` (a
-    function of the list of each launch's seconds, e.g. statistics.fmean) of their
-    launch_samples instead of the median: the same measurements, merged another way
+    function of the list of each launch's seconds, e.g. statistics.median) of their
+    launch_samples instead of the mean: the same measurements, merged another way
     (benchmarks/repredict.py --launch-aggregate). Rows measured once are unchanged."""
     agg = {(op, n, nbytes): float(aggregate(ss)) for op, n, nbytes, ss in res.launch_samples}
     rows = [[c.op, c.n, c.nbytes, agg.get((c.op, c.n, c.nbytes), c.seconds)] for c in res.collectives]
