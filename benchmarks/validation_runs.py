@@ -1,6 +1,6 @@
 """Score saved CPU validation runs against the validator's target, one line per run.
 
-    python3 benchmarks/validation_runs.py RESULTS_DIR [RESULTS_DIR ...]
+    python3 benchmarks/validation_runs.py [--table] RESULTS_DIR [RESULTS_DIR ...]
 
 Each RESULTS_DIR is what benchmarks/validate_cpu.sh wrote (validation.json). For every
 run, over all its plans and over the issue's six (dp=2; tp=2; pp=2 1F1B; pp=2 GPipe; dp=2
@@ -12,7 +12,9 @@ saved before launch medians were recorded fall back to each plan's p10..p90). Th
 lines count the runs that met the target on the six: all within 15 % and in order.
 
 The measurements and predictions are the saved ones; nothing is re-simulated
-(benchmarks/repredict.py does that).
+(benchmarks/repredict.py does that). --table prints, before the scores, a Markdown table
+of every plan's measured / predicted median step time (ms) and error in each run, plans
+in the first run's order.
 """
 from __future__ import annotations
 
@@ -67,11 +69,41 @@ def _fmt(s: dict | None) -> str:
             f"{yn(s['resolved_order']):>9} {s['spearman']:>6.3f}")
 
 
+def markdown_table(paths: list[Path]) -> str:
+    """| plan | procs | <run> | error | ... | with measured / predicted ms per run."""
+    data = [{short_plan(c.plan): c for c in comparisons(load_run(d))} for d in paths]
+    order = list(data[0])
+    for runs in data[1:]:
+        order += [k for k in runs if k not in order]
+    lines = ["| plan | procs | " + " | ".join(f"{d.name} | error" for d in paths) + " |",
+             "|---|---|" + "---|---|" * len(paths)]
+    for k in order:
+        world = next(r[k].world for r in data if k in r)
+        cells = []
+        for r in data:
+            c = r.get(k)
+            if c is None:
+                cells += ["", ""]
+                continue
+            err = f"{c.error_pct:+.1f} %"
+            cells += [f"{c.measured_step_time_s * 1e3:.1f} / {c.predicted_step_time_s * 1e3:.1f}",
+                      f"**{err}**" if abs(c.error_pct) > LIMIT_PCT else err]
+        lines.append(f"| {k} | {world} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__.strip())
         return 0 if argv else 2
+    table = argv[0] == "--table"
+    if table:
+        argv = argv[1:]
+        if not argv:
+            raise InputError("validation_runs", "RESULTS_DIR", "give at least one results directory")
     runs = [(d, run_scores(d)) for d in map(Path, argv)]  # every input checked before printing
+    if table:
+        print(markdown_table([d for d, _ in runs]) + "\n")
     head = f"{'within':>6} {'worst':>6} {'strict':>6} {'resolved':>9} {'rho':>6}"
     print(f"{'run':46s} | all plans: {head} | the six: {head}")
     met = 0

@@ -75,3 +75,14 @@ def test_missing_or_broken_run_is_one_line_exit_2(tmp_path):
         out = subprocess.run([sys.executable, str(SCRIPT), str(d)], capture_output=True, text=True, cwd=ROOT)
         assert out.returncode == 2
         assert out.stderr.count("\n") == 1 and "validation.json" in out.stderr
+
+
+def test_table_lists_each_plan_per_run_with_its_error(tmp_path):
+    """--table: one row per plan, measured / predicted ms and the error per run; an error
+    beyond 15 % in bold (GPipe 80 measured, 54 predicted: -32.5 %)."""
+    six = {"dp=2": ([55, 56, 57], 58), "gpipe": ([78, 80, 84], 54)}
+    a = _run_dir(tmp_path, "a", six)
+    out = subprocess.run([sys.executable, str(SCRIPT), "--table", str(a)], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert "| dp=2 | 2 | 56.0 / 58.0 | +3.6 % |" in out.stdout
+    assert "| pp=2,schedule=gpipe | 2 | 80.0 / 54.0 | **-32.5 %** |" in out.stdout
