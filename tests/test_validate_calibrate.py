@@ -431,7 +431,6 @@ def test_launch_aggregate_remerges_the_same_measurements():
     busy receive (0.3, 0.5, 1.6 ms) -> 0.5 ms; the once-measured sweep row and the busy
     fraction stay."""
     import statistics
-    from validate.collective_bench import CollectiveSample
     from validate.microbench import (POSTED_BUSY_OP, STRAGGLER_OP, MicrobenchResult, _apply_collective_rows,
                                      _over_launches, with_launch_aggregate)
     from validate.collective_bench import BUSY_OP
