@@ -148,11 +148,17 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-if __name__ == "__main__":
+def run_cli(entry) -> None:
+    """Exit with ``entry(argv)``'s code; an input error is one line on stderr and exit 2
+    (the benchmarks' scripts that read saved runs share this)."""
     try:
-        sys.exit(main(sys.argv[1:]))
+        sys.exit(entry(sys.argv[1:]))
     except InputError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     except BrokenPipeError:  # output piped into head and the like
         sys.exit(0)
+
+
+if __name__ == "__main__":
+    run_cli(main)

@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.repredict import load_run  # noqa: E402
+from benchmarks.repredict import load_run, run_cli  # noqa: E402
 from costmodel.errors import InputError  # noqa: E402
 from validate.compare import Comparison, Ranking, short_plan  # noqa: E402
 
@@ -115,10 +115,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main(sys.argv[1:]))
-    except InputError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
-    except BrokenPipeError:
-        sys.exit(0)
+    run_cli(main)
