@@ -195,3 +195,15 @@ def test_start_method_env_is_checked(monkeypatch):
     assert start_method() == "forkserver"
     monkeypatch.delenv(START_METHOD_ENV)
     assert start_method() == "spawn"
+
+
+def test_forkserver_start_gives_the_same_result_and_leaves_no_worker(monkeypatch):
+    """The opt-in start method: with PLANSIM_START_METHOD=forkserver the two-rank
+    all-reduce gives the same 10+11 = 21 in rank order as spawned, and no worker is left
+    under the forkserver afterwards (the server itself outlives runs by design)."""
+    from validate.launch import START_METHOD_ENV
+    monkeypatch.setenv(START_METHOD_ENV, "forkserver")
+    out = launch(_allreduce, 2, (10,), timeout_s=60)
+    assert [o[0] for o in out] == [0, 1]
+    assert all(o[2] == [21.0] * 4 for o in out)
+    assert _worker_children() == []
