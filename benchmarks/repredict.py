@@ -28,8 +28,6 @@ import statistics
 import sys
 from pathlib import Path
 
-import yaml
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from costmodel.errors import InputError  # noqa: E402
@@ -62,9 +60,7 @@ AGGREGATES = ("mean", "median")
 def refit_profile(path: Path, world: int, aggregate: str, cluster):
     """The profile of ``path``'s cpu-w<world>.bench.json, refitted with its launches merged
     by ``aggregate`` (AGGREGATES)."""
-    import statistics
-
-    from costmodel.profile import load_profile
+    from costmodel.profile import load_profile, overlay_profile
     from validate.calibrate import profile_from_bench
     from validate.microbench import MicrobenchResult, with_launch_aggregate
 
@@ -78,14 +74,9 @@ def refit_profile(path: Path, world: int, aggregate: str, cluster):
     if not res.launch_samples:
         raise InputError(str(bench_file), "launch_samples", "absent: calibrated before each launch was kept")
     res = with_launch_aggregate(res, statistics.fmean if aggregate == "mean" else statistics.median)
-    saved = yaml.safe_load((path / f"cpu-w{world}.yaml").read_text())
-    _, mapping = profile_from_bench(cluster, res, str(saved.get("source", "")) or "refit")
-    tmp = path / f".refit-w{world}-{aggregate}.yaml"
-    try:
-        tmp.write_text(yaml.safe_dump(mapping))
-        return load_profile(str(tmp), bundled=cluster.profiles)
-    finally:
-        tmp.unlink(missing_ok=True)
+    where = f"refit of {bench_file}, launches merged by the {aggregate}"
+    _, mapping = profile_from_bench(cluster, res, where)
+    return overlay_profile(load_profile(None, bundled=cluster.profiles), mapping, where)
 
 
 def repredict(path: Path, aggregate: str | None = None) -> list[tuple[str, int, float, float, float]]:
@@ -123,7 +114,7 @@ def main(argv: list[str]) -> int:
         return 0 if argv else 2
     aggregate = None
     if argv[0].startswith("--launch-aggregate"):
-        flag, _, value = argv[0].partition("=")
+        _, _, value = argv[0].partition("=")
         if not value:
             value, argv = (argv[1] if len(argv) > 1 else ""), argv[1:]
         if value not in AGGREGATES:

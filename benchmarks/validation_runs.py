@@ -53,9 +53,9 @@ def score(cs: list[Comparison]) -> dict:
             "resolved_order": r.resolved_order(), "spearman": r.spearman}
 
 
-def run_scores(path: Path) -> tuple[dict, dict | None]:
-    """(score over every plan, score over the issue's six or None when the run lacks one)."""
-    cs = comparisons(load_run(path))
+def run_scores(cs: list[Comparison]) -> tuple[dict, dict | None]:
+    """(score over every plan of a run, score over the issue's six or None when the run
+    lacks one)."""
     by_short = {short_plan(c.plan): c for c in cs}
     six = [by_short[s] for s in SIX if s in by_short]
     return score(cs), (score(six) if len(six) == len(SIX) else None)
@@ -69,9 +69,10 @@ def _fmt(s: dict | None) -> str:
             f"{yn(s['resolved_order']):>9} {s['spearman']:>6.3f}")
 
 
-def markdown_table(paths: list[Path]) -> str:
+def markdown_table(runs: list[tuple[Path, list[Comparison]]]) -> str:
     """| plan | procs | <run> | error | ... | with measured / predicted ms per run."""
-    data = [{short_plan(c.plan): c for c in comparisons(load_run(d))} for d in paths]
+    paths = [d for d, _ in runs]
+    data = [{short_plan(c.plan): c for c in cs} for _, cs in runs]
     order = list(data[0])
     for runs in data[1:]:
         order += [k for k in runs if k not in order]
@@ -101,9 +102,10 @@ def main(argv: list[str]) -> int:
         argv = argv[1:]
         if not argv:
             raise InputError("validation_runs", "RESULTS_DIR", "give at least one results directory")
-    runs = [(d, run_scores(d)) for d in map(Path, argv)]  # every input checked before printing
+    loaded = [(d, comparisons(load_run(d))) for d in map(Path, argv)]  # every input checked before printing
+    runs = [(d, run_scores(cs)) for d, cs in loaded]
     if table:
-        print(markdown_table([d for d, _ in runs]) + "\n")
+        print(markdown_table(loaded) + "\n")
     head = f"{'within':>6} {'worst':>6} {'strict':>6} {'resolved':>9} {'rho':>6}"
     print(f"{'run':46s} | all plans: {head} | the six: {head}")
     met = 0

@@ -395,6 +395,13 @@ def load_profile(path: str | None, bundled: Iterable[str] = (), runtime: str | N
     raise InputError(path, "--profile", f"no such profile file; bundled profiles: {', '.join(bundled_profiles())}")
 
 
+def overlay_profile(profile: Profile, data: dict, source: str) -> Profile:
+    """``data`` (a profile mapping, as a profile file holds it) over ``profile``, checked
+    and merged as load_profile merges a file; ``source`` names it in errors and in the
+    result's source."""
+    return _merge(profile, data, source)
+
+
 def profile_to_dict(profile: Profile) -> dict:
     """The YAML form of a profile (what calibration writes; load_profile reads it back)."""
     def rec(v):

@@ -53,12 +53,12 @@ def test_scores_count_the_six_and_the_resolved_order(tmp_path):
     a = _run_dir(tmp_path, "a", {**six, "dp=4": ([60, 61, 62], 73.2)})
     b = _run_dir(tmp_path, "b", {**six, "gpipe": ([78, 80, 84], 54)})
     vr = _load()
-    every, s6 = vr.run_scores(a)
+    every, s6 = vr.run_scores(vr.comparisons(vr.load_run(a)))
     assert (every["within"], every["plans"]) == (6, 7)
     assert (s6["within"], s6["plans"]) == (6, 6)
     assert abs(s6["worst_pct"] - 100 * (79 / 70 - 1)) < 1e-9
     assert not s6["same_order"] and s6["resolved_order"]
-    _, s6b = vr.run_scores(b)
+    _, s6b = vr.run_scores(vr.comparisons(vr.load_run(b)))
     assert s6b["within"] == 5 and not s6b["resolved_order"]
     out = subprocess.run([sys.executable, str(SCRIPT), str(a), str(b)], capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 0, out.stderr

@@ -417,11 +417,20 @@ _SCALAR_OPS = (BUSY_OP, STRAGGLER_OP, POSTED_BUSY_OP, POSTED_IDLE_OP)
 
 def _apply_collective_rows(res: MicrobenchResult, rows: list) -> None:
     """Set ``res``'s collective samples and the figures derived from special rows
-    ([op, n, nbytes, seconds], every launch already merged)."""
-    res.comm_busy_fraction = next((s for op, n, nbytes, s in rows if op == BUSY_OP), 0.0)
-    res.straggler_s = statistics.fmean([s for op, n, nbytes, s in rows if op == STRAGGLER_OP] or [0.0])
-    res.posted_busy_s = next((s for op, n, nbytes, s in rows if op == POSTED_BUSY_OP), 0.0)
-    res.posted_idle_s = next((s for op, n, nbytes, s in rows if op == POSTED_IDLE_OP), 0.0)
+    ([op, n, nbytes, seconds], every launch already merged); a figure whose rows are not
+    in ``rows`` keeps its value."""
+    special: dict[str, list[float]] = {}
+    for op, n, nbytes, s in rows:
+        if op in _SCALAR_OPS:
+            special.setdefault(op, []).append(s)
+    if BUSY_OP in special:
+        res.comm_busy_fraction = special[BUSY_OP][0]
+    if STRAGGLER_OP in special:  # one row per group size
+        res.straggler_s = statistics.fmean(special[STRAGGLER_OP])
+    if POSTED_BUSY_OP in special:
+        res.posted_busy_s = special[POSTED_BUSY_OP][0]
+    if POSTED_IDLE_OP in special:
+        res.posted_idle_s = special[POSTED_IDLE_OP][0]
     res.collectives = [CollectiveSample(op, nbytes, n, s) for op, n, nbytes, s in rows if op not in _SCALAR_OPS]
 
 
@@ -432,16 +441,9 @@ def with_launch_aggregate(res: MicrobenchResult, aggregate) -> MicrobenchResult:
     (benchmarks/repredict.py --launch-aggregate). Rows measured once are unchanged."""
     agg = {(op, n, nbytes): float(aggregate(ss)) for op, n, nbytes, ss in res.launch_samples}
     rows = [[c.op, c.n, c.nbytes, agg.get((c.op, c.n, c.nbytes), c.seconds)] for c in res.collectives]
-    if res.comm_busy_fraction:
-        rows.append([BUSY_OP, 0, 0, res.comm_busy_fraction])
-    rows += [[op, n, nbytes, v] for (op, n, nbytes), v in agg.items() if op in _SCALAR_OPS and op != BUSY_OP]
+    rows += [[op, n, nbytes, v] for (op, n, nbytes), v in agg.items() if op in _SCALAR_OPS]
     out = replace(res)
     _apply_collective_rows(out, rows)
-    if not any(op == STRAGGLER_OP for op, *_ in res.launch_samples):
-        out.straggler_s = res.straggler_s
-    for field_name, op in (("posted_busy_s", POSTED_BUSY_OP), ("posted_idle_s", POSTED_IDLE_OP)):
-        if not any(o == op for o, *_ in res.launch_samples):
-            setattr(out, field_name, getattr(res, field_name))
     return out
 
 
