@@ -20,6 +20,12 @@ class InputError(Exception):
         self.message = message
         super().__init__(str(self))
 
+    def __reduce__(self):
+        # Rebuilt from its three parts, so an InputError raised in a worker process (the
+        # process pools of `plansim accuracy` and `calibrate --runs`) reaches the command
+        # line as itself: one line, exit 2, not a BrokenProcessPool traceback.
+        return (type(self), (self.source, self.field, self.message))
+
     def __str__(self) -> str:
         where = f"{self.source}: {self.field}" if self.field else self.source
         # One line, always: newlines in messages would break the one-line contract.

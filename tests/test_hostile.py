@@ -425,3 +425,20 @@ def test_property_plan_strings(items, raw):
             resolve_plan(text, model, 8)
         except InputError as err:
             _one_line(err)
+
+
+def test_input_error_survives_a_process_pool():
+    """An InputError raised in a worker process (the pools of `plansim accuracy` and
+    `calibrate --runs`) pickles back as itself with its file, field and message; before,
+    unpickling it failed and the pool died with BrokenProcessPool and a traceback."""
+    import pickle
+    from concurrent.futures import ProcessPoolExecutor
+    err = pickle.loads(pickle.dumps(InputError("rows.csv", "r1.tp", "must divide 4")))
+    assert (err.source, err.field, err.message) == ("rows.csv", "r1.tp", "must divide 4")
+    with ProcessPoolExecutor(max_workers=1) as pool:
+        with pytest.raises(InputError, match=r"^a\.yaml: x: bad$"):
+            pool.submit(_raise_input_error).result()
+
+
+def _raise_input_error():
+    raise InputError("a.yaml", "x", "bad")
