@@ -31,6 +31,8 @@ BW_GBPS_RANGE = (1e-3, 1e5)
 BW_GBITPS_RANGE = (1e-2, 1e6)
 LATENCY_US_MAX = 1e6  # one second per hop or call; real ones are 0.1-100 us
 PEAK_TFLOPS_RANGE = (1e-3, 1e5)  # 1 GFLOP/s to 100 PFLOP/s per GPU
+# A measured training step: a microsecond to a day (published iterations take 0.1-100 s).
+STEP_TIME_S_RANGE = (1e-6, 86_400.0)
 MEM_GIB_RANGE = (1e-3, 1e5)
 OVERSUBSCRIPTION_RANGE = (1e-2, 1e3)
 TOPK_FRACTION_MIN = 1e-6  # below one entry in a million, every gradient tensor rounds to zero entries

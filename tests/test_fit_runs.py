@@ -133,8 +133,8 @@ def test_profile_yaml_loads_back_and_accuracy_uses_it(synthetic, tmp_path):
 
 
 @pytest.mark.parametrize("column,value,match", [
-    ("figure", "inf", r"bloom-sweep-c\.figure: 'inf': must be a finite number in \(0, inf\)"),
-    ("figure", "nan", r"bloom-sweep-c\.figure: 'nan': must be a finite number in \(0, inf\)"),
+    ("figure", "inf", r"bloom-sweep-c\.figure: 'inf': must be a finite number in \[1e-06, 86400\] \(iter_time_s\)"),
+    ("figure", "nan", r"bloom-sweep-c\.figure: 'nan': must be a finite number in \[1e-06, 86400\] \(iter_time_s\)"),
     ("gpu", "H100-SXM5-80GB", r"bloom-sweep-c\.gpu: 'H100-SXM5-80GB' does not match"),
 ])
 def test_bad_rows_give_one_line_errors(tmp_path, column, value, match):
@@ -147,6 +147,55 @@ def test_bad_rows_give_one_line_errors(tmp_path, column, value, match):
     with pytest.raises(InputError, match=match) as err:
         calibrate_from_runs(path, folds=2)
     assert "\n" not in str(err.value) and str(path) in str(err.value)
+
+
+@pytest.mark.parametrize("column,value,match", [
+    ("figure", "1e308", r"k22-22b-present\.figure: '1e308': must be a finite number in \[1e-06, 86400\]"),
+    ("figure", "1e-308", r"k22-22b-present\.figure: '1e-308': must be"),
+    ("tp", "0", r"k22-22b-present\.tp: '0': must be an integer in \[1, "),
+    ("tp", "-8", r"k22-22b-present\.tp: '-8': must be an integer"),
+    ("dp", "3", r"k22-22b-present\.dp: tp\*pp\*dp = 8\*1\*3 = 24, but the cluster has 8 devices"),
+    ("pp", "1000", r"k22-22b-present\.tp: tp\*pp = 8000 does not divide the 8 devices"),
+    ("mbs", "0", r"k22-22b-present\.mbs: '0': must be an integer"),
+    ("vpp", "0", r"k22-22b-present\.vpp: 0: must be an integer in \[1, 10000\]"),
+    ("zero", "7", r"k22-22b-present\.zero: '7': must be an integer in \[0, 3\]"),
+    ("num_layers", "0", r"k22-22b-present\.num_layers: 0: must be an integer in \[1, "),
+    ("vocab_size", "0", r"k22-22b-present\.vocab_size: 0: must be"),
+    ("hidden_size", "99999999999999999999999", r"k22-22b-present\.hidden_size: 9+: must be an integer in \[1, "),
+    ("num_attention_heads", "7", r"k22-22b-present: hidden_size 6144 is not divisible by num_attention_heads 7"),
+    ("nodes", "1000000000", r"k22-22b-present\.nodes: 1000000000: must be an integer in \[1, 131072\]"),
+    ("gpus_per_node", "0", r"k22-22b-present\.gpus_per_node: 0: must be"),
+    ("precision", "fp3", r"k22-22b-present\.precision: 'fp3': must be"),
+    ("recompute", "full,tp=2", r"k22-22b-present\.recompute: 'full,tp=2': a plan value has no ',' or '='"),
+    ("layers_per_stage", "abc", r"k22-22b-present\.layers_per_stage: 'abc': must be an integer"),
+])
+def test_row_shapes_and_plans_checked_when_read(tmp_path, column, value, match):
+    """Each row's cluster size, model shape and plan are checked as a topology, model file
+    and plan are, when the CSV is read (before any simulation, in this process): one line
+    naming the file, the row and the column. Before, these rows died inside a worker of the
+    process pool (BrokenProcessPool traceback), or were simulated as given (0 layers, a
+    1e308 s step) and a profile was written."""
+    header, raw = _published_table()
+    rows = [dict(d) for d in raw if d["run_id"] in FAST]
+    rows[0][column] = value
+    path = _write(tmp_path / "bad.csv", header, rows)
+    for load in (lambda: calibrate_from_runs(path, folds=2), lambda: load_rows(path)):
+        with pytest.raises(InputError, match=match) as err:
+            load()
+        assert "\n" not in str(err.value) and str(err.value).startswith(str(path))
+
+
+def test_ragged_rows_and_repeated_columns_refused(tmp_path):
+    """A row with more fields than the header (a stray comma) and a header that names a
+    column twice (csv.DictReader would keep the last silently) are refused in one line."""
+    header, raw = _published_table()
+    text = ",".join(header) + "\n" + ",".join(raw[0][h] for h in header) + ",x,y\n"
+    (tmp_path / "ragged.csv").write_text(text, encoding="utf-8")
+    with pytest.raises(InputError, match=r"ragged\.csv: k22-22b-present: 28 fields, the header has 26"):
+        load_rows(tmp_path / "ragged.csv")
+    (tmp_path / "twice.csv").write_text(",".join(header + ["tp"]) + "\n", encoding="utf-8")
+    with pytest.raises(InputError, match=r"twice\.csv: tp: column given twice in the header"):
+        load_rows(tmp_path / "twice.csv")
 
 
 def test_bad_files_give_one_line_errors(tmp_path):

@@ -22,7 +22,8 @@ from typing import Callable, Sequence
 
 from costmodel.errors import InputError
 from costmodel.flops import megatron_flops_per_iteration
-from costmodel.limits import number_problem
+from costmodel.limits import (MAX_DEVICES, MAX_GPUS_PER_NODE, MAX_LAYERS, MAX_NODES, PEAK_TFLOPS_RANGE,
+                               STEP_TIME_S_RANGE, number_problem)
 from costmodel.profile import RUNTIMES, Profile, for_gpus, load_profile
 from costmodel.shapes import ModelSpec
 from costmodel.yamlio import read_text
@@ -150,9 +151,11 @@ def _bool(value: str, src: str, where: str) -> bool:
     raise InputError(src, where, f"got {value!r}; allowed: true, false")
 
 
-def _row(raw: dict, src: str, line: int) -> RunRow:
+def _row(raw: dict, src: str, line: int, width: int) -> RunRow:
     rid = (raw.get("run_id") or "").strip() or f"line {line}"
     where = f"{rid}"
+    if None in raw:  # csv.DictReader files the fields beyond the header under None
+        raise InputError(src, where, f"{width + len(raw[None])} fields, the header has {width}")
     if not (raw.get("runtime") or "").strip() and (raw.get("framework") or "").strip():
         old = raw["framework"].strip()
         if old not in LEGACY_FRAMEWORKS:
@@ -172,21 +175,55 @@ def _row(raw: dict, src: str, line: int) -> RunRow:
         figure = float(raw["figure"])
     except ValueError:
         raise InputError(src, f"{where}.figure", f"must be a number (got {raw['figure']!r})") from None
-    problem = number_problem(figure, 0.0, math.inf, lo_open=True, hi_open=True)
-    if problem:
-        raise InputError(src, f"{where}.figure", f"{raw['figure']!r}: {problem}")
     if raw["figure_kind"] not in FIGURE_KINDS:
         raise InputError(src, f"{where}.figure_kind", f"got {raw['figure_kind']!r}; allowed: {', '.join(FIGURE_KINDS)}")
+    # Seconds per step, or TFLOP/s per GPU: a figure no run could measure is a typo or a unit mix-up.
+    lo, hi = STEP_TIME_S_RANGE if raw["figure_kind"] == "iter_time_s" else PEAK_TFLOPS_RANGE
+    problem = number_problem(figure, lo, hi)
+    if problem:
+        raise InputError(src, f"{where}.figure", f"{raw['figure']!r}: {problem} ({raw['figure_kind']})")
     if raw["network"] not in NETWORKS:
         raise InputError(src, f"{where}.network", f"got {raw['network']!r}; allowed: {', '.join(NETWORKS)}")
     if raw["runtime"] not in RUNTIMES:
         raise InputError(src, f"{where}.runtime", f"got {raw['runtime']!r}; allowed: {', '.join(RUNTIMES)}")
     overlap = raw.get("overlap_grad_reduce") or "true"
-    return RunRow(run_id=rid, source=raw["source"], gpu=raw["gpu"], network=raw["network"],
+    row = RunRow(run_id=rid, source=raw["source"], gpu=raw["gpu"], network=raw["network"],
                   sp=_bool(raw["sp"], src, f"{where}.sp"), recompute=raw["recompute"], precision=raw["precision"],
                   figure_kind=raw["figure_kind"], figure=figure, runtime=raw["runtime"],
                   overlap_grad_reduce=_bool(overlap, src, f"{where}.overlap_grad_reduce"),
                   layers_per_stage=(raw.get("layers_per_stage") or "").strip(), **vals)
+    _check_shape(row, src)
+    return row
+
+
+def _check_shape(row: RunRow, src: str) -> None:
+    """The row's cluster size, model and plan checked as a topology, model file and plan
+    are (bounds, divisibility), before anything is simulated; InputError names the row and
+    the column."""
+    for key, most in (("nodes", MAX_NODES), ("gpus_per_node", MAX_GPUS_PER_NODE), ("vpp", MAX_LAYERS)):
+        problem = number_problem(getattr(row, key), 1, most, integer=True)
+        if problem:
+            raise InputError(src, f"{row.run_id}.{key}", f"{getattr(row, key)}: {problem}")
+    devices = row.nodes * row.gpus_per_node
+    if devices > MAX_DEVICES:
+        raise InputError(src, f"{row.run_id}.nodes", f"nodes x gpus_per_node = {devices}: at most {MAX_DEVICES} devices")
+    for key in ("recompute", "precision", "layers_per_stage"):  # written into the k=v,... plan string
+        value = getattr(row, key)
+        if any(c in value for c in ",="):
+            raise InputError(src, f"{row.run_id}.{key}", f"{value[:60]!r}: a plan value has no ',' or '='")
+    from specs.model import model_from_mapping
+    try:
+        model = model_from_mapping({"name": "row", "num_layers": row.num_layers, "hidden_size": row.hidden_size,
+                                    "num_attention_heads": row.num_attention_heads, "seq_length": row.seq_length,
+                                    "vocab_size": row.vocab_size, "global_batch_size": row.global_batch_size}, src)
+    except InputError as err:
+        raise InputError(src, ".".join(filter(None, (row.run_id, err.field))), err.message) from None
+    try:
+        resolve_plan(row_plan_text(row), model, devices)
+    except InputError as err:
+        head = (err.field or "plan").split(".")[0]
+        column = {"layers": "layers_per_stage", "tp*pp": "tp"}.get(head, head)
+        raise InputError(src, f"{row.run_id}.{column}", err.message) from None
 
 
 def load_rows(path: str | Path | None = None) -> list[RunRow]:
@@ -199,13 +236,17 @@ def load_rows(path: str | Path | None = None) -> list[RunRow]:
     text = read_text(p, src, "runs file")
     lines = [ln for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
     reader = csv.DictReader(lines)
-    have = set(reader.fieldnames or ())
+    header = list(reader.fieldnames or ())
+    twice = [c for c in header if header.count(c) > 1]
+    if twice:
+        raise InputError(src, twice[0], "column given twice in the header")
+    have = set(header)
     if "framework" in have:
         have.add("runtime")  # a legacy framework column stands for it (LEGACY_FRAMEWORKS)
     missing = [c for c in _REQUIRED if c not in have]
     if lines and missing:
         raise InputError(src, missing[0], f"missing column; required columns: {', '.join(_REQUIRED)}")
-    rows = [_row(raw, src, i + 2) for i, raw in enumerate(reader)]
+    rows = [_row(raw, src, i + 2, len(header)) for i, raw in enumerate(reader)]
     if not rows:
         raise InputError(src, None, "no rows")
     ids = [r.run_id for r in rows]
