@@ -67,6 +67,8 @@ def profile_for(specs: list[str]) -> dict:
     for s in specs:
         head, sep, tail = s.partition("=")
         if sep and head.isdigit():
+            if not tail.strip():
+                raise InputError("--profile", s[:60], "no file after '='; give WORLD=FILE")
             out[int(head)] = tail
         else:
             out[None] = s
@@ -98,6 +100,9 @@ def validate_plans(topology: str, model_name: str, plans: list[str], profiles: d
         plan = resolve_plan(raw, model, cluster.num_devices)
         prof_path = profiles.get(world, profiles.get(None))
         profile = load_profile(prof_path, bundled=cluster.profiles, runtime=runtime)
+        seen = next((t for t, (p, *_) in zip(plans, prepared) if p == plan), None)
+        if seen is not None:  # the same plan twice would be run twice and ranked against itself
+            raise InputError("--plans", text[:60], f"the same plan as {seen[:60]!r} ({plan.to_string()})")
         prepared.append((plan, cluster, profile, prof_path))
     worlds = sorted({c.num_devices for _, c, _, _ in prepared})
     for w in sorted(k for k in profiles if k is not None):
@@ -133,10 +138,18 @@ def validate_plans(topology: str, model_name: str, plans: list[str], profiles: d
 def cmd_validate(args) -> int:
     from validate.compare import Ranking, format_comparison, format_ranking
 
+    from costmodel.limits import MAX_SIM_STEPS, number_problem
     if args.steps < 1:
         raise InputError("--steps", None, f"must be a positive integer (got {args.steps})")
     if args.warmup < 0:
         raise InputError("--warmup", None, f"must be >= 0 (got {args.warmup})")
+    for flag, value, lo in (("--steps", args.steps, 1), ("--warmup", args.warmup, 0)):
+        problem = number_problem(value, lo, MAX_SIM_STEPS, integer=True)  # a real step each: bounded
+        if problem:
+            raise InputError(flag, None, f"{value}: {problem}")
+    problem = number_problem(args.timeout, 0.0, 86_400.0, lo_open=True)
+    if problem:
+        raise InputError("--timeout", None, f"{args.timeout:g}: {problem} (seconds)")
     if not 1 <= args.launches <= 100:
         raise InputError("--launches", None, f"must be an integer from 1 to 100 (got {args.launches})")
     if args.report:

@@ -248,6 +248,8 @@ def load_plan_mapping(plan: str | Path | dict) -> tuple[dict, str]:
         if not path.is_file():
             raise InputError(text, "--plan", "no such plan file")
         data = load_yaml(path, text, "plan file")
+        if data is not None and not isinstance(data, dict):
+            raise InputError(text, None, f"expected a mapping of plan fields (tp: 2, ...), got {type(data).__name__}")
         return ({} if data is None else data), text
     return parse_plan_string(text), "--plan"
 

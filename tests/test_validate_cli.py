@@ -56,6 +56,41 @@ def test_validate_bad_launches(launches, capsys):
     assert "--launches" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("argv,needle", [
+    (["--plan", "dp=2", "--steps", "99999999999999"], "--steps: 99999999999999: must be an integer in [1, 10000]"),
+    (["--plan", "dp=2", "--warmup", "999999999"], "--warmup: 999999999: must be an integer in [0, 10000]"),
+    (["--plan", "dp=2", "--timeout", "nan"], "--timeout: nan: must be a finite number in (0, 86400] (seconds)"),
+    (["--plan", "dp=2", "--timeout", "inf"], "--timeout: inf: must be a finite number in (0, 86400]"),
+    (["--plan", "dp=2", "--timeout", "-1"], "--timeout: -1: must be a finite number in (0, 86400]"),
+    (["--plan", "dp=2", "--timeout", "0"], "--timeout: 0: must be a finite number in (0, 86400]"),
+    (["--plans", "dp=2", "dp=2"], "--plans: dp=2: the same plan as 'dp=2'"),
+    (["--plans", "dp=2", "tp=1,dp=2,mbs=1"], "--plans: tp=1,dp=2,mbs=1: the same plan as 'dp=2'"),
+    (["--plan", "dp=2", "--profile", "2="], "--profile: 2=: no file after '='; give WORLD=FILE"),
+])
+def test_validate_bad_flags_refused_before_any_run(argv, needle, capsys, monkeypatch):
+    """Steps or warm-up steps beyond 10,000 (before: a run that never ends), a timeout that
+    is not a finite positive number of seconds (before: a ValueError traceback from the
+    launcher, or every rank 'did not finish within -1 s'), the same plan twice in --plans
+    (before: run twice and ranked against itself) and WORLD= with no file (before: silently
+    the uncalibrated profile) are each one line, exit 2, before any worker starts."""
+    import validate.runner
+    monkeypatch.setattr(validate.runner, "run_plan", lambda *a, **k: pytest.fail("a worker was started"))
+    assert main(["validate", "localhost-cpu", *argv]) == 2
+    err = capsys.readouterr().err
+    assert needle in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_validate_plan_file_that_is_not_a_mapping(tmp_path, capsys):
+    """A plan YAML holding a list or a scalar is one line naming the file and what is
+    expected (before: AttributeError traceback from the runner-precision check)."""
+    for i, text in enumerate(["- tp\n- 2\n", "just text\n"]):
+        plan = tmp_path / f"plan{i}.yaml"
+        plan.write_text(text, encoding="utf-8")
+        assert main(["validate", "localhost-cpu", "--plan", str(plan)]) == 2
+        err = capsys.readouterr().err
+        assert f"{plan}: expected a mapping of plan fields" in err and len(err.strip().splitlines()) == 1
+
+
 def test_validate_profile_for_no_plan_refused(capsys):
     """--profile 9=FILE when no plan runs in 9 processes: one line naming the option, the
     world and the plans' worlds, before any process starts (the file is never read)."""
