@@ -37,6 +37,9 @@ def output_file(path: str | Path, flag: str) -> Path:
         raise InputError(text, flag, "is a folder; give a file name")
     if not p.parent.is_dir():
         raise InputError(text, flag, f"No such file or directory: folder {str(p.parent)[:60]!r} does not exist")
+    if p.exists() and not p.is_file():
+        # The atomic rename would replace a device, FIFO or socket (say /dev/null) with a file.
+        raise InputError(text, flag, "exists and is not a regular file; give a file name")
     return p
 
 

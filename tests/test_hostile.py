@@ -442,3 +442,20 @@ def test_input_error_survives_a_process_pool():
 
 def _raise_input_error():
     raise InputError("a.yaml", "x", "bad")
+
+
+def test_output_onto_a_fifo_or_device_refused(tmp_path):
+    """An --out that exists but is not a regular file (a FIFO here; /dev/null in the field)
+    is refused before any work: the atomic write's rename would have replaced it with a
+    regular file (`calibrate --runs ... --out /dev/null` turned /dev/null into a file)."""
+    from reports.files import output_file
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    with pytest.raises(InputError, match=r"pipe: --out: exists and is not a regular file"):
+        output_file(fifo, "--out")
+    assert output_file(tmp_path / "new.yaml", "--out") == tmp_path / "new.yaml"
+    proc = subprocess.run([sys.executable, "-m", "plansim", "calibrate", "--runs", "nope.csv", "--out", str(fifo)],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    _assert_refused(proc.returncode, proc.stderr)
+    assert "not a regular file" in proc.stderr and Path(fifo).is_fifo()
