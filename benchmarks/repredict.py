@@ -24,6 +24,7 @@ refused.
 from __future__ import annotations
 
 import json
+import math
 import statistics
 import sys
 from pathlib import Path
@@ -31,26 +32,57 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from costmodel.errors import InputError  # noqa: E402
+from costmodel.limits import MAX_DEVICES, number_problem  # noqa: E402
+from costmodel.yamlio import read_text  # noqa: E402
 from validate.compare import short_plan as short  # noqa: E402
 
 TOPOLOGY = "localhost-cpu"
 
 
 def load_run(path: Path) -> dict:
+    """validation.json of a results directory, checked before anything uses it: the plans a
+    non-empty list of mappings, each with a plan string, a process count and finite positive
+    step times (NaN and Infinity, which Python's json accepts, refused)."""
     f = path / "validation.json"
+    src = str(f)
+    if not f.exists():
+        raise InputError(src, "file", "missing: expected benchmarks/validate_cpu.sh's output")
+
+    def no_constant(name):
+        raise InputError(src, "file", f"{name} is not a number; expected finite numbers")
     try:
-        data = json.loads(f.read_text())
-    except FileNotFoundError:
-        raise InputError(str(f), "file", "missing: expected benchmarks/validate_cpu.sh's output") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise InputError(str(f), "file", f"not JSON ({type(e).__name__})") from None
+        data = json.loads(read_text(f, src, "validation.json"), parse_constant=no_constant)
+    except (json.JSONDecodeError, RecursionError, ValueError) as e:  # ValueError: integers of 4,300+ digits
+        raise InputError(src, "file", f"not JSON ({type(e).__name__})") from None
     plans = data.get("plans") if isinstance(data, dict) else None
     if not isinstance(plans, list) or not plans:
-        raise InputError(str(f), "plans", "expected a non-empty list of validated plans")
+        raise InputError(src, "plans", "expected a non-empty list of validated plans")
     for i, p in enumerate(plans):
+        if not isinstance(p, dict):
+            raise InputError(src, f"plans[{i}]", f"expected a mapping, got {type(p).__name__}")
         for key in ("plan", "world", "measured_step_time_s", "predicted_step_time_s"):
             if key not in p:
-                raise InputError(str(f), f"plans[{i}].{key}", "missing")
+                raise InputError(src, f"plans[{i}].{key}", "missing")
+        if not isinstance(p["plan"], str) or not p["plan"].strip():
+            raise InputError(src, f"plans[{i}].plan", "expected a plan string (tp=..,pp=..)")
+        problem = number_problem(p["world"], 1, MAX_DEVICES, integer=True)
+        if problem:
+            raise InputError(src, f"plans[{i}].world", f"{str(p['world'])[:40]}: {problem}")
+        times = [(k, p[k]) for k in ("measured_step_time_s", "predicted_step_time_s", "measured_p10_s",
+                                     "measured_p90_s") if k in p]
+        medians = p.get("launch_medians_s") or []
+        if not isinstance(medians, list):
+            raise InputError(src, f"plans[{i}].launch_medians_s", "expected a list of seconds")
+        times += [(f"launch_medians_s[{j}]", v) for j, v in enumerate(medians)]
+        probe = p.get("speed_probe") or {}
+        if not isinstance(probe, dict):
+            raise InputError(src, f"plans[{i}].speed_probe", "expected a mapping")
+        if probe.get("applied"):
+            times.append(("speed_probe.drift_factor", probe.get("drift_factor")))
+        for key, v in times:
+            problem = number_problem(v, 0.0, math.inf, lo_open=True, hi_open=True)
+            if problem:
+                raise InputError(src, f"plans[{i}].{key}", f"{str(v)[:40]}: {problem}")
     return data
 
 
@@ -91,13 +123,16 @@ def repredict(path: Path, aggregate: str | None = None) -> list[tuple[str, int, 
 
     model = load_model("tiny")
     out = []
-    for p in load_run(path)["plans"]:
+    for i, p in enumerate(load_run(path)["plans"]):
         world = int(p["world"])
         prof_file = path / f"cpu-w{world}.yaml"
         if not prof_file.exists():
             raise InputError(str(prof_file), "file", f"missing: the profile for the {world}-process plans")
         cluster, _ = resolve_world(TOPOLOGY, world, "--world", "")
-        plan = resolve_plan(p["plan"], model, cluster.num_devices)
+        try:
+            plan = resolve_plan(p["plan"], model, cluster.num_devices)
+        except InputError as e:  # name the saved file, not --plan
+            raise InputError(str(path / "validation.json"), f"plans[{i}].plan", f"{e.field or ''} {e.message}".strip()) from None
         profile = (refit_profile(path, world, aggregate, cluster) if aggregate
                    else load_profile(str(prof_file), bundled=cluster.profiles))
         probe = p.get("speed_probe") or {}

@@ -65,8 +65,9 @@ def _fmt(s: dict | None) -> str:
     if s is None:
         return f"{'(not all six)':>40}"
     yn = lambda b: "yes" if b else "no"  # noqa: E731
+    rho = "-" if s["spearman"] is None else f"{s['spearman']:.3f}"  # None: a run of one plan
     return (f"{s['within']}/{s['plans']} {s['worst_pct']:>5.1f}% {yn(s['same_order']):>6} "
-            f"{yn(s['resolved_order']):>9} {s['spearman']:>6.3f}")
+            f"{yn(s['resolved_order']):>9} {rho:>6}")
 
 
 def markdown_table(runs: list[tuple[Path, list[Comparison]]]) -> str:

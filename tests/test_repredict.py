@@ -72,3 +72,47 @@ def test_repredict_bad_input_is_one_line_and_exit_2(tmp_path):
         assert p.returncode == 2 and p.stdout == ""
         assert len(p.stderr.strip().splitlines()) == 1 and "validation.json" in p.stderr
         assert "Traceback" not in p.stderr
+
+
+GOOD = {"plan": "pp=2,schedule=gpipe,precision=fp32", "world": 2, "measured_step_time_s": 0.1,
+        "predicted_step_time_s": 0.09}
+
+
+@pytest.mark.parametrize("text,field", [
+    ('{"plans": [{"plan": "dp=2", "world": 2, "measured_step_time_s": NaN, "predicted_step_time_s": 1}]}',
+     "file: NaN is not a number"),
+    ('{"plans": [{"plan": "dp=2", "world": 2, "measured_step_time_s": 1, "predicted_step_time_s": -Infinity}]}',
+     "file: -Infinity is not a number"),
+    (json.dumps({"plans": [dict(GOOD, measured_step_time_s=0)]}), "plans[0].measured_step_time_s: 0: must be"),
+    (json.dumps({"plans": [dict(GOOD, predicted_step_time_s="abc")]}), "plans[0].predicted_step_time_s: abc: must"),
+    (json.dumps({"plans": [dict(GOOD, world="x")]}), "plans[0].world: x: must be an integer in [1, "),
+    (json.dumps({"plans": [dict(GOOD, world=10 ** 30)]}), "plans[0].world: 1000000000000000000000000000000: must"),
+    (json.dumps({"plans": [dict(GOOD, plan=5)]}), "plans[0].plan: expected a plan string"),
+    (json.dumps({"plans": [dict(GOOD, plan="tp=banana")]}), "plans[0].plan: tp 'banana': must be an integer"),
+    (json.dumps({"plans": [3]}), "plans[0]: expected a mapping, got int"),
+    (json.dumps({"plans": [dict(GOOD, launch_medians_s="abc")]}), "plans[0].launch_medians_s: expected a list"),
+    (json.dumps({"plans": [dict(GOOD, speed_probe={"applied": True, "drift_factor": -3})]}),
+     "plans[0].speed_probe.drift_factor: -3: must be a finite number in (0, inf)"),
+    ('{"plans": [{"world": 1' + "0" * 5000 + "}]}", "file: not JSON (ValueError)"),
+    ("[" * 100_000 + "]" * 100_000, "file: not JSON (RecursionError)"),
+], ids=["nan", "infinity", "zero", "text", "world-text", "world-huge", "plan-int", "plan-bad", "entry-int",
+        "medians-text", "drift-negative", "digits", "deep"])
+def test_repredict_hostile_validation_json(tmp_path, text, field):
+    """validation.json with NaN or Infinity (which json.loads accepts), zero, negative or
+    text step times, a process count that is not an integer in range, a plan that is not a
+    string or not a plan, entries that are not mappings, a 5,000-digit integer or nesting
+    deeper than the recursion limit: one line naming the file and the field, exit 2. Before,
+    each was a traceback (TypeError, ValueError, ZeroDivisionError, AttributeError,
+    RecursionError), or a plan error naming --plan instead of the file."""
+    d = tmp_path / "run"
+    d.mkdir()
+    shutil.copy(SAVED / "cpu-w2.yaml", d / "cpu-w2.yaml")
+    (d / "validation.json").write_text(text, encoding="utf-8")
+    for script in ("repredict.py", "validation_runs.py"):
+        if script == "validation_runs.py" and "banana" in text:
+            continue  # validation_runs does not re-simulate, so it never reads the plan's values
+        p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), str(d)],
+                           capture_output=True, text=True, timeout=60)
+        assert p.returncode == 2 and p.stdout == "", (script, p.stderr)
+        assert len(p.stderr.strip().splitlines()) == 1 and "Traceback" not in p.stderr, p.stderr
+        assert f"{d / 'validation.json'}: {field}" in p.stderr, p.stderr

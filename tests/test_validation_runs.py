@@ -86,3 +86,12 @@ def test_table_lists_each_plan_per_run_with_its_error(tmp_path):
     assert out.returncode == 0, out.stderr
     assert "| dp=2 | 2 | 56.0 / 58.0 | +3.6 % |" in out.stdout
     assert "| pp=2,schedule=gpipe | 2 | 80.0 / 54.0 | **-32.5 %** |" in out.stdout
+
+
+def test_a_run_of_one_plan_is_scored(tmp_path):
+    """A run that validated a single plan has no rank correlation (None): it is scored with
+    '-' for rho instead of a TypeError traceback from formatting None."""
+    d = _run_dir(tmp_path, "one", {"dp=2": ([55, 56, 57], 58)})
+    out = subprocess.run([sys.executable, str(SCRIPT), str(d)], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert "1/1" in out.stdout and "(not all six)" in out.stdout
