@@ -36,8 +36,12 @@ def read_text(path: str | Path, source: str | None = None, what: str = "file") -
     source = source or str(path)
     p = Path(path)
     try:
-        if not p.is_file():
+        if p.is_dir():
+            raise InputError(source, None, f"a directory; expected a {what}")
+        if not p.exists():
             raise InputError(source, None, f"no such {what}")
+        if not p.is_file():
+            raise InputError(source, None, f"not a regular file (a device, FIFO or socket); expected a {what}")
         if p.stat().st_size > MAX_FILE_BYTES:
             raise InputError(source, None, f"{p.stat().st_size:,} bytes; an input file may have at most "
                                            f"{MAX_FILE_BYTES:,} bytes")

@@ -459,3 +459,23 @@ def test_output_onto_a_fifo_or_device_refused(tmp_path):
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
     _assert_refused(proc.returncode, proc.stderr)
     assert "not a regular file" in proc.stderr and Path(fifo).is_fifo()
+
+
+def test_input_that_is_a_directory_or_fifo_named_as_such(tmp_path):
+    """An input path that is a directory or a FIFO gets a one-line error saying what it is
+    (it used to read "no such runs file" for a directory that plainly exists); a FIFO is
+    refused without being opened, so reading it cannot block."""
+    from costmodel.yamlio import read_text
+    (tmp_path / "runs.csv").mkdir()
+    with pytest.raises(InputError, match=r"runs\.csv: a directory; expected a runs file"):
+        read_text(tmp_path / "runs.csv", what="runs file")
+    os.mkfifo(tmp_path / "pipe.csv")
+    with pytest.raises(InputError, match=r"pipe\.csv: not a regular file \(a device, FIFO or socket\)"):
+        read_text(tmp_path / "pipe.csv", what="runs file")
+    with pytest.raises(InputError, match=r"gone\.csv: no such runs file"):
+        read_text(tmp_path / "gone.csv", what="runs file")
+    proc = subprocess.run([sys.executable, "-m", "plansim", "calibrate", "--runs", "runs.csv", "--out", "p.yaml"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    _assert_refused(proc.returncode, proc.stderr)
+    assert "a directory; expected a runs file" in proc.stderr and not (tmp_path / "p.yaml").exists()
