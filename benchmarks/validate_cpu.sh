@@ -4,9 +4,12 @@
 #
 #   benchmarks/validate_cpu.sh [OUT_DIR]        (default: results/validate-cpu-<UTC date>)
 #
-# 1. Calibrate the localhost-cpu profile from microbenchmarks only, once at 2 and once at 4
+# 1. Calibrate the localhost-cpu profile from microbenchmarks only, once at 4 and once at 2
 #    concurrent worker processes (GEMMs at the tiny model's TP shapes, memory-bound ops,
-#    per-op overhead, gloo collectives 4 KiB..64 MiB). No plan is run here.
+#    per-op overhead, gloo collectives 4 KiB..64 MiB). No plan is run here. On a 2-core
+#    host both time their compute in 2 processes at once, so the world-2 calibration takes
+#    the world-4 one's compute samples (--compute-from, whose shapes include world 2's)
+#    and measures only its collectives: about 13 s less.
 # 2. Run eight plans of the tiny model (three of them in 4 processes) for real and predict each with the profile calibrated
 #    at its process count: measured vs predicted median step time, error, Spearman rank
 #    correlation. Writes OUT_DIR/{cpu-w2,cpu-w4}.yaml (+ .bench.json), calibrate-w*.txt,
@@ -28,8 +31,12 @@ LAUNCHES="${LAUNCHES:-2}"
 mkdir -p "$OUT"
 PY="${PYTHON:-python3}"
 start=$(date +%s)
-for W in 2 4; do
-    "$PY" -m plansim calibrate localhost-cpu --world "$W" --model tiny --out "$OUT/cpu-w$W.yaml" \
+for W in 4 2; do
+    REUSE=()
+    if [ "$W" = 2 ] && [ "$("$PY" -c 'from validate.microbench import host_cores; print(host_cores())')" -le 2 ]; then
+        REUSE=(--compute-from "$OUT/cpu-w4.bench.json")
+    fi
+    "$PY" -m plansim calibrate localhost-cpu --world "$W" --model tiny ${REUSE[@]+"${REUSE[@]}"} --out "$OUT/cpu-w$W.yaml" \
         > "$OUT/calibrate-w$W.txt"
     grep '^fitted:' "$OUT/calibrate-w$W.txt" | sed "s/^/world $W /"
 done

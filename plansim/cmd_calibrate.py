@@ -1,6 +1,6 @@
 """`plansim calibrate`: fit a hardware profile, from microbenchmarks or from run logs.
 
-    plansim calibrate TOPOLOGY [--world N] [--model M] --out PROFILE.yaml
+    plansim calibrate TOPOLOGY [--world N] [--model M] [--compute-from BENCH.json] --out PROFILE.yaml
     plansim calibrate --runs RUNS.csv --out PROFILE.yaml [--folds K]
 
 From microbenchmarks (validate/microbench.py, validate/calibrate.py): runs GEMMs,
@@ -38,6 +38,10 @@ def register(subparsers) -> None:
                    help="largest collective size in bytes (default 64 MiB)")
     p.add_argument("--quick", action="store_true",
                    help="small sweep (collectives to 1 MiB, GEMMs to 256, 3 repeats): a smoke test, not a calibration")
+    p.add_argument("--compute-from", metavar="BENCH.json",
+                   help="take the compute microbenchmarks from another calibration's record (P.bench.json) "
+                        "measured under the same conditions (processes at once, threads, cores), e.g. --world 4's "
+                        "for --world 2 on a 2-core host; only the collectives are measured")
     p.add_argument("--json", action="store_true", help="print the measurements and the fit as one JSON object")
     p.add_argument("--runs", metavar="RUNS.csv", help="fit to measured step times of training runs instead")
     p.add_argument("--folds", type=int, default=5, help="with --runs: k of the k-fold cross-validation")
@@ -88,6 +92,8 @@ def resolve_world(topology: str, world: int | None, flag: str = "--world", what:
 
 
 def cmd_calibrate(args) -> int:
+    if args.runs and args.compute_from:
+        raise InputError("--compute-from", None, "applies to microbenchmark calibration, not to --runs")
     if args.runs:
         return _from_runs(args)
     if not args.topology:
@@ -115,7 +121,7 @@ def cmd_calibrate(args) -> int:
 
     kw = dict(repeats=3, max_bytes=1024 * 1024, max_gemm_dim=256) if args.quick else dict(
         repeats=args.repeats, max_bytes=args.max_bytes)
-    cal = calibrate(cluster, model, world, progress=None if args.json else say, **kw)
+    cal = calibrate(cluster, model, world, progress=None if args.json else say, compute_from=args.compute_from, **kw)
     _write_yaml(args.out, cal.mapping)
     # The measurements beside the profile (P.yaml -> P.bench.json): the validation report
     # draws the calibration curves against them.

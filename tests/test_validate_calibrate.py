@@ -458,3 +458,79 @@ def test_launch_aggregate_remerges_the_same_measurements():
     assert med.posted_busy_s == pytest.approx(0.5 * ms)
     assert med.comm_busy_fraction == pytest.approx(0.6)
     assert MicrobenchResult.from_dict(res.to_dict()).launch_samples == res.launch_samples
+
+
+def _compute_record(world: int = 4) -> MicrobenchResult:
+    """A world-4 record whose compute ran in 2 processes on 2 cores, 1 thread each, with a
+    speed probe and harness figures (as a CPU calibration at world 4 writes it)."""
+    res = synthetic_bench(world)
+    res.compute_world, res.host_cores, res.probe_s = 2, 2, 4.3e-3
+    res.harness = {"gemm": 1.4e-6, "memory:add": 1e-6}
+    return res
+
+
+def test_reused_compute_takes_exactly_the_samples_asked_for(monkeypatch):
+    """--compute-from: the compute samples of another calibration measured under the same
+    conditions are reused one for one (the same objects' figures, in the order asked
+    for), with its probe, harness and overhead; the collectives are left to be measured."""
+    import validate.microbench as mb
+    monkeypatch.setattr(mb, "host_cores", lambda: 2)
+    src = _compute_record()
+    shapes = [(g.m, g.n, g.k, g.batch) for g in src.gemm[::3]][::-1]
+    sizes = [65536, 4096]
+    attn = [(4, 64, 32)]
+    got = mb.reused_compute(src, "w4.bench.json", 2, "gloo", 1, shapes, sizes, attn, [])
+    assert [(g.m, g.n, g.k, g.batch) for g in got.gemm] == shapes
+    want_secs = {(g.m, g.n, g.k, g.batch): g.seconds for g in src.gemm}
+    assert [g.seconds for g in got.gemm] == [want_secs[s] for s in shapes]
+    assert [(x.op, x.elems) for x in got.memory] == [(op, n) for op in mb.MEMORY_OPS for n in sizes]
+    assert [a.seconds for a in got.attention] == [a.seconds for a in src.attention if (a.batch, a.s, a.d) == attn[0]]
+    assert (got.world, got.compute_world, got.probe_s, got.harness) == (2, 2, 4.3e-3, src.harness)
+    assert got.overhead == src.overhead and got.collectives == []
+
+
+@pytest.mark.parametrize("change, needle", [
+    (dict(threads=2), "threads 2; this calibration needs 1"),
+    (dict(compute_world=4), "compute processes 4; this calibration needs 2"),
+    (dict(host_cores=8), "host cores 8; this calibration needs 2"),
+    (dict(backend="nccl"), "backend nccl; this calibration needs gloo"),
+    (dict(probe_s=float("nan")), "probe_s: nan: a measured time"),
+    (dict(overhead=[]), "overhead: absent"),
+])
+def test_reused_compute_refuses_other_conditions(monkeypatch, change, needle):
+    """A record measured under other conditions (threads, processes at once, cores,
+    backend) or with a non-finite figure is refused with one line naming the file and
+    what differs, rather than silently calibrating with compute from another setting."""
+    import validate.microbench as mb
+    monkeypatch.setattr(mb, "host_cores", lambda: 2)
+    src = replace(_compute_record(), **change)
+    shapes = [(src.gemm[0].m, src.gemm[0].n, src.gemm[0].k, src.gemm[0].batch)]
+    with pytest.raises(InputError, match="w4.bench.json") as e:
+        mb.reused_compute(src, "w4.bench.json", 2, "gloo", 1, shapes, [4096], [], [])
+    assert needle in str(e.value)
+
+
+def test_reused_compute_needs_every_shape(monkeypatch):
+    """A shape the record lacks (a world-2 record reused for world 4, whose TP slices it
+    never measured) is named, with the way out."""
+    import validate.microbench as mb
+    monkeypatch.setattr(mb, "host_cores", lambda: 2)
+    with pytest.raises(InputError, match=r"has no GEMM sample \(7, 7, 7, 1\); calibrate the larger world first"):
+        mb.reused_compute(_compute_record(), "w2.bench.json", 2, "gloo", 1, [(7, 7, 7, 1)], [], [], [])
+
+
+def test_compute_from_refused_before_any_measurement(tmp_path, monkeypatch, capsys):
+    """plansim calibrate --compute-from with a missing, non-JSON or mismatched record, or
+    beside --runs, exits 2 with one line and writes no profile, before a worker starts."""
+    import validate.microbench as mb
+    from plansim.cli import main
+    pytest.importorskip("torch")
+    monkeypatch.setattr(mb, "run_microbenchmarks", lambda *a, **k: pytest.fail("measured despite a bad record"))
+    (tmp_path / "bad.json").write_text("[1, 2]")
+    for argv, needle in ((["--compute-from", str(tmp_path / "nope.json")], "no such calibration record"),
+                         (["--compute-from", str(tmp_path / "bad.json")], "not a calibration's microbenchmarks"),
+                         (["--compute-from", "x.json", "--runs", "r.csv"], "not to --runs")):
+        out = tmp_path / "p.yaml"
+        assert main(["calibrate", "localhost-cpu", "--world", "2", "--out", str(out), *argv]) == 2, argv
+        err = capsys.readouterr().err.strip()
+        assert needle in err and len(err.splitlines()) == 1 and not out.exists(), (argv, err)

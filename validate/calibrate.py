@@ -330,16 +330,19 @@ class Calibration:
 
 def calibrate(cluster, model, world: int, *, tps: list[int] | None = None, repeats: int = 5,
               max_bytes: int = 64 * 1024 * 1024, max_gemm_dim: int = 1024, backend: str | None = None,
-              progress=None, timeout_s: float = 600.0) -> Calibration:
+              progress=None, timeout_s: float = 600.0, compute_from: str | None = None) -> Calibration:
     """Run the microbenchmarks in ``world`` processes on this host and fit the profile of
     the cluster's device type and intra-node link class. ``cluster`` must have ``world``
-    devices on one node (load_topology(..., gpus_per_node=world)). Never runs a plan."""
+    devices on one node (load_topology(..., gpus_per_node=world)). Never runs a plan.
+    ``compute_from``: a calibration record (.bench.json) whose compute samples to reuse
+    (validate/microbench.reused_compute); checked before anything is measured."""
     from validate.backend import pick_backend
     from costmodel.profile import RuntimeSettings
     from validate.collective_bench import sizes_bytes
     from validate.profile_file import runtime_facts, where_and_when
-    from validate.microbench import (TOPK_FRACTIONS, memory_sizes, model_attention_shapes, model_gemm_shapes,
-                                     run_microbenchmarks, sweep_gemm_shapes, topk_sizes)
+    from validate.microbench import (TOPK_FRACTIONS, load_bench, memory_sizes, model_attention_shapes,
+                                     model_gemm_shapes, reused_compute, run_microbenchmarks, sweep_gemm_shapes,
+                                     topk_sizes, worker_threads)
 
     be = pick_backend() if backend is None else None
     be_name = backend or be.name
@@ -350,10 +353,20 @@ def calibrate(cluster, model, world: int, *, tps: list[int] | None = None, repea
     coll = sizes_bytes(4 * 1024, max_bytes)
     runtime = RuntimeSettings(**runtime_facts(kind))
     topk = [(n, f) for n in topk_sizes(model, tps) for f in TOPK_FRACTIONS]
-    res = run_microbenchmarks(world, shapes, mem, coll, attn_shapes=model_attention_shapes(model, tps), topk=topk,
-                              runtime=runtime, repeats=repeats, backend=be_name, progress=progress, timeout_s=timeout_s)
+    attn = model_attention_shapes(model, tps)
+    reuse = None
+    if compute_from is not None:
+        reuse = (load_bench(compute_from), compute_from)
+        # every condition and shape checked now, before minutes of collectives
+        reused_compute(*reuse, world, be_name, worker_threads(world), shapes, mem, attn, topk)
+    res = run_microbenchmarks(world, shapes, mem, coll, attn_shapes=attn, topk=topk, runtime=runtime,
+                              repeats=repeats, backend=be_name, progress=progress, timeout_s=timeout_s,
+                              compute_from=reuse)
     device_name = be.device_name() if be is not None else kind
-    fit, mapping = profile_from_bench(cluster, res, where_and_when(res, device_name))
+    where = where_and_when(res, device_name)
+    if compute_from is not None:
+        where += f"; compute samples and speed probe reused from {compute_from} (same conditions)"
+    fit, mapping = profile_from_bench(cluster, res, where)
     return Calibration(res, fit, mapping)
 
 

@@ -34,6 +34,7 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 
 from costmodel import flops as fl
+from costmodel.errors import InputError
 from costmodel.shapes import ModelSpec
 from validate.collective_bench import (BUSY_OP, COLLECTIVES, KIB, MIB, POSTED_BUSY_OP, POSTED_IDLE_OP,
                                        STRAGGLER_OP, CollectiveConfig,
@@ -342,30 +343,106 @@ def _over_launches(rows: list, more: list[list]) -> tuple[list, list]:
     return merged, samples
 
 
+def reused_compute(src: MicrobenchResult, source: str, world: int, backend: str, threads: int, gemm_shapes,
+                   mem_sizes, attn_shapes, topk) -> MicrobenchResult:
+    """A result holding ``src``'s compute families (a)-(c'), the speed probe and the
+    harness figures, restricted to the shapes and sizes asked for: what this calibration's
+    compute launch would have measured, because ``src``'s ran under the same conditions
+    (backend, processes at once, threads per process, cores). On a CPU a world-4 and a
+    world-2 calibration both time compute in min(world, cores) processes, so one launch
+    serves both. InputError (naming ``source``) when a condition or a shape differs."""
+    cw = compute_processes(world, "cuda" if backend == "nccl" else "cpu")
+    have = {"backend": (src.backend, backend), "compute processes": (src.compute_world or src.world, cw),
+            "threads": (src.threads, threads), "host cores": (src.host_cores, host_cores())}
+    for what, (got, want) in have.items():
+        if got != want:
+            raise InputError(source, "--compute-from", f"its compute ran with {what} {got}; this calibration "
+                             f"needs {want}")
+    import math
+    figures = ([("probe_s", src.probe_s)] + [(f"overhead.{o.what}", o.per_op_s) for o in src.overhead]
+               + [(f"gemm.{i}", g.seconds) for i, g in enumerate(src.gemm)]
+               + [(f"memory.{i}", x.seconds) for i, x in enumerate(src.memory)]
+               + [(f"attention.{i}", a.seconds) for i, a in enumerate(src.attention)]
+               + [(f"topk.{i}", t.seconds) for i, t in enumerate(src.topk)]
+               + [(f"harness.{k}", v) for k, v in src.harness.items()])
+    for where, v in figures:
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or not 0 < v < 60:
+            raise InputError(source, where, f"{v!r}: a measured time must be a number of seconds in (0, 60)")
+    if not src.overhead:
+        raise InputError(source, "overhead", "absent: not a calibration's record")
+    gemm = {(g.m, g.n, g.k, g.batch): g for g in src.gemm}
+    mem = {(x.op, x.elems): x for x in src.memory}
+    attn = {(a.batch, a.s, a.d): a for a in src.attention}
+    tk = {(t.elems, t.fraction): t for t in src.topk}
+    wanted = ([("GEMM", gemm, tuple(sh)) for sh in gemm_shapes]
+              + [("memory op", mem, (op, n)) for op in MEMORY_OPS for n in mem_sizes]
+              + [("attention", attn, tuple(sh)) for sh in attn_shapes]
+              + [("top-k", tk, (n, f)) for n, f in topk])
+    for what, table, key in wanted:
+        if key not in table:
+            raise InputError(source, "--compute-from", f"has no {what} sample {key}; calibrate the larger world "
+                             f"first (its shapes include the smaller world's)")
+    return MicrobenchResult(world=world, backend=backend, threads=threads, compute_world=cw, host_cores=host_cores(),
+                            gemm=[gemm[tuple(sh)] for sh in gemm_shapes],
+                            memory=[mem[(op, n)] for op in MEMORY_OPS for n in mem_sizes],
+                            attention=[attn[tuple(sh)] for sh in attn_shapes], topk=[tk[k] for k in topk],
+                            overhead=list(src.overhead), probe_s=src.probe_s, harness=dict(src.harness))
+
+
+def load_bench(path: str) -> MicrobenchResult:
+    """A calibration's saved microbenchmarks (P.bench.json, written beside P.yaml);
+    InputError (one line) when it is missing or not such a record."""
+    import json
+
+    from costmodel.yamlio import read_text
+    try:
+        return MicrobenchResult.from_dict(json.loads(read_text(path, what="calibration record (.bench.json)")))
+    except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
+        raise InputError(path, "--compute-from", f"not a calibration's microbenchmarks ({type(e).__name__})") from None
+
+
 def run_microbenchmarks(world: int, gemm_shapes, mem_sizes, coll_sizes, *, attn_shapes=(), topk=(), runtime=None,
                         repeats: int = 5, threads: int | None = None, backend: str | None = None,
-                        timeout_s: float = 600.0, progress=None) -> MicrobenchResult:
+                        timeout_s: float = 600.0, progress=None, compute_from: tuple | None = None) -> MicrobenchResult:
     """Run (a)-(d) in ``world`` processes; compute medians over ranks. ``runtime``
-    (costmodel.profile.RuntimeSettings) decides how the cost model counts the chain's ops."""
-    from costmodel.profile import RuntimeSettings
+    (costmodel.profile.RuntimeSettings) decides how the cost model counts the chain's ops.
+    ``compute_from``: (MicrobenchResult, its file name) whose compute families to take
+    instead of measuring them again (reused_compute); the collectives are measured."""
     from validate.backend import pick_backend
-    from validate.compute_bench import ComputeConfig, chain_op_counts, compute_worker
-    from validate.launch import launch
 
     t_wall = time.perf_counter()
     be = pick_backend() if backend is None else backend
     be_name = be if isinstance(be, str) else be.name
     threads = threads or worker_threads(world)
-    shown = threads
     say = progress or (lambda msg: None)
-    say(f"compute microbenchmarks: {len(gemm_shapes)} GEMM shapes, {len(mem_sizes)} sizes x "
-        f"{len(MEMORY_OPS)} memory ops, {compute_processes(world, 'cuda' if be_name == 'nccl' else 'cpu')} "
-        f"concurrent processes ({host_cores()} cores), {shown} thread(s) each")
-    ccfg = ComputeConfig(tuple(gemm_shapes), tuple(mem_sizes), tuple(attn_shapes), tuple(topk), repeats, threads, be_name)
+    if compute_from is not None:
+        res = reused_compute(compute_from[0], compute_from[1], world, be_name, threads, gemm_shapes, mem_sizes,
+                             attn_shapes, topk)
+        say(f"compute microbenchmarks: taken from {compute_from[1]} (measured there in {res.compute_world} "
+            f"concurrent processes, {threads} thread(s) each, as here)")
+    else:
+        res = _measure_compute(world, gemm_shapes, mem_sizes, attn_shapes, topk, runtime, repeats, threads, be_name,
+                               timeout_s, say)
+    _measure_collectives(res, world, coll_sizes, repeats, threads, be_name, timeout_s, say)
+    res.wall_s = time.perf_counter() - t_wall
+    return res
+
+
+def _measure_compute(world: int, gemm_shapes, mem_sizes, attn_shapes, topk, runtime, repeats: int, threads: int,
+                     be_name: str, timeout_s: float, say) -> MicrobenchResult:
+    """(a)-(c'), the speed probe and the harness figures, in compute_processes(world)
+    processes at once; each figure the median over the ranks."""
+    from costmodel.profile import RuntimeSettings
+    from validate.compute_bench import ComputeConfig, chain_op_counts, compute_worker
+    from validate.launch import launch
+
     cw = compute_processes(world, "cuda" if be_name == "nccl" else "cpu")
+    say(f"compute microbenchmarks: {len(gemm_shapes)} GEMM shapes, {len(mem_sizes)} sizes x "
+        f"{len(MEMORY_OPS)} memory ops, {cw} concurrent processes ({host_cores()} cores), {threads} thread(s) each")
+    ccfg = ComputeConfig(tuple(gemm_shapes), tuple(mem_sizes), tuple(attn_shapes), tuple(topk), repeats, threads, be_name)
     with worker_threads_env(world):
         per_rank = launch(compute_worker, cw, (ccfg,), timeout_s=timeout_s, backend=be_name)
-    res = MicrobenchResult(world=world, backend=be_name, threads=shown, compute_world=cw, host_cores=host_cores())
+    res = MicrobenchResult(world=world, backend=be_name, threads=threads, compute_world=cw, host_cores=host_cores())
     for i, row in enumerate(per_rank[0]["gemm"]):
         m, n, k, b, _ = row
         res.gemm.append(GemmSample(m, n, k, b, statistics.median(r["gemm"][i][4] for r in per_rank)))
@@ -386,6 +463,14 @@ def run_microbenchmarks(world: int, gemm_shapes, mem_sizes, coll_sizes, *, attn_
         what = row[0]
         res.overhead.append(OverheadSample(what, n_fwd if what == "plain" else n_train,
                                            statistics.median(r["overhead"][i][2] for r in per_rank)))
+    return res
+
+
+def _measure_collectives(res: MicrobenchResult, world: int, coll_sizes, repeats: int, threads: int, be_name: str,
+                         timeout_s: float, say) -> None:
+    """(d): the collectives, their after-compute streams and the pipeline handoffs, into ``res``."""
+    from validate.launch import launch
+
     if world > 1 and coll_sizes:
         ops = COLLECTIVES
         # Groups of every size n that divides the world, world/n of them at once (a plan's
@@ -408,8 +493,6 @@ def run_microbenchmarks(world: int, gemm_shapes, mem_sizes, coll_sizes, *, attn_
                                timeout_s=timeout_s, backend=be_name)[0]
                         for _ in range(POSTED_LAUNCHES - AFTER_COMPUTE_LAUNCHES)] if kcfg.posted else []))
         _apply_collective_rows(res, rows)
-    res.wall_s = time.perf_counter() - t_wall
-    return res
 
 
 _SCALAR_OPS = (BUSY_OP, STRAGGLER_OP, POSTED_BUSY_OP, POSTED_IDLE_OP)
