@@ -50,6 +50,13 @@ def output_dir(out_dir: str | Path, flag: str = "--report") -> Path:
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise InputError(str(out), flag, "exists and is not a directory")
+    # The folder is created with its parents on write: the nearest part of the path that
+    # exists must be a folder, or the mkdir would fail only after all the work (a/b where a
+    # is a file: "Not a directory").
+    above = next((q for q in out.parents if q.exists()), None)
+    if not out.exists() and above is not None and not above.is_dir():
+        raise InputError(str(out), flag, f"{str(above)!r} exists and is not a directory; "
+                                         "give a folder that can be created")
     return out
 
 

@@ -479,3 +479,28 @@ def test_input_that_is_a_directory_or_fifo_named_as_such(tmp_path):
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
     _assert_refused(proc.returncode, proc.stderr)
     assert "a directory; expected a runs file" in proc.stderr and not (tmp_path / "p.yaml").exists()
+
+
+@pytest.mark.parametrize("argv_fn", [
+    lambda d: ["simulate", "--nodes", "1", "--model", "tiny", "--report", str(d / "f" / "sub")],
+    lambda d: ["report", "--nodes", "1", "--model", "tiny", "--plans", "dp=8", "--out", str(d / "f" / "a" / "b")],
+    lambda d: ["sweep", _file(d, "g.yaml", "models: [tiny]\ntopologies: [dgx-a100]\nnodes: [1]\n"),
+               "--report", str(d / "f" / "sub")],
+], ids=["simulate", "report", "sweep"])
+def test_report_folder_under_a_file_refused_before_any_work(capsys, tmp_path, monkeypatch, argv_fn):
+    """A report folder whose path runs through a regular file (f/sub with f a file) can never
+    be created: refused up front, naming the flag and the file in the way, with nothing
+    simulated. Before: the check passed (f/sub does not exist), the whole run went ahead and
+    the final mkdir failed with a bare 'f/sub: Not a directory'."""
+    import sim.metrics
+    import search.sweep
+
+    def no_work(*_, **__):
+        raise AssertionError("work started before the report folder was checked")
+    monkeypatch.setattr(sim.metrics, "simulate", no_work)
+    monkeypatch.setattr(search.sweep, "run_sweep", no_work)
+    (tmp_path / "f").write_text("mine")
+    code, _, err = _cli(capsys, *argv_fn(tmp_path))
+    _assert_refused(code, err)
+    assert "exists and is not a directory" in err and "'" + str(tmp_path / "f") + "'" in err
+    assert (tmp_path / "f").read_text() == "mine"
