@@ -85,6 +85,29 @@ def _step_table(rec) -> str:
     return "\n".join(lines)
 
 
+def check_flags(args) -> None:
+    """The numeric flags in range, before anything is loaded or run: every step is a real
+    step (bounded like `plansim validate --steps`), the timeout a finite positive number of
+    seconds up to a day, a microbatch at least one sample, the seed what torch.manual_seed
+    takes, and at least 2 processes (one slow rank beside others: its upper bound is the
+    topology's node, checked by resolve_world)."""
+    from costmodel.limits import MAX_DEVICES, MAX_GLOBAL_BATCH, MAX_SIM_STEPS, number_problem
+
+    checks = [("--world", args.world, dict(lo=2, hi=MAX_DEVICES, integer=True)),
+              ("--steps", args.steps, dict(lo=1, hi=MAX_SIM_STEPS, integer=True)),
+              ("--warmup", args.warmup, dict(lo=0, hi=MAX_SIM_STEPS, integer=True)),
+              ("--timeout", args.timeout, dict(lo=0.0, hi=86_400.0, lo_open=True)),
+              ("--seed", args.seed, dict(lo=0, hi=2**63 - 1, integer=True))]
+    if args.mbs is not None:
+        checks.append(("--mbs", args.mbs, dict(lo=1, hi=MAX_GLOBAL_BATCH, integer=True)))
+    for flag, value, bounds in checks:
+        problem = number_problem(value, **bounds)
+        if problem:
+            raise InputError(flag, None, f"{str(value)[:60]}: {problem}")
+    if not 0 <= args.settle < args.steps:
+        raise InputError("--settle", None, f"must be in [0, steps) = [0, {args.steps}) (got {args.settle})")
+
+
 def cmd_validate_adaptive(args) -> int:
     from specs.model import load_model
     from validate.adaptive_figures import figures, format_figures
@@ -92,14 +115,11 @@ def cmd_validate_adaptive(args) -> int:
     from validate.backend import require_torch
     from validate.slowdown import parse_slow_rank
 
+    check_flags(args)
     rank, speed = parse_slow_rank(args.slow_rank, args.world)
-    if args.steps < 1 or args.warmup < 0:
-        raise InputError("--steps", None, f"need steps >= 1 and warmup >= 0 (got {args.steps}, {args.warmup})")
-    if not 0 <= args.settle < args.steps:
-        raise InputError("--settle", None, f"must be in [0, steps) = [0, {args.steps}) (got {args.settle})")
     model = load_model(args.model)
     out_path = None
-    if args.out:
+    if args.out is not None:
         from reports.files import output_file
         out_path = output_file(args.out, "--out")
     cluster, profile = _cluster_profile(args)

@@ -202,3 +202,37 @@ def test_pp_on_nccl_refused_like_the_runner():
     assert str(run.value) == str(ad.value).replace("--mode", "--plan", 1)
     check_configs(MODEL, [AdaptiveConfig(mode="pp", world=2, mbs=4, backend="gloo")])
     check_configs(MODEL, [AdaptiveConfig(mode="dp", world=2, backend="nccl")])
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["--steps", "100000000"], "--steps: 100000000: must be an integer in [1, 10000]"),
+    (["--warmup", "100000000"], "--warmup: 100000000: must be an integer in [0, 10000]"),
+    (["--timeout", "nan"], "--timeout: nan: must be a finite number in (0, 86400]"),
+    (["--timeout", "-5"], "--timeout: -5.0: must be a finite number in (0, 86400]"),
+    (["--timeout", "inf"], "--timeout: inf: must be a finite number"),
+    (["--mbs", "0"], "--mbs: 0: must be an integer in [1, "),
+    (["--mbs", "-1"], "--mbs: -1: must be an integer in [1, "),
+    (["--seed", "-1"], "--seed: -1: must be an integer in [0, "),
+    (["--seed", "100000000000000000000000"], "--seed: 100000000000000000000000: must be an integer in [0, "),
+    (["--world", "0"], "--world: 0: must be an integer in [2, "),
+    (["--world", "-1"], "--world: -1: must be an integer in [2, "),
+    (["--out", ""], "--out: empty path"),
+], ids=["steps-1e8", "warmup-1e8", "timeout-nan", "timeout-negative", "timeout-inf", "mbs-0", "mbs-negative",
+        "seed-negative", "seed-1e23", "world-0", "world-negative", "out-empty"])
+def test_cli_absurd_flags_refused_before_any_run(argv, needle, capsys, monkeypatch, tmp_path):
+    """Absurd numbers and an empty --out are refused with one line naming the flag and the
+    allowed range, before any process starts. Before: --steps/--warmup 10^8, --timeout
+    nan/-5/inf, --mbs 0 (taken as the default), --seed -1 or 10^23 and --out '' (no record
+    written, silently) all went on to start the real runs; --world 0 was reported as
+    '--slow-rank: rank: 1: must be an integer in [0, -1]'."""
+    import validate.adaptive_run as ar
+    from plansim.cli import main
+
+    def no_run(*_, **__):
+        raise AssertionError("the real runs started")
+    monkeypatch.setattr(ar, "run_adaptive_many", no_run)
+    monkeypatch.chdir(tmp_path)
+    assert main(["validate-adaptive", "localhost-cpu", *argv]) == 2
+    err = capsys.readouterr().err
+    assert needle in err and err.count("\n") == 1
+    assert list(tmp_path.iterdir()) == []
