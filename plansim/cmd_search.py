@@ -72,10 +72,18 @@ MAX_SCALE = 64
 
 
 def check_counts(args) -> None:
-    """--top and --workers in range (before any work)."""
-    for flag, value, hi in (("--top", args.top, MAX_TOP), ("--workers", getattr(args, "workers", 1), MAX_WORKERS)):
-        if not 1 <= value <= hi:
-            raise InputError(flag, None, f"{value}: must be an integer in [1, {hi}]")
+    """--top, --workers, --validate and --validate-steps in range (before any work).
+    --validate K is 0 (off) or at most MAX_TOP; that K does not exceed the plans the search
+    simulated is checked as soon as the search is done (validation_plans). Each validated
+    step is a real step, bounded like `plansim validate --steps`."""
+    from costmodel.limits import MAX_SIM_STEPS, number_problem
+
+    for flag, value, lo, hi in (("--top", args.top, 1, MAX_TOP),
+                                ("--workers", getattr(args, "workers", 1), 1, MAX_WORKERS),
+                                ("--validate", getattr(args, "validate", 0), 0, MAX_TOP),
+                                ("--validate-steps", getattr(args, "validate_steps", 1), 1, MAX_SIM_STEPS)):
+        if number_problem(value, lo, hi, integer=True):
+            raise InputError(flag, None, f"{value}: must be an integer in [{lo}, {hi}]")
 
 
 def smallest_change(args, model, profile) -> str:
@@ -136,11 +144,14 @@ def cmd_search(args) -> int:
     result = run_search(args, model, cluster, profile, top=args.top, workers=args.workers, executor=spec,
                         progress=None,  # progress bars on a terminal only
                         record_best=bool(args.report))  # timelines only for a report
+    # --validate's plans are chosen and checked before the report is written, so a bad
+    # --validate leaves no report behind.
+    chosen = validation_plans(args, result) if args.validate else None
     written = []
     if args.report:
         from reports.report import write_report
         written = write_report(args.report, result, result.ranked[0])
-    ranking, skipped = validate_top(args, result) if args.validate else (None, [])
+    ranking, skipped = validate_top(args, *chosen) if chosen else (None, [])
     if args.json:
         out = result.to_dict()
         out["ranked"] = out["ranked"][:args.top]
@@ -161,24 +172,20 @@ def cmd_search(args) -> int:
     return 0
 
 
-def validate_top(args, result):
-    """Run the search's top K plans that the runner implements for real (plansim
-    validate's path) and rank them; plans it cannot run (e.g. zero=3) are skipped and
-    named. The runner computes in fp32 (plansim/cmd_validate.RUNNER_PRECISION), so each
-    plan is validated, and re-simulated for its prediction, at that precision.
-    Returns (Ranking, [(plan, why skipped)])."""
-    import sys
-    from plansim.cmd_validate import RUNNER_PRECISION, profile_for, validate_plans
+def validation_plans(args, result):
+    """The search's top K plans that the runner implements (plansim validate's path), with
+    every input of their runs checked (plansim/cmd_validate.prepare_plans): (plans, [(plan,
+    why skipped)]). Plans it cannot run (e.g. zero=3) are skipped and named. The runner
+    computes in fp32 (plansim/cmd_validate.RUNNER_PRECISION), so each plan is validated,
+    and re-simulated for its prediction, at that precision."""
+    from plansim.cmd_validate import RUNNER_PRECISION, prepare_plans, profile_for
     from specs.model import DEFAULT_MODEL, load_model
     from specs.plan import resolve_plan
-    from validate.compare import Ranking
     from validate.runner import check_supported
 
     if not 1 <= args.validate <= len(result.ranked):
         raise InputError("--validate", None, f"{args.validate}: must be in [1, {len(result.ranked)}] "
                          f"(the plans the search simulated)")
-    if args.validate_steps < 1:
-        raise InputError("--validate-steps", None, f"{args.validate_steps}: must be a positive integer")
     model_name = args.model or DEFAULT_MODEL
     model = load_model(model_name)
     plans, skipped = [], []
@@ -195,7 +202,19 @@ def validate_top(args, result):
         plans.append(text)
     if not plans:
         raise InputError("--validate", None, "the runner implements none of the plans the search simulated")
+    prepare_plans(args.topology, model_name, plans, profile_for([args.profile] if args.profile else []))
+    return plans, skipped
+
+
+def validate_top(args, plans: list[str], skipped: list):
+    """Run ``plans`` (validation_plans) for real and rank them: (Ranking, skipped)."""
+    import sys
+    from plansim.cmd_validate import profile_for, validate_plans
+    from specs.model import DEFAULT_MODEL
+    from validate.compare import Ranking
+
     say = None if args.json else (lambda m: print(m, file=sys.stderr, flush=True))
-    comps = validate_plans(args.topology, model_name, plans, profile_for([args.profile] if args.profile else []),
+    comps = validate_plans(args.topology, args.model or DEFAULT_MODEL, plans,
+                           profile_for([args.profile] if args.profile else []),
                            steps=args.validate_steps, warmup=2, seed=0, timeout_s=300.0, record=False, progress=say)
     return Ranking(comps), skipped

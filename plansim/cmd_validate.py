@@ -81,34 +81,15 @@ def validate_plans(topology: str, model_name: str, plans: list[str], profiles: d
     """Run and simulate every plan; the comparisons in the given order. With ``launches``
     > 1 every plan runs that many times in fresh processes, one pass over all the plans
     after another, and its record pools the passes' steps (RunRecord.pooled)."""
-    from costmodel.profile import load_profile
-    from plansim.cmd_calibrate import resolve_world
     from sim.metrics import simulate
     from specs.model import load_model
-    from specs.plan import plan_world_size, resolve_plan
     from validate.backend import require_torch
     from sim.core_sharing import slowed_profile
     from validate.compare import compare
     from validate.probe import drift_factor
 
     model = load_model(model_name)
-    prepared = []
-    for text in plans:  # check every input before the first (slow) run
-        raw = with_runner_precision(text)
-        world = plan_world_size(raw)
-        cluster, _ = resolve_world(topology, world, "--plan", f"{text}: processes (tp*pp*dp) ")
-        plan = resolve_plan(raw, model, cluster.num_devices)
-        prof_path = profiles.get(world, profiles.get(None))
-        profile = load_profile(prof_path, bundled=cluster.profiles, runtime=runtime)
-        seen = next((t for t, (p, *_) in zip(plans, prepared) if p == plan), None)
-        if seen is not None:  # the same plan twice would be run twice and ranked against itself
-            raise InputError("--plans", text[:60], f"the same plan as {seen[:60]!r} ({plan.to_string()})")
-        prepared.append((plan, cluster, profile, prof_path))
-    worlds = sorted({c.num_devices for _, c, _, _ in prepared})
-    for w in sorted(k for k in profiles if k is not None):
-        if w not in worlds:  # a profile no plan would use is a mistake in the command
-            raise InputError("--profile", f"{w}={profiles[w]}", f"no plan runs in {w} processes; "
-                             f"the plans run in {', '.join(map(str, worlds))}")
+    prepared = prepare_plans(topology, model_name, plans, profiles, runtime)
     require_torch()
     from validate.microbench import worker_threads_env
     from validate.runner import run_plan
@@ -133,6 +114,35 @@ def validate_plans(topology: str, model_name: str, plans: list[str], profiles: d
         out.append(compare(rec, sim, drift=drift, drift_applied=applied,
                            calibrated_probe_s=profile.runtime.speed_probe_us * 1e-6))
     return out
+
+
+def prepare_plans(topology: str, model_name: str, plans: list[str], profiles: dict, runtime: str | None = None):
+    """Every input of validate_plans checked, before the first (slow) run: [(plan, cluster,
+    profile, profile path)] in the given order; InputError on the first bad one."""
+    from costmodel.profile import load_profile
+    from plansim.cmd_calibrate import resolve_world
+    from specs.model import load_model
+    from specs.plan import plan_world_size, resolve_plan
+
+    model = load_model(model_name)
+    prepared = []
+    for text in plans:  # check every input before the first (slow) run
+        raw = with_runner_precision(text)
+        world = plan_world_size(raw)
+        cluster, _ = resolve_world(topology, world, "--plan", f"{text}: processes (tp*pp*dp) ")
+        plan = resolve_plan(raw, model, cluster.num_devices)
+        prof_path = profiles.get(world, profiles.get(None))
+        profile = load_profile(prof_path, bundled=cluster.profiles, runtime=runtime)
+        seen = next((t for t, (p, *_) in zip(plans, prepared) if p == plan), None)
+        if seen is not None:  # the same plan twice would be run twice and ranked against itself
+            raise InputError("--plans", text[:60], f"the same plan as {seen[:60]!r} ({plan.to_string()})")
+        prepared.append((plan, cluster, profile, prof_path))
+    worlds = sorted({c.num_devices for _, c, _, _ in prepared})
+    for w in sorted(k for k in profiles if k is not None):
+        if w not in worlds:  # a profile no plan would use is a mistake in the command
+            raise InputError("--profile", f"{w}={profiles[w]}", f"no plan runs in {w} processes; "
+                             f"the plans run in {', '.join(map(str, worlds))}")
+    return prepared
 
 
 def cmd_validate(args) -> int:

@@ -297,6 +297,39 @@ def test_search_validate_out_of_range(capsys):
     assert "--validate" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("argv,needle", [
+    (["--validate", "999"], "--validate: 999: must be in [1, "),
+    (["--validate", "1", "--validate-steps", "0"], "--validate-steps: 0: must be an integer in [1, 10000]"),
+    (["--validate", "1", "--validate-steps", "100000000"], "--validate-steps: 100000000: must be an integer"),
+    (["--validate", "-1"], "--validate: -1: must be an integer in [0, 1000]"),
+], ids=["k-beyond-the-plans", "steps-0", "steps-1e8", "k-negative"])
+def test_search_validate_checked_before_the_report_is_written(tmp_path, capsys, monkeypatch, argv, needle):
+    """A bad --validate K or --validate-steps with --report: exit 2, one line, and no report
+    folder, with nothing run. Before: both were checked only after the search had written
+    its report (exit 2 with the report left behind), and --validate-steps 100000000 was
+    accepted and started the real runs."""
+    import plansim.cmd_validate as cv
+
+    def no_run(*_, **__):
+        raise AssertionError("a real run started")
+    monkeypatch.setattr(cv, "validate_plans", no_run)
+    out = tmp_path / "r"
+    assert main(["search", "dgx-a100", "--nodes", "1", "--model", "tiny", "--top", "1", *argv,
+                 "--report", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert needle in err and err.count("\n") == 1 and not out.exists()
+
+
+def test_search_validate_on_a_cluster_the_runner_cannot_be_writes_no_report(tmp_path, capsys):
+    """--validate on a heterogeneous topology (the validator runs one host of one node type)
+    is refused before the search's report is written. Before: the report was written, then
+    the validation's own check failed (exit 2 with the report left behind)."""
+    out = tmp_path / "r"
+    assert main(["search", "hetero-a100-v100", "--model", "tiny", "--validate", "1", "--report", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "one host of one node type" in err and err.count("\n") == 1 and not out.exists()
+
+
 def test_ranking_lists_swapped_pairs_with_their_measured_gap():
     """Three plans measured 100, 105 and 200 ms, predicted 110, 100 and 300 ms: only the
     first two are ordered the other way round, measured 5.0 % apart (of the faster); the
