@@ -48,9 +48,15 @@ def register(subparsers) -> None:
     p.set_defaults(func=cmd_calibrate)
 
 
-def _write_yaml(path: str, mapping: dict) -> None:
-    _write_text(path, "# Written by `plansim calibrate`; load it with --profile " + Path(path).name + "\n"
-                + yaml.safe_dump(mapping, sort_keys=False, width=100))
+def _profile_text(path: str, mapping: dict) -> str:
+    return ("# Written by `plansim calibrate`; load it with --profile " + Path(path).name + "\n"
+            + yaml.safe_dump(mapping, sort_keys=False, width=100))
+
+
+def bench_path(profile: str | Path) -> Path:
+    """The calibration record written beside a profile: P.yaml -> P.bench.json."""
+    p = Path(profile)
+    return p.with_name(p.stem + ".bench.json")
 
 
 def _write_text(path: str, text: str) -> None:
@@ -104,7 +110,8 @@ def cmd_calibrate(args) -> int:
         # The collective sweep starts at 4 KiB; below it no link could be fitted.
         raise InputError("--max-bytes", None, f"{args.max_bytes}: must be at least 4096")
     from reports.files import output_file
-    output_file(args.out, "--out")  # checked before the microbenchmarks
+    # Both files are checked before the microbenchmarks: the profile and its record beside it.
+    output_file(bench_path(output_file(args.out, "--out")), "--out (its .bench.json record)")
     from specs.model import load_model
     from validate.backend import require_torch
 
@@ -122,12 +129,13 @@ def cmd_calibrate(args) -> int:
     kw = dict(repeats=3, max_bytes=1024 * 1024, max_gemm_dim=256) if args.quick else dict(
         repeats=args.repeats, max_bytes=args.max_bytes)
     cal = calibrate(cluster, model, world, progress=None if args.json else say, compute_from=args.compute_from, **kw)
-    _write_yaml(args.out, cal.mapping)
     # The measurements beside the profile (P.yaml -> P.bench.json): the validation report
-    # draws the calibration curves against them.
+    # draws the calibration curves against them. Both written together, atomically.
     out = Path(args.out)
     bench = {**cal.bench.to_dict(), "gpu": cluster.devices[0].gpu.name, "topology": args.topology}
-    out.with_name(out.stem + ".bench.json").write_text(json.dumps(bench, indent=1), encoding="utf-8")
+    from reports.files import write_files
+    write_files(out.parent, {out.name: _profile_text(args.out, cal.mapping).encode("utf-8"),
+                             bench_path(out).name: json.dumps(bench, indent=1).encode("utf-8")})
     if args.json:
         print(json.dumps({"bench": cal.bench.to_dict(), "profile": cal.mapping,
                           "residual_rms_pct": {k: cal.fit.rms_pct(k) for k in cal.fit.residuals if cal.fit.residuals[k]}},

@@ -534,3 +534,51 @@ def test_compute_from_refused_before_any_measurement(tmp_path, monkeypatch, caps
         assert main(["calibrate", "localhost-cpu", "--world", "2", "--out", str(out), *argv]) == 2, argv
         err = capsys.readouterr().err.strip()
         assert needle in err and len(err.splitlines()) == 1 and not out.exists(), (argv, err)
+
+
+@pytest.mark.parametrize("argv, make, needle", [
+    ([], "dir", "p.bench.json: --out (its .bench.json record): is a folder"),
+    ([], "fifo", "p.bench.json: --out (its .bench.json record): exists and is not a regular file"),
+], ids=["bench-record-is-a-folder", "bench-record-is-a-fifo"])
+def test_calibrate_inputs_refused_before_any_measurement(tmp_path, monkeypatch, capsys, argv, make, needle):
+    """A P.bench.json beside --out P.yaml that is a folder or a FIFO: one line, exit 2,
+    nothing written, before any worker starts. Before: the record's path was not checked,
+    so after the measurements the profile was written and then writing the record failed
+    (a folder: a profile without its record, exit 2) or blocked forever (a FIFO)."""
+    import os
+
+    import validate.microbench as mb
+    from plansim.cli import main
+    pytest.importorskip("torch")
+    monkeypatch.setattr(mb, "run_microbenchmarks", lambda *a, **k: pytest.fail("measured despite bad input"))
+    monkeypatch.chdir(tmp_path)
+    if make == "dir":
+        (tmp_path / "p.bench.json").mkdir()
+    elif make == "fifo":
+        os.mkfifo(tmp_path / "p.bench.json")
+    before = sorted(p.name for p in tmp_path.iterdir())
+    assert main(["calibrate", "localhost-cpu", "--world", "2", "--out", "p.yaml", *argv]) == 2
+    err = capsys.readouterr().err
+    assert needle in err and err.count("\n") == 1 and "Traceback" not in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+def test_calibrate_writes_profile_and_record_together(tmp_path, monkeypatch, capsys):
+    """After the measurements the profile P.yaml and its record P.bench.json are written as
+    one set (reports.files.write_files: temporaries, then renames): both present, no
+    temporary left, the profile loads and the record holds the measurements."""
+    import json
+
+    import validate.calibrate as vc
+    from plansim.cli import main
+    pytest.importorskip("torch")
+    cluster = load_topology("localhost-cpu", nodes=1, gpus_per_node=2)
+    bench = synthetic_bench(2)
+    fit, mapping = vc.profile_from_bench(cluster, bench, "synthetic")
+    monkeypatch.setattr(vc, "calibrate", lambda *a, **k: vc.Calibration(bench, fit, mapping))
+    out = tmp_path / "p.yaml"
+    assert main(["calibrate", "localhost-cpu", "--world", "2", "--out", str(out), "--json"]) == 0
+    capsys.readouterr()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["p.bench.json", "p.yaml"]
+    load_profile(str(out))
+    assert json.loads((tmp_path / "p.bench.json").read_text())["world"] == 2
