@@ -76,3 +76,11 @@ MAX_SCENARIO_EVENTS = 10_000
 SCALE_FACTOR_RANGE = (1e-3, 1e3)
 # A stall or an event time: up to one day of simulated seconds.
 MAX_SCENARIO_S = 86_400.0
+
+# Microbenchmark calibration (plansim calibrate TOPOLOGY). Each measurement is the median
+# of --repeats timed runs (default 5, --quick 3): 1,000 is already hours of collectives. The
+# collective sweep doubles from 4 KiB to --max-bytes (default 64 MiB) and allocates buffers
+# of that size in every process: 16 GiB is beyond any bandwidth plateau and within one GPU.
+MAX_BENCH_REPEATS = 1_000
+MIN_COLLECTIVE_BYTES = 4_096
+MAX_COLLECTIVE_BYTES = 2**34

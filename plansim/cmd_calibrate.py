@@ -21,7 +21,7 @@ from pathlib import Path
 import yaml
 
 from costmodel.errors import InputError
-from costmodel.limits import number_problem
+from costmodel.limits import MAX_BENCH_REPEATS, MAX_COLLECTIVE_BYTES, MIN_COLLECTIVE_BYTES, number_problem
 
 DEFAULT_MODEL = "tiny"
 
@@ -104,11 +104,12 @@ def cmd_calibrate(args) -> int:
         return _from_runs(args)
     if not args.topology:
         raise InputError("calibrate", "topology", "give a TOPOLOGY to calibrate from microbenchmarks, or --runs CSV")
-    if args.repeats < 1:
-        raise InputError("--repeats", None, f"must be a positive integer (got {args.repeats})")
-    if args.max_bytes < 4096:
-        # The collective sweep starts at 4 KiB; below it no link could be fitted.
-        raise InputError("--max-bytes", None, f"{args.max_bytes}: must be at least 4096")
+    # The collective sweep starts at 4 KiB; below it no link could be fitted.
+    for flag, value, lo, hi in (("--repeats", args.repeats, 1, MAX_BENCH_REPEATS),
+                                ("--max-bytes", args.max_bytes, MIN_COLLECTIVE_BYTES, MAX_COLLECTIVE_BYTES)):
+        problem = number_problem(value, lo, hi, integer=True)
+        if problem:
+            raise InputError(flag, None, f"{str(value)[:60]}: {problem}")
     from reports.files import output_file
     # Both files are checked before the microbenchmarks: the profile and its record beside it.
     output_file(bench_path(output_file(args.out, "--out")), "--out (its .bench.json record)")

@@ -537,14 +537,20 @@ def test_compute_from_refused_before_any_measurement(tmp_path, monkeypatch, caps
 
 
 @pytest.mark.parametrize("argv, make, needle", [
+    (["--repeats", "1000000000"], None, "--repeats: 1000000000: must be an integer in [1, 1000]"),
+    (["--max-bytes", "99999999999999999999"], None, "--max-bytes: 99999999999999999999: must be an integer in "
+                                                    "[4096, 17179869184]"),
+    (["--max-bytes", "4095"], None, "--max-bytes: 4095: must be an integer in [4096, "),
     ([], "dir", "p.bench.json: --out (its .bench.json record): is a folder"),
     ([], "fifo", "p.bench.json: --out (its .bench.json record): exists and is not a regular file"),
-], ids=["bench-record-is-a-folder", "bench-record-is-a-fifo"])
+], ids=["repeats-1e9", "max-bytes-1e20", "max-bytes-4095", "bench-record-is-a-folder", "bench-record-is-a-fifo"])
 def test_calibrate_inputs_refused_before_any_measurement(tmp_path, monkeypatch, capsys, argv, make, needle):
-    """A P.bench.json beside --out P.yaml that is a folder or a FIFO: one line, exit 2,
-    nothing written, before any worker starts. Before: the record's path was not checked,
-    so after the measurements the profile was written and then writing the record failed
-    (a folder: a profile without its record, exit 2) or blocked forever (a FIFO)."""
+    """Absurd --repeats/--max-bytes, and a P.bench.json beside --out P.yaml that is a folder
+    or a FIFO: one line, exit 2, nothing written, before any worker starts. Before:
+    --repeats 10^9 and --max-bytes 10^20 (buffers of 10^20 bytes) started the
+    microbenchmarks; the record's path was not checked, so after the measurements the
+    profile was written and then writing the record failed (a folder: a profile without its
+    record) or blocked forever (a FIFO)."""
     import os
 
     import validate.microbench as mb
