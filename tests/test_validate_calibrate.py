@@ -543,14 +543,17 @@ def test_compute_from_refused_before_any_measurement(tmp_path, monkeypatch, caps
     (["--max-bytes", "4095"], None, "--max-bytes: 4095: must be an integer in [4096, "),
     ([], "dir", "p.bench.json: --out (its .bench.json record): is a folder"),
     ([], "fifo", "p.bench.json: --out (its .bench.json record): exists and is not a regular file"),
-], ids=["repeats-1e9", "max-bytes-1e20", "max-bytes-4095", "bench-record-is-a-folder", "bench-record-is-a-fifo"])
+    (["--compute-from", "deep.json"], "deep", "deep.json: --compute-from: JSON nested too deeply"),
+], ids=["repeats-1e9", "max-bytes-1e20", "max-bytes-4095", "bench-record-is-a-folder", "bench-record-is-a-fifo",
+        "compute-from-deeply-nested"])
 def test_calibrate_inputs_refused_before_any_measurement(tmp_path, monkeypatch, capsys, argv, make, needle):
-    """Absurd --repeats/--max-bytes, and a P.bench.json beside --out P.yaml that is a folder
-    or a FIFO: one line, exit 2, nothing written, before any worker starts. Before:
-    --repeats 10^9 and --max-bytes 10^20 (buffers of 10^20 bytes) started the
-    microbenchmarks; the record's path was not checked, so after the measurements the
-    profile was written and then writing the record failed (a folder: a profile without its
-    record) or blocked forever (a FIFO)."""
+    """Absurd --repeats/--max-bytes, a P.bench.json beside --out P.yaml that is a folder or a
+    FIFO, and a --compute-from record nested too deeply for json: one line, exit 2, nothing
+    written, before any worker starts. Before: --repeats 10^9 and --max-bytes 10^20 (buffers
+    of 10^20 bytes) started the microbenchmarks; the record's path was not checked, so after
+    the measurements the profile was written and then writing the record failed (a folder:
+    profile without its record) or blocked forever (a FIFO); the nested record raised a
+    RecursionError traceback."""
     import os
 
     import validate.microbench as mb
@@ -562,6 +565,8 @@ def test_calibrate_inputs_refused_before_any_measurement(tmp_path, monkeypatch, 
         (tmp_path / "p.bench.json").mkdir()
     elif make == "fifo":
         os.mkfifo(tmp_path / "p.bench.json")
+    elif make == "deep":
+        (tmp_path / "deep.json").write_text("[" * 100_000 + "]" * 100_000)
     before = sorted(p.name for p in tmp_path.iterdir())
     assert main(["calibrate", "localhost-cpu", "--world", "2", "--out", "p.yaml", *argv]) == 2
     err = capsys.readouterr().err
