@@ -79,6 +79,7 @@ def cmd_simulate(args) -> int:
         output_file(args.trace, "--trace")
     if args.report is not None:
         output_dir(args.report, "--report")
+    cmd_multistep.check_values(args)
     # A bad plan fails before the cluster is built (which takes seconds at 100k devices).
     _check_nodes(args)
     resolve_plan(args.plan or "", _model(args), topology_devices(args.topology, args.nodes))

@@ -26,6 +26,18 @@ def wanted(args) -> bool:
     return args.steps is not None or args.scenario is not None or args.adaptive
 
 
+def check_values(args) -> None:
+    """The multi-step flags' values, checked by `simulate` before any work whether or not a
+    multi-step run is wanted: a bad --noise or --seed is refused even where it would go
+    unused, and an empty --scenario is not taken as no scenario."""
+    if args.noise is not None and number_problem(args.noise, 0, 0.5):
+        raise InputError("--noise", None, f"{args.noise}: {number_problem(args.noise, 0, 0.5)}")
+    if not 0 <= args.seed < 2**63:
+        raise InputError("--seed", None, f"{str(args.seed)[:60]}: must be an integer in [0, 2**63)")
+    if args.scenario is not None and not args.scenario.strip():
+        raise InputError("--scenario", None, "empty path; give a scenario file or a bundled scenario's name")
+
+
 def _check(args) -> int:
     steps = args.steps if args.steps is not None else 20
     for flag, value, problem in (("--steps", steps, number_problem(steps, 1, MAX_SIM_STEPS, integer=True)),

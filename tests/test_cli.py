@@ -182,3 +182,21 @@ def test_usage_errors_are_one_line(argv, names, capsys):
     assert ex.value.code == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and names in err and "--help)" in err and err.startswith("plansim")
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["--noise", "nan"], "--noise: nan: must be a finite number in [0, 0.5]"),
+    (["--noise", "-1"], "--noise: -1.0: must be a finite number in [0, 0.5]"),
+    (["--seed", "-1"], "--seed: -1: must be an integer in [0, 2**63)"),
+    (["--seed", "99999999999999999999999"], "--seed: 99999999999999999999999: must be an integer"),
+    (["--scenario", ""], "--scenario: empty path"),
+], ids=["noise-nan", "noise-negative", "seed-negative", "seed-1e23", "scenario-empty"])
+def test_multistep_flag_values_checked_on_a_single_step(capsys, tmp_path, argv, needle):
+    """--noise and --seed are checked even on a one-step simulate (where they go unused),
+    and an empty --scenario is refused, not taken as no scenario: exit 2, one line, no
+    report written. Before: all five were accepted silently (--scenario '' ran 20 steps of
+    an empty scenario; --noise nan was refused only together with --steps)."""
+    out = tmp_path / "r"
+    code, _, err = run(capsys, "simulate", "--nodes", "1", "--model", "tiny", *argv, "--report", str(out))
+    assert code == 2 and needle in err and err.count("\n") == 1, err
+    assert not out.exists()
