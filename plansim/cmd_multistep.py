@@ -106,7 +106,9 @@ def summary(res, comparison=None) -> str:
         c = comparison
         lines.append(f"from step {c.from_step}: unslowed {c.unslowed_tokens_per_s:,.0f}, fixed plan "
                      f"{c.fixed_tokens_per_s:,.0f}, adaptive {c.adaptive_tokens_per_s:,.0f} tokens/s: "
-                     f"recovers {c.recovered_frac:.1%} of the throughput the fixed plan lost (migration included)")
+                     + (f"recovers {c.recovered_frac:.1%} of the throughput the fixed plan lost (migration included)"
+                        if c.recovered_frac is not None else
+                        "the fixed plan lost no throughput (no scenario event slowed it): nothing to recover"))
     return "\n".join(lines)
 
 

@@ -382,3 +382,15 @@ def test_search_margin_for_stale_gradients():
         assert (ranked[0] is stale) == above
     lw = res("tp=1,pp=1,dp=2,mbs=1,schedule=1f1b,overlap_step=layerwise", 0.99)
     assert sorted([sync, lw], key=lambda r: _rank_key(r, 0.05))[0] is lw
+
+
+def test_adaptive_text_summary_without_a_scenario(capsys):
+    """`simulate --adaptive` without a scenario (nothing slows the run, so there is no lost
+    throughput to recover: recovered_frac is None) prints its text summary, saying so,
+    exit 0. Before: the summary formatted None with '.1%' and the command died with a
+    TypeError traceback (exit 1); --json and --report already coped."""
+    code = main(["simulate", str(DATA / "two-nodes.yaml"), "--model", "gpt3-125m", "--plan", "tp=2,dp=2",
+                 "--steps", "3", "--adaptive"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "the fixed plan lost no throughput" in out and err == ""
