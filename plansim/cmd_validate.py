@@ -162,9 +162,12 @@ def cmd_validate(args) -> int:
         raise InputError("--timeout", None, f"{args.timeout:g}: {problem} (seconds)")
     if not 1 <= args.launches <= 100:
         raise InputError("--launches", None, f"must be an integer from 1 to 100 (got {args.launches})")
+    benches = None
     if args.report:
         from reports.files import output_dir
+        from reports.validation import load_benches
         output_dir(args.report)
+        benches = load_benches(profile_for(args.profile))  # checked before the runs
     plans = args.plans or [args.plan]
     say = None if args.json else (lambda m: print(m, file=sys.stderr, flush=True))
     comps = validate_plans(args.topology, args.model, plans, profile_for(args.profile), steps=args.steps,
@@ -174,7 +177,7 @@ def cmd_validate(args) -> int:
     ranking = Ranking(comps)
     if args.report:
         from reports.validation import write_validation_report
-        write_validation_report(args.report, ranking, profile_for(args.profile))
+        write_validation_report(args.report, ranking, profile_for(args.profile), benches)
     if args.json:
         d = comps[0].to_dict() if len(comps) == 1 else ranking.to_dict()
         print(json.dumps(d, indent=2))

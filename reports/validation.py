@@ -38,6 +38,20 @@ def bench_path(profile_path: str | None) -> Path | None:
     return q if q.is_file() else None
 
 
+def load_benches(profiles: dict | None) -> dict[str, dict]:
+    """Each profile's calibration record (P.bench.json beside P.yaml, when there), read and
+    checked (validate/microbench.load_bench_dict), by profile path. plansim validate
+    calls it before the runs, so that a damaged record is a one-line input error then,
+    not a traceback after minutes of measurement."""
+    from validate.microbench import load_bench_dict
+    out: dict[str, dict] = {}
+    for path in (profiles or {}).values():
+        bp = bench_path(path)
+        if bp is not None and str(path) not in out:
+            out[str(path)] = load_bench_dict(bp, "--profile (its .bench.json record)")
+    return out
+
+
 def measured_result(c) -> MeasuredTimeline:
     """The measured run's last step, every rank a device with the record's segments, so
     that reports/trace.py lays it out exactly like the simulated one: the run record's own
@@ -140,9 +154,12 @@ def table_rows(comps) -> list[list[str]]:
             for c in comps]
 
 
-def write_validation_report(out_dir: str | Path, ranking, profiles: dict | None = None) -> list[Path]:
-    """Write the report files (module doc); ``profiles`` maps world -> profile path."""
+def write_validation_report(out_dir: str | Path, ranking, profiles: dict | None = None,
+                            benches: dict[str, dict] | None = None) -> list[Path]:
+    """Write the report files (module doc); ``profiles`` maps world -> profile path,
+    ``benches`` their calibration records (load_benches; read here when not given)."""
     out = output_dir(out_dir)
+    benches = load_benches(profiles) if benches is None else benches
     comps = ranking.comparisons
     rows = table_rows(comps)
     rho = ranking.spearman
@@ -152,9 +169,8 @@ def write_validation_report(out_dir: str | Path, ranking, profiles: dict | None 
                f"(launch medians that do not overlap): {'yes' if ranking.resolved_order() else 'no'}.")
     figs = [("Predicted vs measured", scatter(comps)), ("Phases", phase_bars(comps))]
     for world, path in sorted((profiles or {}).items(), key=lambda kv: (kv[0] is None, kv[0] or 0)):
-        bp = bench_path(path)
-        if bp is not None:
-            figs.append((f"Calibration curves ({path})", calibration_curves(json.loads(bp.read_text()), path)))
+        if str(path) in benches:
+            figs.append((f"Calibration curves ({path})", calibration_curves(benches[str(path)], path)))
     files: dict[str, bytes] = {}
     for i, c in enumerate(comps, 1):
         files[f"trace-{i}-measured.json"] = trace_bytes(measured_result(c))

@@ -401,3 +401,29 @@ def test_short_plan_drops_only_the_shared_fields(plan, short):
     pipeline, and nothing else (pp=12 is a pipeline; tp=16 is not tp=1)."""
     from validate.compare import short_plan
     assert short_plan(plan) == short
+
+
+@pytest.mark.parametrize("record, needle", [
+    ("[1, 2]", "not a calibration's microbenchmarks (TypeError)"),
+    ('{"backend": "gloo"}', "not a calibration's microbenchmarks (no 'world' field)"),
+    ("[" * 100_000, "JSON nested too deeply"),
+    ('{"world": 2, "backend": "gloo", "threads": 1, "gpu": 5}', "gpu: 5: expected a name"),
+    ("\x00\x01", "binary content"),
+])
+def test_validate_report_checks_the_calibration_record_before_any_run(tmp_path, record, needle, capsys,
+                                                                       monkeypatch):
+    """plansim validate --report draws the calibration curves from the .bench.json beside
+    each profile; a damaged record is one line naming it, exit 2, before any worker starts
+    and with no report folder written (before: a traceback after the runs, from the
+    report's own json.loads)."""
+    import validate.runner
+    monkeypatch.setattr(validate.runner, "run_plan", lambda *a, **k: pytest.fail("a worker was started"))
+    prof = tmp_path / "p.yaml"
+    prof.write_text("gpus:\n  default:\n    hbm_eff: 0.5\n", encoding="utf-8")
+    (tmp_path / "p.bench.json").write_text(record, encoding="utf-8")
+    rep = tmp_path / "rep"
+    assert main(["validate", "localhost-cpu", "--model", "tiny", "--plan", "dp=2", "--profile", str(prof),
+                 "--report", str(rep)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "p.bench.json" in err and needle in err and len(err.splitlines()) == 1, err
+    assert not rep.exists()

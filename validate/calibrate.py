@@ -40,7 +40,6 @@ import numpy as np
 from costmodel import collectives as cc
 from costmodel.dtypes import DTYPE_BYTES
 from costmodel.efficiency import causal_fraction, op_time_s, topk_compress_time_s
-from costmodel.errors import InputError
 from costmodel.flops import Op
 from costmodel.gpus import GpuSpec
 from costmodel.profile import COLLECTIVE_OPS, FabricEfficiency, GpuEfficiency
@@ -357,11 +356,7 @@ def calibrate(cluster, model, world: int, *, tps: list[int] | None = None, repea
     attn = model_attention_shapes(model, tps)
     reuse = None
     if compute_from is not None:
-        try:
-            reuse = (load_bench(compute_from), compute_from)
-        except RecursionError:  # json's decoder recurses once per nesting level
-            raise InputError(compute_from, "--compute-from", "JSON nested too deeply: not a calibration's "
-                             "microbenchmarks (P.bench.json)") from None
+        reuse = (load_bench(compute_from), compute_from)
         # every condition and shape checked now, before minutes of collectives
         reused_compute(*reuse, world, be_name, worker_threads(world), shapes, mem, attn, topk)
     res = run_microbenchmarks(world, shapes, mem, coll, attn_shapes=attn, topk=topk, runtime=runtime,

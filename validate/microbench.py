@@ -389,16 +389,33 @@ def reused_compute(src: MicrobenchResult, source: str, world: int, backend: str,
                             overhead=list(src.overhead), probe_s=src.probe_s, harness=dict(src.harness))
 
 
-def load_bench(path: str) -> MicrobenchResult:
-    """A calibration's saved microbenchmarks (P.bench.json, written beside P.yaml);
-    InputError (one line) when it is missing or not such a record."""
+def load_bench_dict(path, flag: str = "--compute-from") -> dict:
+    """A calibration's saved microbenchmarks (P.bench.json, written beside P.yaml) as the
+    mapping it holds, checked to be such a record (MicrobenchResult.from_dict reads it,
+    and its 'gpu' and 'topology' names, when there, are strings); InputError (one line,
+    naming the file and ``flag``) when it is missing, not JSON, nested beyond the
+    decoder's depth or not such a record."""
     import json
 
     from costmodel.yamlio import read_text
     try:
-        return MicrobenchResult.from_dict(json.loads(read_text(path, what="calibration record (.bench.json)")))
-    except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
-        raise InputError(path, "--compute-from", f"not a calibration's microbenchmarks ({type(e).__name__})") from None
+        data = json.loads(read_text(path, what="calibration record (.bench.json)"))
+        MicrobenchResult.from_dict(data)
+    except RecursionError:  # json's decoder recurses once per nesting level
+        raise InputError(str(path), flag, "JSON nested too deeply: not a calibration's microbenchmarks") from None
+    except KeyError as e:
+        raise InputError(str(path), flag, f"not a calibration's microbenchmarks (no {e} field)") from None
+    except (json.JSONDecodeError, TypeError, AttributeError, ValueError) as e:
+        raise InputError(str(path), flag, f"not a calibration's microbenchmarks ({type(e).__name__})") from None
+    for key in ("gpu", "topology"):
+        if key in data and not isinstance(data[key], str):
+            raise InputError(str(path), key, f"{data[key]!r}: expected a name")
+    return data
+
+
+def load_bench(path, flag: str = "--compute-from") -> MicrobenchResult:
+    """load_bench_dict's record as a MicrobenchResult."""
+    return MicrobenchResult.from_dict(load_bench_dict(path, flag))
 
 
 def run_microbenchmarks(world: int, gemm_shapes, mem_sizes, coll_sizes, *, attn_shapes=(), topk=(), runtime=None,
