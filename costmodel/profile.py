@@ -24,7 +24,7 @@ from typing import Iterable
 from costmodel.dtypes import GRAD_REDUCE_CHOICES
 from costmodel.errors import InputError
 from costmodel.limits import LATENCY_US_MAX, number_problem
-from costmodel.yamlio import bundled_file, bundled_names, decode, load_yaml, parse_yaml
+from costmodel.yamlio import bundled_file, bundled_names, decode, load_yaml, not_a_file, parse_yaml
 
 
 @dataclass(frozen=True)
@@ -392,6 +392,9 @@ def load_profile(path: str | None, bundled: Iterable[str] = (), runtime: str | N
     if "/" not in path and not path.endswith((".yaml", ".yml")) and path in bundled_profiles():
         data, src = _bundled(path)
         return _merge(prof, data, src)
+    problem = not_a_file(p, "profile file")
+    if problem:
+        raise InputError(path, "--profile", problem)
     raise InputError(path, "--profile", f"no such profile file; bundled profiles: {', '.join(bundled_profiles())}")
 
 

@@ -30,18 +30,30 @@ MAX_FILE_BYTES = 16 * 2**20
 MAX_ALIAS_NODES = 10_000
 
 
+def not_a_file(path: str | Path, what: str = "file") -> str | None:
+    """Why ``path``, which exists, cannot be read as ``what`` (a directory, a device, FIFO
+    or socket), or None: it is a regular file or does not exist. The loaders that take a
+    preset name or a path ask this before saying "no such file", which would be wrong
+    about a directory that plainly exists; a FIFO is never opened, so it cannot block."""
+    p = Path(path)
+    if p.is_dir():
+        return f"a directory; expected a {what}"
+    if p.exists() and not p.is_file():
+        return f"not a regular file (a device, FIFO or socket); expected a {what}"
+    return None
+
+
 def read_text(path: str | Path, source: str | None = None, what: str = "file") -> str:
     """The UTF-8 text of ``path``; InputError (one line) when it is missing, unreadable,
     too large, binary or not UTF-8."""
     source = source or str(path)
     p = Path(path)
     try:
-        if p.is_dir():
-            raise InputError(source, None, f"a directory; expected a {what}")
-        if not p.exists():
-            raise InputError(source, None, f"no such {what}")
+        problem = not_a_file(p, what)
+        if problem:
+            raise InputError(source, None, problem)
         if not p.is_file():
-            raise InputError(source, None, f"not a regular file (a device, FIFO or socket); expected a {what}")
+            raise InputError(source, None, f"no such {what}")
         if p.stat().st_size > MAX_FILE_BYTES:
             raise InputError(source, None, f"{p.stat().st_size:,} bytes; an input file may have at most "
                                            f"{MAX_FILE_BYTES:,} bytes")

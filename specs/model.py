@@ -15,7 +15,7 @@ from pydantic import Field, model_validator
 from costmodel.errors import InputError
 from costmodel.limits import MAX_GLOBAL_BATCH, MAX_HEADS, MAX_HIDDEN, MAX_LAYERS, MAX_SEQ, MAX_VOCAB
 from costmodel.shapes import ModelSpec
-from costmodel.yamlio import load_yaml
+from costmodel.yamlio import load_yaml, not_a_file
 from specs.validation import Int, Strict, validate
 
 
@@ -115,6 +115,9 @@ def load_model(name_or_path: str) -> ModelSpec:
     if name_or_path in PRESETS:
         return PRESETS[name_or_path]
     path = Path(name_or_path)
+    problem = not_a_file(path, "model file")
+    if problem:
+        raise InputError(name_or_path, "--model", problem)
     if not path.is_file():
         raise InputError(
             name_or_path, "--model",

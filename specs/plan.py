@@ -24,7 +24,7 @@ from pydantic import Field, field_validator
 from costmodel.errors import InputError
 from costmodel.limits import MAX_DEVICES, MAX_GLOBAL_BATCH, MAX_LAYERS, TOPK_FRACTION_MIN, number_problem
 from costmodel.shapes import ModelSpec
-from costmodel.yamlio import load_yaml
+from costmodel.yamlio import load_yaml, not_a_file
 from specs.validation import Bool, Int, Strict, short, validate
 
 Degree = Int(1, MAX_DEVICES)
@@ -244,6 +244,9 @@ def load_plan_mapping(plan: str | Path | dict) -> tuple[dict, str]:
         return plan, "--plan"
     text = str(plan)
     path = Path(text)
+    problem = not_a_file(path, "plan file") if text and "=" not in text else None
+    if problem:
+        raise InputError(text, "--plan", problem)
     if text.endswith((".yaml", ".yml")) or ("=" not in text and text and path.is_file()):
         if not path.is_file():
             raise InputError(text, "--plan", "no such plan file")

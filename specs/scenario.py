@@ -35,7 +35,7 @@ from pydantic import Field, model_validator
 from costmodel.errors import InputError
 from costmodel.limits import MAX_DEVICES, MAX_NODES, MAX_SCENARIO_EVENTS, MAX_SCENARIO_S, MAX_SIM_STEPS, \
     SCALE_FACTOR_RANGE
-from costmodel.yamlio import bundled_file, bundled_names, load_yaml
+from costmodel.yamlio import bundled_file, bundled_names, load_yaml, not_a_file
 from specs.validation import Float, Int, Strict, validate
 
 Step = Int(1, MAX_SIM_STEPS)
@@ -153,6 +153,9 @@ def scenario_path(name_or_path: str | Path) -> str:
         res = bundled_file(_BUNDLE, text)
         if res is not None:
             return str(res)
+        problem = not_a_file(text, "scenario file")
+        if problem:
+            raise InputError(text, "--scenario", problem)
         raise InputError(text, "--scenario", f"no such file or bundled scenario; bundled: {', '.join(list_scenarios())}")
     return text
 

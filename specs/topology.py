@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Callable, Iterable, NamedTuple, Sequence
 from costmodel.errors import InputError
 from costmodel.gpus import GpuSpec
 from costmodel.limits import MAX_DEVICES, MAX_GPUS_PER_NODE, MAX_NODES, number_problem
-from costmodel.yamlio import bundled_file, bundled_names, decode, parse_yaml, read_text
+from costmodel.yamlio import bundled_file, bundled_names, decode, not_a_file, parse_yaml, read_text
 from specs import topology_schema as schema
 from specs.topology_links import TreeLinks
 from specs.validation import short, validate
@@ -382,8 +382,11 @@ def _read(name_or_path: str) -> tuple[str, str]:
         res = bundled_file(_BUNDLE, name_or_path)
         if res is not None:
             return str(res), decode(res.read_bytes(), str(res))
-        if not Path(name_or_path).is_file():
-            raise InputError(name_or_path, "topology", f"no bundled topology or file named {short(name_or_path)}; bundled: {bundled}")
+    problem = not_a_file(name_or_path, "topology file")
+    if problem:
+        raise InputError(name_or_path, "topology", problem)
+    if not looks_like_path and not Path(name_or_path).is_file():
+        raise InputError(name_or_path, "topology", f"no bundled topology or file named {short(name_or_path)}; bundled: {bundled}")
     if not Path(name_or_path).is_file():
         raise InputError(name_or_path, "topology", f"file not found; bundled topologies: {bundled}")
     return name_or_path, read_text(name_or_path, what="topology file")

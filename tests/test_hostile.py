@@ -504,3 +504,26 @@ def test_report_folder_under_a_file_refused_before_any_work(capsys, tmp_path, mo
     _assert_refused(code, err)
     assert "exists and is not a directory" in err and "'" + str(tmp_path / "f") + "'" in err
     assert (tmp_path / "f").read_text() == "mine"
+
+
+@pytest.mark.parametrize("argv_of, flag", [
+    (lambda d: ["simulate", d, "--model", "tiny", "--plan", "dp=1"], "topology"),
+    (lambda d: ["simulate", "dgx-a100", "--nodes", "1", "--model", d, "--plan", "dp=8"], "--model"),
+    (lambda d: ["simulate", "dgx-a100", "--nodes", "1", "--model", "tiny", "--plan", d], "--plan"),
+    (lambda d: ["simulate", "dgx-a100", "--nodes", "1", "--model", "gpt3-1.3b", "--plan", "dp=8",
+                "--profile", d], "--profile"),
+    (lambda d: ["simulate", "dgx-a100", "--nodes", "1", "--model", "tiny", "--plan", "dp=8", "--steps", "3",
+                "--scenario", d], "--scenario"),
+])
+def test_a_directory_or_fifo_given_as_an_input_file_is_named_as_such(tmp_path, monkeypatch, capsys, argv_of, flag):
+    """A topology, model, plan, profile or scenario argument that names an existing
+    directory or FIFO gets one line saying what it is and what was expected (costmodel/
+    yamlio.not_a_file), exit 2; before, each said "no such ... file" (or, for a plan,
+    "expected key=value") about a path that plainly exists. The FIFO is never opened."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "adir").mkdir()
+    os.mkfifo(tmp_path / "afifo")
+    for name, what in (("adir", "a directory; expected a"), ("afifo", "not a regular file")):
+        assert main(argv_of(name)) == 2
+        err = capsys.readouterr().err.strip()
+        assert f"{name}: {flag}: {what}" in err and len(err.splitlines()) == 1, err
