@@ -144,7 +144,8 @@ def cmd_validate_adaptive(args) -> int:
               "profile": args.profile, "runs": {k: r.to_dict() for k, r in runs.items()},
               "figures": figs.to_dict(), "simulated": predicted}
     if out_path is not None:
-        out_path.write_text(json.dumps(record, indent=1))
+        from reports.files import write_file
+        write_file(out_path, json.dumps(record, indent=1).encode("utf-8"))  # atomic: no half-written record
     if args.json:
         print(json.dumps(record, indent=2))
         return 0
