@@ -53,12 +53,6 @@ def _profile_text(path: str, mapping: dict) -> str:
             + yaml.safe_dump(mapping, sort_keys=False, width=100))
 
 
-def bench_path(profile: str | Path) -> Path:
-    """The calibration record written beside a profile: P.yaml -> P.bench.json."""
-    p = Path(profile)
-    return p.with_name(p.stem + ".bench.json")
-
-
 def _write_text(path: str, text: str) -> None:
     """Atomically (reports.files: a unique temporary beside the target, then a rename)."""
     from reports.files import output_file, write_file
@@ -112,7 +106,8 @@ def cmd_calibrate(args) -> int:
             raise InputError(flag, None, f"{str(value)[:60]}: {problem}")
     from reports.files import output_file
     # Both files are checked before the microbenchmarks: the profile and its record beside it.
-    output_file(bench_path(output_file(args.out, "--out")), "--out (its .bench.json record)")
+    from validate.microbench import bench_record_path
+    output_file(bench_record_path(output_file(args.out, "--out")), "--out (its .bench.json record)")
     from specs.model import load_model
     from validate.backend import require_torch
 
@@ -136,7 +131,7 @@ def cmd_calibrate(args) -> int:
     bench = {**cal.bench.to_dict(), "gpu": cluster.devices[0].gpu.name, "topology": args.topology}
     from reports.files import write_files
     write_files(out.parent, {out.name: _profile_text(args.out, cal.mapping).encode("utf-8"),
-                             bench_path(out).name: json.dumps(bench, indent=1).encode("utf-8")})
+                             bench_record_path(out).name: json.dumps(bench, indent=1).encode("utf-8")})
     if args.json:
         print(json.dumps({"bench": cal.bench.to_dict(), "profile": cal.mapping,
                           "residual_rms_pct": {k: cal.fit.rms_pct(k) for k in cal.fit.residuals if cal.fit.residuals[k]}},

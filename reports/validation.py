@@ -30,12 +30,13 @@ HEADERS = ("plan", "processes", "measured_ms", "p10_ms", "p90_ms", "predicted_ms
 
 
 def bench_path(profile_path: str | None) -> Path | None:
-    """Where plansim calibrate left the measurements of a profile: P.yaml -> P.bench.json."""
+    """The measurements plansim calibrate left beside a profile (P.yaml -> P.bench.json,
+    validate/microbench.bench_record_path), when there is such a path; None otherwise."""
+    from validate.microbench import bench_record_path
     if not profile_path:
         return None
-    p = Path(profile_path)
-    q = p.with_name(p.stem + ".bench.json")
-    return q if q.is_file() else None
+    q = bench_record_path(profile_path)
+    return q if q.exists() else None
 
 
 def load_benches(profiles: dict | None) -> dict[str, dict]:

@@ -32,6 +32,7 @@ import os
 import statistics
 import time
 from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 
 from costmodel import flops as fl
 from costmodel.errors import InputError
@@ -387,6 +388,13 @@ def reused_compute(src: MicrobenchResult, source: str, world: int, backend: str,
                             memory=[mem[(op, n)] for op in MEMORY_OPS for n in mem_sizes],
                             attention=[attn[tuple(sh)] for sh in attn_shapes], topk=[tk[k] for k in topk],
                             overhead=list(src.overhead), probe_s=src.probe_s, harness=dict(src.harness))
+
+
+def bench_record_path(profile) -> Path:
+    """Where plansim calibrate writes a profile's microbenchmarks: P.yaml -> P.bench.json
+    (the one definition: calibrate writes it, plansim validate's report reads it)."""
+    p = Path(profile)
+    return p.with_name(p.stem + ".bench.json")
 
 
 def load_bench_dict(path, flag: str = "--compute-from") -> dict:
