@@ -427,3 +427,18 @@ def test_validate_report_checks_the_calibration_record_before_any_run(tmp_path, 
     err = capsys.readouterr().err.strip()
     assert "p.bench.json" in err and needle in err and len(err.splitlines()) == 1, err
     assert not rep.exists()
+
+
+def test_launch_spread_by_hand_and_noted_beyond_the_tolerance():
+    """Launch medians 512.1 and 371.2 ms (conf-10's tp=2): 512.1 / 371.2 - 1 = 37.96 %,
+    beyond the 15 % tolerance, so the plan's text carries a note and the JSON the figure;
+    medians 60 and 66 ms are 10 % apart (no note); one launch has no spread (None)."""
+    from validate.compare import format_comparison
+    wide = _comp("tp=2", [512.1, 371.2], 516.5)
+    assert wide.launch_spread_pct() == pytest.approx(37.958, abs=1e-3)
+    assert wide.to_dict()["launch_spread_pct"] == pytest.approx(37.958, abs=1e-3)
+    assert "launches 38 % apart" in format_comparison(wide)
+    narrow = _comp("dp=2", [60.0, 66.0], 62.0)
+    assert narrow.launch_spread_pct() == pytest.approx(10.0)
+    assert "apart" not in format_comparison(narrow)
+    assert _comp("one", [70.0], 70.0).launch_spread_pct() is None

@@ -45,6 +45,7 @@ class Comparison:
                 # every measured step (launch after launch) and each launch's median, seconds
                 "measured_step_times_s": [float(t) for t in self.record.get("step_times_s", [])],
                 "launch_medians_s": [float(t) for t in self.record.get("launch_medians_s", [])],
+                "launch_spread_pct": self.launch_spread_pct(),
                 "phases": self.phases,
                 # the runner's finer measured split (forward, backward, optimizer, each collective)
                 "measured_detail_s": dict(self.record.get("detail_s", {})),
@@ -52,6 +53,16 @@ class Comparison:
                 "speed_probe": {"run_s": float(self.record.get("speed_probe_s", 0.0)),
                                 "calibrated_s": self.calibrated_probe_s, "drift_factor": self.drift,
                                 "applied": self.drift_applied}}
+
+    def launch_spread_pct(self) -> float | None:
+        """How far apart the launches' medians were: (slowest / fastest - 1) x 100, or None
+        with fewer than two launches. Each launch is one draw of where the processes and
+        their threads land (docs/validation-cpu.md); a spread wider than the tolerance a
+        prediction is judged by says the measurement itself is that uncertain."""
+        meds = [float(x) for x in self.record.get("launch_medians_s", [])]
+        if len(meds) < 2 or min(meds) <= 0:
+            return None
+        return 100.0 * (max(meds) / min(meds) - 1.0)
 
     def host_per_step(self) -> dict[str, float]:
         """The busiest rank's median minor page faults and involuntary context switches
@@ -169,6 +180,12 @@ class Ranking:
                                    "told_apart": self.told_apart(i, j)} for i, j, g in self.swapped_pairs()]}
 
 
+# Launch medians further apart than this get a note under the plan: the tolerance the
+# validator's target judges a prediction by (issue: within 15 %), so a spread beyond it
+# means the measurement alone could decide the verdict.
+LAUNCH_SPREAD_NOTE_PCT = 15.0
+
+
 def _launch_medians(record: dict) -> str:
     """': medians 63.4, 77.7 ms' (each launch's, in order), or '' when not recorded."""
     meds = record.get("launch_medians_s") or []
@@ -185,6 +202,10 @@ def format_comparison(c: Comparison) -> str:
              f"  {'phase':8s} {'measured (ms)':>14} {'predicted (ms)':>15}"]
     for cat, v in c.phases.items():
         lines.append(f"  {cat:8s} {v['measured_s'] * 1e3:>14.2f} {v['predicted_s'] * 1e3:>15.2f}")
+    spread = c.launch_spread_pct()
+    if spread is not None and spread > LAUNCH_SPREAD_NOTE_PCT:
+        lines.append(f"  launches {spread:.0f} % apart (each launch is one draw of where processes and threads "
+                     f"land): the measured median is that uncertain; more --launches narrow it")
     run_probe = float(c.record.get("speed_probe_s", 0.0))
     if run_probe > 0 and c.calibrated_probe_s > 0:
         how = (f"compute predicted x{c.drift:.3f}" if c.drift_applied else
