@@ -33,8 +33,8 @@ def register(subparsers) -> None:
                    help="worker processes measured at once (default: the topology's devices on its node)")
     p.add_argument("--model", default=DEFAULT_MODEL, help=f"model whose GEMM shapes to measure (default {DEFAULT_MODEL})")
     p.add_argument("--out", required=True, metavar="PROFILE.yaml", help="profile file to write")
-    p.add_argument("--repeats", type=int, default=5, help="timed repeats per measurement (median taken)")
-    p.add_argument("--max-bytes", type=int, default=64 * 1024 * 1024,
+    p.add_argument("--repeats", type=int, default=None, help="timed repeats per measurement (median taken; default 5)")
+    p.add_argument("--max-bytes", type=int, default=None,
                    help="largest collective size in bytes (default 64 MiB)")
     p.add_argument("--quick", action="store_true",
                    help="small sweep (collectives to 1 MiB, GEMMs to 256, 3 repeats): a smoke test, not a calibration")
@@ -99,6 +99,13 @@ def cmd_calibrate(args) -> int:
     if not args.topology:
         raise InputError("calibrate", "topology", "give a TOPOLOGY to calibrate from microbenchmarks, or --runs CSV")
     # The collective sweep starts at 4 KiB; below it no link could be fitted.
+    if args.quick and (args.repeats is not None or args.max_bytes is not None):
+        # --quick is a fixed smoke-test sweep; silently dropping the user's figures would
+        # report a calibration they did not ask for.
+        raise InputError("--quick", None, "sets its own repeats (3) and largest size (1 MiB); drop --repeats and "
+                         "--max-bytes, or drop --quick")
+    args.repeats = 5 if args.repeats is None else args.repeats
+    args.max_bytes = 64 * 1024 * 1024 if args.max_bytes is None else args.max_bytes
     for flag, value, lo, hi in (("--repeats", args.repeats, 1, MAX_BENCH_REPEATS),
                                 ("--max-bytes", args.max_bytes, MIN_COLLECTIVE_BYTES, MAX_COLLECTIVE_BYTES)):
         problem = number_problem(value, lo, hi, integer=True)

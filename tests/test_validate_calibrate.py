@@ -544,8 +544,10 @@ def test_compute_from_refused_before_any_measurement(tmp_path, monkeypatch, caps
     ([], "dir", "p.bench.json: --out (its .bench.json record): is a folder"),
     ([], "fifo", "p.bench.json: --out (its .bench.json record): exists and is not a regular file"),
     (["--compute-from", "deep.json"], "deep", "deep.json: --compute-from: JSON nested too deeply"),
+    (["--quick", "--repeats", "9"], None, "--quick: sets its own repeats (3) and largest size (1 MiB)"),
+    (["--quick", "--max-bytes", "8192"], None, "--quick: sets its own repeats (3) and largest size (1 MiB)"),
 ], ids=["repeats-1e9", "max-bytes-1e20", "max-bytes-4095", "bench-record-is-a-folder", "bench-record-is-a-fifo",
-        "compute-from-deeply-nested"])
+        "compute-from-deeply-nested", "quick-with-repeats", "quick-with-max-bytes"])
 def test_calibrate_inputs_refused_before_any_measurement(tmp_path, monkeypatch, capsys, argv, make, needle):
     """Absurd --repeats/--max-bytes, a P.bench.json beside --out P.yaml that is a folder or a
     FIFO, and a --compute-from record nested too deeply for json: one line, exit 2, nothing
@@ -553,7 +555,8 @@ def test_calibrate_inputs_refused_before_any_measurement(tmp_path, monkeypatch, 
     of 10^20 bytes) started the microbenchmarks; the record's path was not checked, so after
     the measurements the profile was written and then writing the record failed (a folder:
     profile without its record) or blocked forever (a FIFO); the nested record raised a
-    RecursionError traceback."""
+    RecursionError traceback. --quick beside --repeats or --max-bytes is refused too (before:
+    the user's figures were silently replaced by the smoke test's)."""
     import os
 
     import validate.microbench as mb
