@@ -94,15 +94,10 @@ def refit_profile(path: Path, world: int, aggregate: str, cluster):
     by ``aggregate`` (AGGREGATES)."""
     from costmodel.profile import load_profile, overlay_profile
     from validate.calibrate import profile_from_bench
-    from validate.microbench import MicrobenchResult, with_launch_aggregate
+    from validate.microbench import bench_record_path, load_bench, with_launch_aggregate
 
-    bench_file = path / f"cpu-w{world}.bench.json"
-    try:
-        res = MicrobenchResult.from_dict(json.loads(bench_file.read_text()))
-    except FileNotFoundError:
-        raise InputError(str(bench_file), "file", "missing: --launch-aggregate refits from it") from None
-    except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as e:
-        raise InputError(str(bench_file), "file", f"not a calibration's microbenchmarks ({type(e).__name__})") from None
+    bench_file = bench_record_path(path / f"cpu-w{world}.yaml")
+    res = load_bench(bench_file, "file")
     if not res.launch_samples:
         raise InputError(str(bench_file), "launch_samples", "absent: calibrated before each launch was kept")
     res = with_launch_aggregate(res, statistics.fmean if aggregate == "mean" else statistics.median)

@@ -75,8 +75,8 @@ def markdown_table(runs: list[tuple[Path, list[Comparison]]]) -> str:
     paths = [d for d, _ in runs]
     data = [{short_plan(c.plan): c for c in cs} for _, cs in runs]
     order = list(data[0])
-    for runs in data[1:]:
-        order += [k for k in runs if k not in order]
+    for by_short in data[1:]:
+        order += [k for k in by_short if k not in order]
     lines = ["| plan | procs | " + " | ".join(f"{d.name} | error" for d in paths) + " |",
              "|---|---|" + "---|---|" * len(paths)]
     for k in order:

@@ -30,8 +30,9 @@ def check_values(args) -> None:
     """The multi-step flags' values, checked by `simulate` before any work whether or not a
     multi-step run is wanted: a bad --noise or --seed is refused even where it would go
     unused, and an empty --scenario is not taken as no scenario."""
-    if args.noise is not None and number_problem(args.noise, 0, 0.5):
-        raise InputError("--noise", None, f"{args.noise}: {number_problem(args.noise, 0, 0.5)}")
+    problem = None if args.noise is None else number_problem(args.noise, 0, 0.5)
+    if problem:
+        raise InputError("--noise", None, f"{args.noise}: {problem}")
     if not 0 <= args.seed < 2**63:
         raise InputError("--seed", None, f"{str(args.seed)[:60]}: must be an integer in [0, 2**63)")
     if args.scenario is not None and not args.scenario.strip():

@@ -341,8 +341,7 @@ def calibrate(cluster, model, world: int, *, tps: list[int] | None = None, repea
     from validate.collective_bench import sizes_bytes
     from validate.profile_file import runtime_facts, where_and_when
     from validate.microbench import (TOPK_FRACTIONS, load_bench, memory_sizes, model_attention_shapes,
-                                     model_gemm_shapes, reused_compute, run_microbenchmarks, sweep_gemm_shapes,
-                                     topk_sizes, worker_threads)
+                                     model_gemm_shapes, run_microbenchmarks, sweep_gemm_shapes, topk_sizes)
 
     be = pick_backend() if backend is None else None
     be_name = backend or be.name
@@ -354,11 +353,9 @@ def calibrate(cluster, model, world: int, *, tps: list[int] | None = None, repea
     runtime = RuntimeSettings(**runtime_facts(kind))
     topk = [(n, f) for n in topk_sizes(model, tps) for f in TOPK_FRACTIONS]
     attn = model_attention_shapes(model, tps)
-    reuse = None
-    if compute_from is not None:
-        reuse = (load_bench(compute_from), compute_from)
-        # every condition and shape checked now, before minutes of collectives
-        reused_compute(*reuse, world, be_name, worker_threads(world), shapes, mem, attn, topk)
+    # The record is read here and checked by run_microbenchmarks (reused_compute) before
+    # anything is measured.
+    reuse = (load_bench(compute_from), compute_from) if compute_from is not None else None
     res = run_microbenchmarks(world, shapes, mem, coll, attn_shapes=attn, topk=topk, runtime=runtime,
                               repeats=repeats, backend=be_name, progress=progress, timeout_s=timeout_s,
                               compute_from=reuse)

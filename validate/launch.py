@@ -12,8 +12,9 @@ Two ways to start:
   launch of 2 to 4 processes on this 2-core host against 1.7-4.3 s spawned (dp=2 and dp=4
   of the tiny model, 2026-12-01; the first forked launch, which starts the server, 1.9 s).
   It is not the default because on this host it moved the CPU validation
-  (benchmarks/validate_cpu.sh, docs/validation-cpu.md, mechanism 18): over six forked runs tp=2 came out +13 % on average against -1 % over seven spawned,
-  and the issue's six plans were within 15 % in 2 of 5 clean forked runs against 5 of 7.
+  (benchmarks/validate_cpu.sh, docs/validation-cpu.md, mechanism 18): over six forked
+  runs tp=2 came out +13 % on average against -1 % over seven spawned, and the issue's six
+  plans were within 15 % in 2 of 5 clean forked runs against 5 of 7.
 - On several machines, the processes are started by torchrun, which sets RANK,
   WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT. ``launch`` then runs ``fn`` in
   this process only and gathers every rank's result to rank 0 (other ranks get None).

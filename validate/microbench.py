@@ -36,6 +36,7 @@ from pathlib import Path
 
 from costmodel import flops as fl
 from costmodel.errors import InputError
+from costmodel.limits import number_problem
 from costmodel.shapes import ModelSpec
 from validate.collective_bench import (BUSY_OP, COLLECTIVES, KIB, MIB, POSTED_BUSY_OP, POSTED_IDLE_OP,
                                        STRAGGLER_OP, CollectiveConfig,
@@ -359,7 +360,6 @@ def reused_compute(src: MicrobenchResult, source: str, world: int, backend: str,
         if got != want:
             raise InputError(source, "--compute-from", f"its compute ran with {what} {got}; this calibration "
                              f"needs {want}")
-    import math
     figures = ([("probe_s", src.probe_s)] + [(f"overhead.{o.what}", o.per_op_s) for o in src.overhead]
                + [(f"gemm.{i}", g.seconds) for i, g in enumerate(src.gemm)]
                + [(f"memory.{i}", x.seconds) for i, x in enumerate(src.memory)]
@@ -367,7 +367,7 @@ def reused_compute(src: MicrobenchResult, source: str, world: int, backend: str,
                + [(f"topk.{i}", t.seconds) for i, t in enumerate(src.topk)]
                + [(f"harness.{k}", v) for k, v in src.harness.items()])
     for where, v in figures:
-        if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or not 0 < v < 60:
+        if number_problem(v, 0.0, 60.0, lo_open=True, hi_open=True):
             raise InputError(source, where, f"{v!r}: a measured time must be a number of seconds in (0, 60)")
     if not src.overhead:
         raise InputError(source, "overhead", "absent: not a calibration's record")
