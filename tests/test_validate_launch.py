@@ -54,6 +54,11 @@ def _sleeps(rank, world, seconds):
     return rank
 
 
+def _prints(rank, world):
+    print(f"<rank {rank} was here>", end="")  # no newline: it sits in the buffer at exit
+    return rank
+
+
 def _children(pid: int, needle: str) -> list[int]:
     """Live (or zombie) children of ``pid`` whose command line contains ``needle``."""
     out = []
@@ -105,6 +110,18 @@ def test_allreduce_sums_over_two_processes():
     assert [o[0] for o in out] == [0, 1]
     assert all(o[1] == 2 and o[3] == "gloo" for o in out)
     assert all(o[2] == [21.0] * 4 for o in out)
+    assert _worker_children() == []
+
+
+def test_worker_output_survives_the_quick_exit(capfd, monkeypatch):
+    """Workers end with os._exit (launch._leave) instead of a full interpreter teardown;
+    what each printed without a newline (still buffered when it returned: the workers run
+    without PYTHONUNBUFFERED) reaches the parent's stdout, the results come back in rank
+    order, and no worker is left."""
+    monkeypatch.delenv("PYTHONUNBUFFERED", raising=False)
+    assert launch(_prints, 2, timeout_s=60) == [0, 1]
+    out = capfd.readouterr().out
+    assert "<rank 0 was here>" in out and "<rank 1 was here>" in out
     assert _worker_children() == []
 
 

@@ -133,6 +133,25 @@ def _worker(rank: int, world: int, port: int, backend_name: str | None, fn: Call
         conn.close()
         if dist is not None and dist.is_initialized():
             dist.destroy_process_group()
+        _leave()
+
+
+def _leave() -> None:
+    """End a spawned worker at once, as multiprocessing ends a forked one (os._exit after
+    its target returns), instead of the spawned interpreter's full teardown. Everything
+    the worker owes has gone by then (its result over the pipe, the group destroyed); what
+    is left is unloading torch, which took 0.3 s a launch of 2 processes and 0.65-0.8 s
+    of 4 here (2026-12-01, launches of a no-op: 1.1-3.2 s in all, against 0.04-0.06 s
+    for this exit). A CPU validation makes about 34 launches. stdout and stderr are
+    flushed first so that nothing a worker printed is lost."""
+    import sys
+
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001 - a closed or broken stream: nothing left to keep
+            pass
+    os._exit(0)
 
 
 def start_method() -> str:
