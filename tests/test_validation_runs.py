@@ -95,3 +95,45 @@ def test_a_run_of_one_plan_is_scored(tmp_path):
     out = subprocess.run([sys.executable, str(SCRIPT), str(d)], capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     assert "1/1" in out.stdout and "(not all six)" in out.stdout
+
+
+RESAMPLE = ROOT / "benchmarks" / "launch_resample.py"
+
+
+def _load_resample():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("launch_resample", RESAMPLE)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_launch_resample_counts_every_subset_by_hand(tmp_path):
+    """Prediction 100 ms, launch medians 90, 110, 130 pooled from two runs (errors
+    +11.1, -9.1, -23.1 %): one launch is beyond 15 % in 1 of 3 draws; two launches
+    (means 100, 110, 120: 0, -9.1, -16.7 %) in 1 of 3; all three (mean 110) in none.
+    The script prints the same shares; --max-k beyond the pool prints '-'."""
+    lr = _load_resample()
+    assert lr.beyond_share([0.1], [0.09, 0.11, 0.13], 1) == 1 / 3
+    assert lr.beyond_share([0.1], [0.09, 0.11, 0.13], 2) == 1 / 3
+    assert lr.beyond_share([0.1], [0.09, 0.11, 0.13], 3) == 0.0
+    a = _run_dir(tmp_path, "a", {"dp=2": ([90, 110], 100)})
+    b = _run_dir(tmp_path, "b", {"dp=2": ([130], 100)})
+    out = subprocess.run([sys.executable, str(RESAMPLE), "--max-k", "4", str(a), str(b)],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    row = next(line for line in out.stdout.splitlines() if line.startswith("dp=2"))
+    assert row.split()[1:] == ["2", "3", "33.3%", "33.3%", "0.0%", "-"]
+
+
+def test_launch_resample_refuses_bad_input_in_one_line(tmp_path):
+    """--max-k outside 1..6, no directory, or runs without launch medians: one line, exit 2."""
+    d = tmp_path / "old"
+    d.mkdir()
+    (d / "validation.json").write_text(json.dumps({"plans": [{"plan": PLANS["dp=2"][0], "world": 2,
+                                                              "measured_step_time_s": 0.05,
+                                                              "predicted_step_time_s": 0.05}]}))
+    for args in (["--max-k", "9", str(d)], ["--max-k", "x"], ["--max-k", "2"], [str(d)]):
+        out = subprocess.run([sys.executable, str(RESAMPLE), *args], capture_output=True, text=True, cwd=ROOT)
+        assert out.returncode == 2, (args, out.stdout)
+        assert out.stderr.count("\n") == 1 and out.stderr.startswith("error:")
