@@ -20,16 +20,21 @@
 # Ends with the table (plan, processes, measured and predicted median step time, error,
 # the measured spread p10..p90 around the median, each launch's median), the Spearman rank correlation, and the
 # wall time of the whole; the target is at most 5 minutes on a 2-core host.
-# STEPS (default 20) measured steps per plan, in LAUNCHES (default 2) launches of fresh
+# STEPS (default 21) measured steps per plan, in LAUNCHES (default 3) launches of fresh
 # processes, one pass over the eight plans after another, each launch after 2 warm-up
 # steps: a launch is one draw of where the processes and their threads land (the same
 # pp=2 1F1B plan's median step moved between 63 and 92 ms over nine launches here).
+# Three launches of 7 rather than two of 10 (2026-12-01): resampling the 26 launch
+# medians per plan of 13 saved two-launch runs, the chance that a plan's measurement
+# alone lands beyond 15 % of its prediction falls from 12 to 8 % for tp=2 and from 10 to
+# 7 % for 1F1B; the third launch costs no wall time over the old default since workers
+# exit without tearing torch down (validate/launch.py _leave): 247-264 s over 11 runs.
 # PLANSIM_START_METHOD=forkserver makes launches cheap enough for LAUNCHES=4 STEPS=24
 # within the 5 minutes, but moved the results (validate/launch.py).
 set -euo pipefail
 OUT="${1:-results/validate-cpu-$(date -u +%Y%m%d-%H%M)}"
-STEPS="${STEPS:-20}"
-LAUNCHES="${LAUNCHES:-2}"
+STEPS="${STEPS:-21}"
+LAUNCHES="${LAUNCHES:-3}"
 mkdir -p "$OUT"
 PY="${PYTHON:-python3}"
 start=$(date +%s)
