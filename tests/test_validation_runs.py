@@ -33,10 +33,10 @@ def _run_dir(tmp_path: Path, name: str, rows: dict) -> Path:
     return d
 
 
-def _load():
-    """The script as a module (benchmarks/ is not a package)."""
+def _load(script: Path = SCRIPT):
+    """A benchmarks script as a module (benchmarks/ is not a package)."""
     import importlib.util
-    spec = importlib.util.spec_from_file_location("validation_runs", SCRIPT)
+    spec = importlib.util.spec_from_file_location(script.stem, script)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -100,20 +100,12 @@ def test_a_run_of_one_plan_is_scored(tmp_path):
 RESAMPLE = ROOT / "benchmarks" / "launch_resample.py"
 
 
-def _load_resample():
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("launch_resample", RESAMPLE)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def test_launch_resample_counts_every_subset_by_hand(tmp_path):
     """Prediction 100 ms, launch medians 90, 110, 130 pooled from two runs (errors
     +11.1, -9.1, -23.1 %): one launch is beyond 15 % in 1 of 3 draws; two launches
     (means 100, 110, 120: 0, -9.1, -16.7 %) in 1 of 3; all three (mean 110) in none.
     The script prints the same shares; --max-k beyond the pool prints '-'."""
-    lr = _load_resample()
+    lr = _load(RESAMPLE)
     assert lr.beyond_share([0.1], [0.09, 0.11, 0.13], 1) == 1 / 3
     assert lr.beyond_share([0.1], [0.09, 0.11, 0.13], 2) == 1 / 3
     assert lr.beyond_share([0.1], [0.09, 0.11, 0.13], 3) == 0.0
