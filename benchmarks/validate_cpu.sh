@@ -28,7 +28,7 @@
 # medians per plan of 13 saved two-launch runs, the chance that a plan's measurement
 # alone lands beyond 15 % of its prediction falls from 12 to 8 % for tp=2 and from 10 to
 # 7 % for 1F1B; the third launch costs no wall time over the old default since workers
-# exit without tearing torch down (validate/launch.py _leave): 247-264 s over 11 runs.
+# exit without tearing torch down (validate/launch.py _leave): 243-264 s over 21 runs.
 # PLANSIM_START_METHOD=forkserver makes launches cheap enough for LAUNCHES=4 STEPS=24
 # within the 5 minutes, but moved the results (validate/launch.py).
 set -euo pipefail

@@ -98,7 +98,6 @@ def cmd_calibrate(args) -> int:
         return _from_runs(args)
     if not args.topology:
         raise InputError("calibrate", "topology", "give a TOPOLOGY to calibrate from microbenchmarks, or --runs CSV")
-    # The collective sweep starts at 4 KiB; below it no link could be fitted.
     if args.quick and (args.repeats is not None or args.max_bytes is not None):
         # --quick is a fixed smoke-test sweep; silently dropping the user's figures would
         # report a calibration they did not ask for.
@@ -106,6 +105,7 @@ def cmd_calibrate(args) -> int:
                          "--max-bytes, or drop --quick")
     args.repeats = 5 if args.repeats is None else args.repeats
     args.max_bytes = 64 * 1024 * 1024 if args.max_bytes is None else args.max_bytes
+    # The collective sweep starts at 4 KiB (MIN_COLLECTIVE_BYTES); below it no link could be fitted.
     for flag, value, lo, hi in (("--repeats", args.repeats, 1, MAX_BENCH_REPEATS),
                                 ("--max-bytes", args.max_bytes, MIN_COLLECTIVE_BYTES, MAX_COLLECTIVE_BYTES)):
         problem = number_problem(value, lo, hi, integer=True)

@@ -385,10 +385,9 @@ def _read(name_or_path: str) -> tuple[str, str]:
     problem = not_a_file(name_or_path, "topology file")
     if problem:
         raise InputError(name_or_path, "topology", problem)
-    if not looks_like_path and not Path(name_or_path).is_file():
-        raise InputError(name_or_path, "topology", f"no bundled topology or file named {short(name_or_path)}; bundled: {bundled}")
     if not Path(name_or_path).is_file():
-        raise InputError(name_or_path, "topology", f"file not found; bundled topologies: {bundled}")
+        raise InputError(name_or_path, "topology", f"file not found; bundled topologies: {bundled}" if looks_like_path
+                         else f"no bundled topology or file named {short(name_or_path)}; bundled: {bundled}")
     return name_or_path, read_text(name_or_path, what="topology file")
 
 

@@ -119,7 +119,7 @@ def test_launch_resample_counts_every_subset_by_hand(tmp_path):
 
 
 def test_launch_resample_refuses_bad_input_in_one_line(tmp_path):
-    """--max-k outside 1..6, no directory, or runs without launch medians: one line, exit 2."""
+    """--max-k outside 1..4, no directory, or runs without launch medians: one line, exit 2."""
     d = tmp_path / "old"
     d.mkdir()
     (d / "validation.json").write_text(json.dumps({"plans": [{"plan": PLANS["dp=2"][0], "world": 2,

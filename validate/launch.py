@@ -35,6 +35,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import sys
 import time
 import traceback
 from datetime import timedelta
@@ -144,8 +145,6 @@ def _leave() -> None:
     of 4 here (2026-12-01, launches of a no-op: 1.1-3.2 s in all, against 0.04-0.06 s
     for this exit). A CPU validation makes about 34 launches. stdout and stderr are
     flushed first so that nothing a worker printed is lost."""
-    import sys
-
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
