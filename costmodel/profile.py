@@ -105,6 +105,13 @@ class FabricEfficiency:
     # (results/validate-cpu-2026-11-30/sender-state-6..8, results/validate-cpu-2026-12-01/final-4).
     send_recv_posted_busy_us: float | None = None
     send_recv_posted_idle_us: float | None = None
+    # A pipeline handoff whose receive was posted before its send (validate/pp.py posts
+    # every receive at the start of the step): from the sender computing to the receiver
+    # computing again, as much as the handoff adds to a ping-pong of compute rounds between
+    # two ranks, us; it replaces send_recv's call cost and the message step of a pipeline
+    # send (the bytes still share the links). None: those. Measured, not fitted
+    # (validate/collective_bench.posted_rows, the pre-posted ping-pong).
+    send_recv_preposted_us: float | None = None
     # Added to every call per member of the group beyond two, us. 0 where a collective's
     # members each have their own processor. Where more processes than cores share a host,
     # every member must be scheduled in turn before the call completes, and a bigger group

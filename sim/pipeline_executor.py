@@ -199,11 +199,16 @@ class PipelineExecutor(EnginePart):
             busy_us, idle_us = fab.send_recv_posted_busy_us, fab.send_recv_posted_idle_us
             posted_s = None if busy_us is None or idle_us is None else (busy_us * 1e-6, idle_us * 1e-6)
             weights, latency = self.net.prepare(path, mult)
-            # (path, multiplicity, call latency, posted-first costs) for the rendezvous receiver; the flow's
-            # weights and its start delay: the call's software cost, then one path
-            # latency (transfer's latency * latency_steps + delay_s with one step).
+            # The flow's start delay: the call's software cost, then one path latency
+            # (transfer's latency * latency_steps + delay_s with one step); or, where the
+            # profile measured a handoff into a receive posted first whole
+            # (FabricEfficiency.send_recv_preposted_us), that alone.
+            pre_us = fab.send_recv_preposted_us
+            delay = latency * 1 + call_s if pre_us is None else pre_us * 1e-6
+            # (path, multiplicity, call latency, posted-first costs) for the rendezvous
+            # receiver; the flow's weights; its start delay.
             route = self._p2p_routes[(pi, src_stage, dst_stage)] = (
-                (path, mult, call_s, posted_s), weights, latency * 1 + call_s)
+                (path, mult, call_s, posted_s), weights, delay)
         # One flow: the call's software cost and the path latency in one timeout, then
         # the bytes; the arrival event is the flow's own (no process, no forwarding).
         if self.prog.p2p_rendezvous:  # the receiver starts the transfer (_rendezvous_recv)

@@ -17,7 +17,8 @@ DATA = Path(__file__).parent / "data"
 CALL_S = 50e-6
 
 
-def _prog(m: int, rendezvous: bool, p2p: float = 1e8, busy_us: float | None = None, idle_us: float | None = None):
+def _prog(m: int, rendezvous: bool, p2p: float = 1e8, busy_us: float | None = None, idle_us: float | None = None,
+          preposted_us: float | None = None):
     # two-nodes.yaml: pp=2 puts one stage per node; 1e8 B over a 10 GB/s NIC path.
     cluster = load_topology(str(DATA / "two-nodes.yaml"))
     model = ModelSpec("t", 4, 1024, 16, 512, 32000, 2 * m)
@@ -27,7 +28,8 @@ def _prog(m: int, rendezvous: bool, p2p: float = 1e8, busy_us: float | None = No
     prog.profile = Profile(gpus={"default": GpuEfficiency()},
                            fabrics={"default": FabricEfficiency(bw_eff=1.0, call_latency_us=CALL_S * 1e6,
                                                                 send_recv_posted_busy_us=busy_us,
-                                                                send_recv_posted_idle_us=idle_us)})
+                                                                send_recv_posted_idle_us=idle_us,
+                                                                send_recv_preposted_us=preposted_us)})
     return prog, cluster
 
 
@@ -87,6 +89,23 @@ def test_posted_first_receive_from_a_computing_sender_costs_the_busy_figure():
     slow, _ = run_engine(_prog(3, True, busy_us=x1 * 1e6, idle_us=1e3)[0])
     fast, _ = run_engine(_prog(3, True, busy_us=x2 * 1e6, idle_us=1e3)[0])
     assert slow - fast == pytest.approx(2 * (x1 - x2), rel=1e-9)
+
+
+def test_preposted_handoff_replaces_the_call_and_the_path_latency():
+    """Every receive posted before its send (validate/pp.py; no rendezvous): a handoff
+    measured whole as P (FabricEfficiency.send_recv_preposted_us) takes the place of the
+    send's call cost and path latency, the bytes still crossing the link. GPipe, p=2,
+    m=1: step = 2f + 2b + 2(call + L + B) without it, 2f + 2b + 2(P + B) with it, so the
+    two differ by exactly 2(call + L - P). With m=2 the step is 3f + 3b + 2c (F0's
+    activation and B1's gradient on its path; F1's arrives at 2f + c, as F0 ends on stage
+    1, B0's while stage 0 runs B1), so again 2(call + L - P)."""
+    p_s = 3e-3
+    for m in (1, 2):
+        prog, cluster = _prog(m, False)
+        L = cluster.path_latency_s(cluster.route(prog.pipelines[0].ranks[0], prog.pipelines[0].ranks[1]))
+        base, _ = run_engine(prog)
+        pre, _ = run_engine(_prog(m, False, preposted_us=p_s * 1e6)[0])
+        assert base - pre == pytest.approx(2 * (CALL_S + L - p_s), rel=1e-9)
 
 
 def test_tied_embedding_allreduce_on_first_and_last_stage():

@@ -38,7 +38,7 @@ from costmodel import flops as fl
 from costmodel.errors import InputError
 from costmodel.limits import number_problem
 from costmodel.shapes import ModelSpec
-from validate.collective_bench import (BUSY_OP, COLLECTIVES, KIB, MIB, POSTED_BUSY_OP, POSTED_IDLE_OP,
+from validate.collective_bench import (BUSY_OP, COLLECTIVES, KIB, MIB, POSTED_BUSY_OP, POSTED_IDLE_OP, PREPOSTED_OP,
                                        STRAGGLER_OP, CollectiveConfig,
                                        CollectiveSample, collective_worker)
 
@@ -137,6 +137,10 @@ class MicrobenchResult:
     # mean over the pairs and launches; 0: not measured
     posted_busy_s: float = 0.0
     posted_idle_s: float = 0.0
+    # What one pipeline handoff into a receive posted before its send adds to a ping-pong
+    # of compute rounds (collective_bench.preposted_handoff_s), seconds, mean over the
+    # pairs and launches; 0: not measured
+    preposted_s: float = 0.0
     # Every launch's figure of the rows timed in several launches: [op, n, nbytes,
     # [seconds, launch by launch]]; the rows themselves hold the mean. [] in older records.
     launch_samples: list = field(default_factory=list)
@@ -157,7 +161,8 @@ class MicrobenchResult:
                    host_cores=d.get("host_cores", 0), probe_s=d.get("probe_s", 0.0),
                    harness=dict(d.get("harness", {})), comm_busy_fraction=d.get("comm_busy_fraction", 0.0),
                    straggler_s=d.get("straggler_s", 0.0), posted_busy_s=d.get("posted_busy_s", 0.0),
-                   posted_idle_s=d.get("posted_idle_s", 0.0), launch_samples=list(d.get("launch_samples", [])))
+                   posted_idle_s=d.get("posted_idle_s", 0.0), preposted_s=d.get("preposted_s", 0.0),
+                   launch_samples=list(d.get("launch_samples", [])))
 
 
 # ------------------------------------------------------------------------ shapes
@@ -520,7 +525,7 @@ def _measure_collectives(res: MicrobenchResult, world: int, coll_sizes, repeats:
         _apply_collective_rows(res, rows)
 
 
-_SCALAR_OPS = (BUSY_OP, STRAGGLER_OP, POSTED_BUSY_OP, POSTED_IDLE_OP)
+_SCALAR_OPS = (BUSY_OP, STRAGGLER_OP, POSTED_BUSY_OP, POSTED_IDLE_OP, PREPOSTED_OP)
 
 
 def _apply_collective_rows(res: MicrobenchResult, rows: list) -> None:
@@ -539,6 +544,8 @@ def _apply_collective_rows(res: MicrobenchResult, rows: list) -> None:
         res.posted_busy_s = special[POSTED_BUSY_OP][0]
     if POSTED_IDLE_OP in special:
         res.posted_idle_s = special[POSTED_IDLE_OP][0]
+    if PREPOSTED_OP in special:
+        res.preposted_s = special[PREPOSTED_OP][0]
     res.collectives = [CollectiveSample(op, nbytes, n, s) for op, n, nbytes, s in rows if op not in _SCALAR_OPS]
 
 
@@ -584,7 +591,8 @@ def format_compute(res: MicrobenchResult) -> str:
                      f"50 ms of compute waits {res.straggler_s * 1e6:.0f} us more than one closing 1 ms")
     if res.posted_busy_s or res.posted_idle_s:
         lines.append(f"# pipeline handoffs: receiving a message posted earlier adds {res.posted_busy_s * 1e6:.0f} us "
-                     f"to a round while its sender computes, {res.posted_idle_s * 1e6:.0f} us while it is blocked")
+                     f"to a round while its sender computes, {res.posted_idle_s * 1e6:.0f} us while it is blocked; "
+                     f"a handoff into a receive posted first adds {res.preposted_s * 1e6:.0f} us to a ping-pong")
     return "\n".join(lines)
 
 

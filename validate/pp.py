@@ -11,6 +11,23 @@ is deadlock-free, which sim/schedules.list_schedule_makespan checks for every sc
 Messages between the same two ranks are told apart by tag (direction, virtual stage,
 microbatch), so their order on the wire does not matter.
 
+Every receive of the step is posted before the step's first action (gloo, the one
+backend pipeline plans run on: runner.check_pp_backend). gloo's TCP pairs are a
+rendezvous (gloo/transport/tcp/pair.cc: a send waits in localPendingSend_ until the
+peer's NOTIFY_RECV_READY), so a receive posted after its send has to wake the sender's
+transport thread; on a host whose cores are all computing, that thread's event loop then
+spins on a pair lock held by a descheduled thread (Pair::handleEvents skips a pair it
+cannot try_lock, and the level-triggered epoll hands it back at once) until a scheduler
+tick. Measured here (2026-12-01, tiny model, pp=2, four to six launches each): receives
+posted as the actions reach them, GPipe 74-89 ms and 1F1B 63-90 ms a step, GPipe's
+backward either keeping pace or locked to the 4 ms tick; every receive posted at the
+start, GPipe 58-64 ms and 1F1B 55-62 ms. Posted first, a message is written by the
+sender's own isend call into the waiting buffer, as a GPU pipeline's matched send and
+receive proceed without either side's host. Activations and gradients also travel on
+process groups of their own (pipeline_groups), so that a message arriving while the
+receiving rank writes one the other way does not meet the same pair's lock
+(docs/validation-cpu.md, mechanism 21).
+
 Timing categories: time blocked in a receive is ``bubble`` (waiting for the pipeline
 neighbour, including the transfer itself, which the host cannot separate); the time to
 post a send and to wait for sends still in flight at the end of the step is ``pp``.
@@ -29,8 +46,11 @@ class PipelineStage:
     passed between stages (s split by tp under sequence parallelism)."""
 
     def __init__(self, stage: int, p: int, v: int, chunks: dict, peer, act_shape, rec: Recorder,
-                 reducer, device):
+                 reducer, device, groups: dict | None = None):
         self.stage, self.p, self.v = stage, p, v
+        # {"F": group, "B": group}: activations and gradients on process groups of their
+        # own (pipeline_groups); None: the default group for both.
+        self.groups = groups or {}
         self.chunks, self.peer, self.act_shape = chunks, peer, tuple(act_shape)
         self.rec, self.reducer, self.device = rec, reducer, device
         self.last_vstage = p * v - 1
@@ -58,14 +78,27 @@ class PipelineStage:
         def send(t, dst_vstage: int, kind: str, mb: int, label: str):
             with rec.span("pp", "pp_send", f"send {label}"):
                 t = t.contiguous()
-                w = dist.isend(t, self.peer(dst_vstage % self.p), tag=self._tag(kind, dst_vstage, mb, m))
+                w = dist.isend(t, self.peer(dst_vstage % self.p), group=self.groups.get(kind),
+                               tag=self._tag(kind, dst_vstage, mb, m))
             rec.sent("pp", t.numel() * t.element_size())
             sends.append([w, rec.now(), f"send {label}", t])
 
+        # Every receive this rank's actions need, posted now (module docstring): the key is
+        # (source virtual stage, kind, this virtual stage, microbatch).
+        posted: dict[tuple[int, str, int, int], tuple] = {}
+        for a in acts:
+            k = a.chunk * self.p + self.stage
+            src = k - 1 if a.kind == "F" else k + 1
+            if 0 <= src <= self.last_vstage:
+                buf = torch.empty(self.act_shape, device=self.device)
+                work = dist.irecv(buf, self.peer(src % self.p), group=self.groups.get(a.kind),
+                                  tag=self._tag(a.kind, k, a.mb, m))
+                posted[(src, a.kind, k, a.mb)] = (buf, work)
+
         def recv(src_vstage: int, kind: str, dst_vstage: int, mb: int, label: str):
-            buf = torch.empty(self.act_shape, device=self.device)
+            buf, work = posted.pop((src_vstage, kind, dst_vstage, mb))
             with rec.span("bubble", "pp_wait", f"wait {label}"):
-                dist.irecv(buf, self.peer(src_vstage % self.p), tag=self._tag(kind, dst_vstage, mb, m)).wait()
+                work.wait()
             return buf
 
         def close_sends(block: bool):
@@ -110,3 +143,28 @@ class PipelineStage:
             close_sends(block=False)
         close_sends(block=True)
         return loss_sum
+
+
+def pipeline_groups(pipelines: list[list[int]], rank: int) -> dict | None:
+    """{"F": group, "B": group} of the pipeline holding ``rank`` (None if none): two process
+    groups over each pipeline's ranks, activations on one and gradients on the other.
+    Collective over the whole world: every rank creates every group, in the same order.
+
+    Why two: gloo's TCP pair serialises its socket under one lock, and the transport
+    thread that reads a message only try-locks it (gloo/transport/tcp/pair.cc,
+    Pair::handleEvents: "attempt to lock the pair and skip handling the events until the
+    next tick"). In 1F1B's steady state the two neighbours send to each other at once, so
+    a message arrives on the very pair whose lock the receiving rank's isend holds; its
+    transport thread then spins on the level-triggered event, taking the core from the
+    thread that holds the lock. Measured here (2026-12-01, tiny, pp=2 1F1B, receives posted
+    first, one pair): isend calls of 3-5 ms on both ranks at the same instant, where one
+    usually takes 0.06-0.1 ms. With a pair per direction an arriving message never
+    waits on the lock of a pair the receiving rank is writing, as two NCCL peers' send
+    and receive proceed without each other's host."""
+    import torch.distributed as dist
+    mine = None
+    for ranks in pipelines:
+        gs = {kind: dist.new_group(ranks) for kind in ("F", "B")}
+        if rank in ranks:
+            mine = gs
+    return mine

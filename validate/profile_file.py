@@ -43,7 +43,10 @@ def runtime_facts(kind: str) -> dict:
         "launch_blocking": kind == "cpu",
         "p2p_scatter_gather": False,
         "p2p_blocking": False,
-        "p2p_rendezvous": kind != "cuda",  # gloo's TCP pairs (costmodel/profile.RuntimeSettings)
+        # validate/pp.py posts every pipeline receive at the start of the step, so a send
+        # never waits for its receive, whatever the transport (gloo's pairs are a
+        # rendezvous: costmodel/profile.RuntimeSettings.p2p_rendezvous).
+        "p2p_rendezvous": False,
         "tp_bwd_overlap": False,
         "fused_bias_dropout_add": True,
         "grad_accumulation_fusion": False,
@@ -106,6 +109,7 @@ def profile_mapping(fit: FitResult, res: MicrobenchResult, gpu_name: str, link_k
             **({"send_recv_posted_busy_us": round(res.posted_busy_s * 1e6, 1),
                 "send_recv_posted_idle_us": round(res.posted_idle_s * 1e6, 1)}
                if res.posted_busy_s > 0 and res.posted_idle_s > 0 else {}),
+            **({"send_recv_preposted_us": round(res.preposted_s * 1e6, 1)} if res.preposted_s > 0 else {}),
             "source": (f"FIT by plansim calibrate, {where}: {', '.join(FITTED_COLLECTIVES)} over "
                        f"{res.world} processes, {len(fit.residuals.get('collectives', []))} sizes x ops "
                        f"(RMS {fit.rms_pct('collectives'):.1f} %), against the topology's link bandwidth; "
@@ -116,7 +120,11 @@ def profile_mapping(fit: FitResult, res: MicrobenchResult, gpu_name: str, link_k
                        + (" send_recv_posted_busy_us and _idle_us MEASURED: what receiving a 32 KiB message "
                           "its sender posted earlier adds to a round of the runner's layer code, the sender "
                           "computing or blocked (validate/collective_bench.posted_rows)."
-                          if res.posted_busy_s > 0 and res.posted_idle_s > 0 else "")),
+                          if res.posted_busy_s > 0 and res.posted_idle_s > 0 else "")
+                       + (" send_recv_preposted_us MEASURED: what one pipeline handoff into a receive posted "
+                          "before its send adds to a ping-pong of the runner's layer code in pairs of ranks "
+                          "(validate/collective_bench.preposted_handoff_s); the pipeline's sends use it."
+                          if res.preposted_s > 0 else "")),
         }}
     return out
 

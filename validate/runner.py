@@ -141,7 +141,7 @@ def _worker(rank: int, world: int, model: ModelSpec, plan: Plan, cfg: RunConfig)
     from validate.dp import GradReducer
     from validate.fsdp import FSDP, ShardedChunk
     from validate.gpt import GPTChunk, all_params, batch_tokens, full_weights
-    from validate.pp import PipelineStage
+    from validate.pp import PipelineStage, pipeline_groups
     from validate.timeline import Recorder
 
     torch.manual_seed(cfg.seed)
@@ -169,8 +169,10 @@ def _worker(rank: int, world: int, model: ModelSpec, plan: Plan, cfg: RunConfig)
                               zero=plan.zero, topk=plan.topk_fraction, late=late)
     seq = model.seq_length // plan.cp
     seq = seq // plan.tp if sp else seq
+    pp_groups = (pipeline_groups([[plan.rank(dd, ss, tt, cc) for ss in range(p)] for dd in range(plan.dp)
+                                  for tt in range(plan.tp) for cc in range(plan.cp)], rank) if p > 1 else None)
     stage = PipelineStage(s, p, v, chunks, lambda st: plan.rank(d, st, t, c_idx),
-                          (plan.mbs, seq, model.hidden_size), rec, reducer, device)
+                          (plan.mbs, seq, model.hidden_size), rec, reducer, device, pp_groups)
     m = plan.mb_shares[d]
     acts = stage.actions(plan.schedule, m)
     row0 = sum(plan.mb_shares[:d]) * plan.mbs
