@@ -175,7 +175,7 @@ def cmd_search(args) -> int:
 def validation_plans(args, result):
     """The search's top K plans that the runner implements (plansim validate's path), with
     every input of their runs checked (plansim/cmd_validate.prepare_plans): (plans, [(plan,
-    why skipped)]). Plans it cannot run (e.g. zero=3) are skipped and named. The runner
+    why skipped)], prepare_plans' result). Plans it cannot run (e.g. zero=3) are skipped and named. The runner
     computes in fp32 (plansim/cmd_validate.RUNNER_PRECISION), so each plan is validated,
     and re-simulated for its prediction, at that precision."""
     from plansim.cmd_validate import RUNNER_PRECISION, prepare_plans, profile_for
@@ -202,12 +202,13 @@ def validation_plans(args, result):
         plans.append(text)
     if not plans:
         raise InputError("--validate", None, "the runner implements none of the plans the search simulated")
-    prepare_plans(args.topology, model_name, plans, profile_for([args.profile] if args.profile else []))
-    return plans, skipped
+    prepared = prepare_plans(args.topology, model_name, plans, profile_for([args.profile] if args.profile else []))
+    return plans, skipped, prepared
 
 
-def validate_top(args, plans: list[str], skipped: list):
-    """Run ``plans`` (validation_plans) for real and rank them: (Ranking, skipped)."""
+def validate_top(args, plans: list[str], skipped: list, prepared: list):
+    """Run ``plans`` (validation_plans, whose checked inputs ``prepared`` are reused) for
+    real and rank them: (Ranking, skipped)."""
     import sys
     from plansim.cmd_validate import profile_for, validate_plans
     from specs.model import DEFAULT_MODEL
@@ -216,5 +217,6 @@ def validate_top(args, plans: list[str], skipped: list):
     say = None if args.json else (lambda m: print(m, file=sys.stderr, flush=True))
     comps = validate_plans(args.topology, args.model or DEFAULT_MODEL, plans,
                            profile_for([args.profile] if args.profile else []),
-                           steps=args.validate_steps, warmup=2, seed=0, timeout_s=300.0, record=False, progress=say)
+                           steps=args.validate_steps, warmup=2, seed=0, timeout_s=300.0, record=False, progress=say,
+                           prepared=prepared)
     return Ranking(comps), skipped

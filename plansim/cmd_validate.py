@@ -77,10 +77,13 @@ def profile_for(specs: list[str]) -> dict:
 
 def validate_plans(topology: str, model_name: str, plans: list[str], profiles: dict, *, steps: int,
                    warmup: int, seed: int, timeout_s: float, record: bool, progress=None,
-                   runtime: str | None = None, drift_correction: bool = True, launches: int = 1):
+                   runtime: str | None = None, drift_correction: bool = True, launches: int = 1,
+                   prepared: list | None = None):
     """Run and simulate every plan; the comparisons in the given order. With ``launches``
     > 1 every plan runs that many times in fresh processes, one pass over all the plans
-    after another, and its record pools the passes' steps (RunRecord.pooled)."""
+    after another, and its record pools the passes' steps (RunRecord.pooled). ``prepared``:
+    prepare_plans' result for these arguments where the caller already has it (each
+    profile is then read once)."""
     from sim.metrics import simulate
     from specs.model import load_model
     from validate.backend import require_torch
@@ -89,7 +92,8 @@ def validate_plans(topology: str, model_name: str, plans: list[str], profiles: d
     from validate.probe import drift_factor
 
     model = load_model(model_name)
-    prepared = prepare_plans(topology, model_name, plans, profiles, runtime)
+    if prepared is None:
+        prepared = prepare_plans(topology, model_name, plans, profiles, runtime)
     require_torch()
     from validate.microbench import worker_threads_env
     from validate.runner import run_plan

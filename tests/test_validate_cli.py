@@ -252,14 +252,19 @@ def test_runner_precision_reaches_plan_files(tmp_path):
     assert plan_world(with_runner_precision(str(path))) == 2
 
 
-def test_search_validate_top_plans(capsys):
+def test_search_validate_top_plans(capsys, monkeypatch):
     """`plansim search --validate 2` on a 2-process host runs the search's two best plans
     that the runner implements for real: the JSON carries both, in the search's order
     after the skipped ones (each named with its reason), each predicted at the runner's
     precision (fp32) exactly as `plansim simulate` of that plan gives, with a Spearman
-    correlation in [-1, 1] over the two."""
+    correlation in [-1, 1] over the two. The plans' inputs (profiles included) are checked
+    and read once, before the search's report, and reused for the runs."""
     pytest.importorskip("torch")
     pytest.importorskip("validate.runner")
+    import plansim.cmd_validate as cv
+    calls = []
+    real_prepare = cv.prepare_plans
+    monkeypatch.setattr(cv, "prepare_plans", lambda *a, **k: calls.append(a) or real_prepare(*a, **k))
     from pathlib import Path
     from costmodel.profile import load_profile
     from sim.metrics import simulate
@@ -287,6 +292,7 @@ def test_search_validate_top_plans(capsys):
         assert p["predicted_step_time_s"] == pytest.approx(sim.step_time_s, rel=1e-9)
         assert p["measured_step_time_s"] > 0
     assert -1.0 <= d["validation"]["spearman"] <= 1.0
+    assert len(calls) == 1
 
 
 def test_search_validate_out_of_range(capsys):
