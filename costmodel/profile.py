@@ -112,6 +112,15 @@ class FabricEfficiency:
     # send (the bytes still share the links). None: those. Measured, not fitted
     # (validate/collective_bench.posted_rows, the pre-posted ping-pong).
     send_recv_preposted_us: float | None = None
+    # The sender's own share of send_recv_preposted_us: its isend call, which with the
+    # receive already posted writes the bytes from the calling thread (gloo/transport/tcp/
+    # pair.cc), so the sender's compute stream is busy for it and the message arrives
+    # send_recv_preposted_us after the call began, as in the ping-pong it was measured in.
+    # Where the sender is the slower stage (GPipe's last stage in backward) this is what
+    # the handoff adds to the step. Measured, not fitted (collective_bench.
+    # preposted_handoff_s, the isend calls of the same ping-pong), us; None: 0. Used only
+    # with send_recv_preposted_us, and at most it.
+    send_recv_preposted_call_us: float | None = None
     # Added to every call per member of the group beyond two, us. 0 where a collective's
     # members each have their own processor. Where more processes than cores share a host,
     # every member must be scheduled in turn before the call completes, and a bigger group
@@ -294,6 +303,13 @@ def _merge(base: Profile, data: dict, source: str) -> Profile:
     for key, entry in (data.get("fabrics") or {}).items():
         _check_record(FabricEfficiency, entry, source, f"fabrics.{key}")
         fabrics[key] = replace(fabrics.get(key, fabrics.get("default", FabricEfficiency())), **entry)
+        got = fabrics[key]
+        if got.send_recv_preposted_call_us is not None and (
+                got.send_recv_preposted_us is None or got.send_recv_preposted_call_us > got.send_recv_preposted_us):
+            raise InputError(source, f"fabrics.{str(key)[:60]}.send_recv_preposted_call_us",
+                             f"{_short(got.send_recv_preposted_call_us)}: the sender's share of "
+                             f"send_recv_preposted_us ({got.send_recv_preposted_us}); must be set with it "
+                             f"and at most it")
     runtime = base.runtime
     if data.get("runtime") is not None:
         _check_record(RuntimeSettings, data["runtime"], source, "runtime")

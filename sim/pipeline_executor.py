@@ -166,9 +166,11 @@ class PipelineExecutor(EnginePart):
             ev = self._posted[k] = self.env.event()
         return ev
 
-    def _send(self, pi: int, src_stage: int, dst_stage: int, nbytes: float, k: Handoff, label: str) -> None:
+    def _send(self, pi: int, src_stage: int, dst_stage: int, nbytes: float, k: Handoff, label: str) -> float:
         """Point-to-point of one microbatch's activations (or gradients); the TP peers
-        and identical replicas send alongside, so their flows share the links."""
+        and identical replicas send alongside, so their flows share the links. Returns
+        the seconds the sender's compute stream spends in the call
+        (FabricEfficiency.send_recv_preposted_call_us; 0 without it)."""
         ev = self._arrive.get(k)
         if ev is None:
             ev = self._arrive[k] = self.env.event()
@@ -179,7 +181,7 @@ class PipelineExecutor(EnginePart):
                 self._posted_event(k).succeed()
             else:
                 ev.succeed()
-            return
+            return 0.0
         route = self._p2p_routes.get((pi, src_stage, dst_stage))
         if route is None:
             pipe = self.prog.pipelines[pi]
@@ -203,22 +205,28 @@ class PipelineExecutor(EnginePart):
             # (transfer's latency * latency_steps + delay_s with one step); or, where the
             # profile measured a handoff into a receive posted first whole
             # (FabricEfficiency.send_recv_preposted_us), that alone.
+            # The sender's isend call (send_recv_preposted_call_us) is part of that
+            # handoff: the sender's compute stream pays it as well (compute_stream), while
+            # the message still arrives the whole handoff after the sender finished
+            # computing, as in the ping-pong both were measured in.
             pre_us = fab.send_recv_preposted_us
+            sender_s = 0.0 if pre_us is None else (fab.send_recv_preposted_call_us or 0.0) * 1e-6
             delay = latency * 1 + call_s if pre_us is None else pre_us * 1e-6
             # (path, multiplicity, call latency, posted-first costs) for the rendezvous
-            # receiver; the flow's weights; its start delay.
+            # receiver; the flow's weights; its start delay; the sender's call.
             route = self._p2p_routes[(pi, src_stage, dst_stage)] = (
-                (path, mult, call_s, posted_s), weights, delay)
+                (path, mult, call_s, posted_s), weights, delay, sender_s)
         # One flow: the call's software cost and the path latency in one timeout, then
         # the bytes; the arrival event is the flow's own (no process, no forwarding).
         if self.prog.p2p_rendezvous:  # the receiver starts the transfer (_rendezvous_recv)
             self._pending[k] = (nbytes, route[0], label)
             self._posted_event(k).succeed()
-            return
+            return 0.0
         self.net.start(route[1], route[2], nbytes, ev, label)
         if self.acct.record:
             key, t_start = RankKey(pi, src_stage), self.env.now
             ev.callbacks.append(lambda _e: self.acct.seg(key, "pp", "send", t_start, self.env.now, label))
+        return route[3]
 
     def _wait_sent(self, key: RankKey, k: Handoff, label: str):
         """Blocking pipeline send (Program.p2p_blocking, e.g. DeepSpeed's pipeline engine):
@@ -381,7 +389,9 @@ class PipelineExecutor(EnginePart):
             if 0 <= dst <= last_vs:
                 out = (pi, kind, vs, mb)     # a Handoff
                 what = (f"act {label}" if fwd else f"grad {label}") if rec else ""
-                self._send(pi, s, dst % p, w.p2p_bytes, out, what)
+                sender_s = self._send(pi, s, dst % p, w.p2p_bytes, out, what)
+                if sender_s > 0:             # the isend call on this stream (_send)
+                    yield from self._busy(key, "pp", sender_s, f"send {what}" if rec else "")
                 if blocking:
                     yield from self._wait_sent(key, out, what)
             elif fwd:

@@ -18,7 +18,7 @@ CALL_S = 50e-6
 
 
 def _prog(m: int, rendezvous: bool, p2p: float = 1e8, busy_us: float | None = None, idle_us: float | None = None,
-          preposted_us: float | None = None):
+          preposted_us: float | None = None, preposted_call_us: float | None = None):
     # two-nodes.yaml: pp=2 puts one stage per node; 1e8 B over a 10 GB/s NIC path.
     cluster = load_topology(str(DATA / "two-nodes.yaml"))
     model = ModelSpec("t", 4, 1024, 16, 512, 32000, 2 * m)
@@ -29,7 +29,8 @@ def _prog(m: int, rendezvous: bool, p2p: float = 1e8, busy_us: float | None = No
                            fabrics={"default": FabricEfficiency(bw_eff=1.0, call_latency_us=CALL_S * 1e6,
                                                                 send_recv_posted_busy_us=busy_us,
                                                                 send_recv_posted_idle_us=idle_us,
-                                                                send_recv_preposted_us=preposted_us)})
+                                                                send_recv_preposted_us=preposted_us,
+                                                                send_recv_preposted_call_us=preposted_call_us)})
     return prog, cluster
 
 
@@ -106,6 +107,36 @@ def test_preposted_handoff_replaces_the_call_and_the_path_latency():
         base, _ = run_engine(prog)
         pre, _ = run_engine(_prog(m, False, preposted_us=p_s * 1e6)[0])
         assert base - pre == pytest.approx(2 * (CALL_S + L - p_s), rel=1e-9)
+
+
+def test_preposted_handoff_sender_call_on_the_sender_stream():
+    """The sender's isend call C (send_recv_preposted_call_us) out of a handoff P: the
+    sender's stream is busy C after each send, the message still arrives P (+ bytes) after
+    the send began. GPipe p=2, f=0.02, b=0.04, c = P + bytes. m=1: stage 1's only send is
+    its last act and stage 0's send overlaps stage 1's wait, so the step is unchanged. m=2
+    (worked by hand): stage 0 ends F1 and its send at 2f+2C; F1's activation arrives at
+    2f+C+c, so stage 1 runs F1 from there, B0 from 3f+C+c, sends (C), B1 from
+    3f+2C+c+b; B1's gradient reaches stage 0 at 3f+2b+2C+2c, after B0 there; stage 0's B1
+    ends at 3f+3b+2C+2c: the step grows by exactly 2C."""
+    p_s, c_s = 3e-3, 1e-3
+    for m, grows in ((1, 0.0), (2, 2 * c_s)):
+        whole, _ = run_engine(_prog(m, False, preposted_us=p_s * 1e6)[0])
+        split, _ = run_engine(_prog(m, False, preposted_us=p_s * 1e6, preposted_call_us=c_s * 1e6)[0])
+        assert split - whole == pytest.approx(grows, abs=1e-12)
+
+
+def test_preposted_call_must_not_exceed_the_handoff(tmp_path):
+    """A profile whose sender's share exceeds the whole handoff (or has no handoff) is
+    refused at load, naming the field."""
+    from costmodel.errors import InputError
+    from costmodel.profile import load_profile
+    bad = tmp_path / "p.yaml"
+    bad.write_text("fabrics:\n  default:\n    send_recv_preposted_us: 100\n    send_recv_preposted_call_us: 150\n")
+    with pytest.raises(InputError, match="send_recv_preposted_call_us"):
+        load_profile(str(bad))
+    bad.write_text("fabrics:\n  default:\n    send_recv_preposted_call_us: 50\n")
+    with pytest.raises(InputError, match="send_recv_preposted_call_us"):
+        load_profile(str(bad))
 
 
 def test_tied_embedding_allreduce_on_first_and_last_stage():

@@ -329,6 +329,7 @@ def after_compute_rows(cfg: CollectiveConfig, n: int, group, first: int, nxt: in
 POSTED_BUSY_OP = "send_recv_posted_busy"  # rows' 'seconds': a posted-first message's receive,
 POSTED_IDLE_OP = "send_recv_posted_idle"  # its sender computing, or blocked
 PREPOSTED_OP = "send_recv_preposted"  # a handoff into a receive posted before the send
+PREPOSTED_CALL_OP = "send_recv_preposted_call"  # the sender's own isend call within that handoff
 POSTED_BYTES = 32 * 1024  # one microbatch's activation of the validator's tiny model (1 x 64 x 128 fp32)
 POSTED_LAG_ROUNDS = 4  # the receiver starts this many rounds behind, so every message is there first
 POSTED_BUSY_MARGIN = 6  # the busy sender computes on for this many times the stream's rounds
@@ -336,9 +337,10 @@ POSTED_BUSY_MARGIN = 6  # the busy sender computes on for this many times the st
 
 def posted_rows(cfg: CollectiveConfig, dev, dsync, world: int) -> list:
     """[[POSTED_BUSY_OP, 2, POSTED_BYTES, s_busy], [POSTED_IDLE_OP, 2, POSTED_BYTES, s_idle],
-    [PREPOSTED_OP, 2, POSTED_BYTES, s_preposted]]. The last (gloo only; 0 elsewhere): what a
-    handoff into a receive posted before its send adds to a ping-pong of compute rounds
-    (preposted_handoff_s), as validate/pp.py's handoffs are. The first two:
+    [PREPOSTED_OP, 2, POSTED_BYTES, s_preposted], [PREPOSTED_CALL_OP, 2, POSTED_BYTES, s_call]].
+    The last two (gloo only; 0 elsewhere): what a handoff into a receive posted before its
+    send adds to a ping-pong of compute rounds (preposted_handoff_s), as validate/pp.py's
+    handoffs are, and how much of it the sender's isend call takes. The first two:
     what receiving a message its sender posted earlier adds to a stream of compute rounds,
     in pairs of ranks (world/2 pairs at once, as the pipelines of a pp x dp plan run),
     mean over the pairs. gloo's rendezvous (gloo/transport/tcp/pair.cc: the sender's bytes
@@ -391,26 +393,38 @@ def posted_rows(cfg: CollectiveConfig, dev, dsync, world: int) -> list:
             for _ in range(POSTED_LAG_ROUNDS):
                 compute()
             got[i] = mean_round(lambda r: dist.irecv(buf, peer, tag=tag0 + r).wait()) - base
-    got2 = torch.zeros(3, dtype=torch.float64)
+    got2 = torch.zeros(4, dtype=torch.float64)
     got2[:2] = got
     if dist.get_backend() == "gloo":  # NCCL runs a pair's calls in order: receives posted ahead would block its sends
-        pre = preposted_handoff_s(compute, rounds, sender, peer, tag0=2 * rounds, base=base)
-        got2[2] = 0.0 if sender else pre
+        pre, call = preposted_handoff_s(compute, rounds, sender, peer, tag0=2 * rounds, base=base)
+        got2[2], got2[3] = (0.0, 0.0) if sender else (pre, call)
     dist.all_reduce(got2)
     pairs = world // 2
+    pre_s = max(0.0, float(got2[2]) / pairs)
     return [[POSTED_BUSY_OP, 2, POSTED_BYTES, max(0.0, float(got2[0]) / pairs)],
             [POSTED_IDLE_OP, 2, POSTED_BYTES, max(0.0, float(got2[1]) / pairs)],
-            [PREPOSTED_OP, 2, POSTED_BYTES, max(0.0, float(got2[2]) / pairs)]]
+            [PREPOSTED_OP, 2, POSTED_BYTES, pre_s],
+            [PREPOSTED_CALL_OP, 2, POSTED_BYTES, min(pre_s, max(0.0, float(got2[3]) / pairs))]]
 
 
-def preposted_handoff_s(compute, rounds: int, first: bool, peer: int, tag0: int, base: float) -> float:
+def preposted_handoff_s(compute, rounds: int, first: bool, peer: int, tag0: int,
+                        base: float) -> tuple[float, float]:
     """Seconds one pipeline handoff adds when its receive was posted before the send, as
     validate/pp.py posts every receive at the start of a step: a ping-pong of ``rounds``
     messages each way between this rank and ``peer``, every receive posted up front, each
     rank computing one round (``compute``, mean ``base`` seconds alone) between receiving
-    and sending, so each handoff is on the critical path. Returns (round trip - 2 rounds
-    of compute) / 2 from the rank that does not start, on which the whole exchange is
-    timed; collective (both ranks of the pair call it, ``first`` on the one that starts)."""
+    and sending, so each handoff is on the critical path. Returns ((round trip - 2 rounds
+    of compute) / 2, the mean isend call) from the rank that does not start, on which the
+    whole exchange is timed; collective (both ranks of the pair call it, ``first`` on the
+    one that starts).
+
+    The isend call is timed apart because it is the sender's share of the handoff: with
+    the receive posted, gloo's TCP pair writes the bytes from the calling thread
+    (gloo/transport/tcp/pair.cc, the send path once the peer's receive is known), so the
+    sender's own compute stream pays it, where the rest (the receiver's transport thread
+    and its wake-up) delays only the receiver. In a ping-pong both lie on the critical
+    path; in a pipeline whose sender is the slower stage only the call does (a GPipe
+    trace, docs/validation-cpu.md, mechanism 22)."""
     import torch
     import torch.distributed as dist
 
@@ -419,19 +433,22 @@ def preposted_handoff_s(compute, rounds: int, first: bool, peer: int, tag0: int,
     in_tag, out_tag = (tag0 + rounds, tag0) if first else (tag0, tag0 + rounds)
     works = [dist.irecv(bufs[r], peer, tag=in_tag + r) for r in range(rounds)]
     sends = []
+    call_s = 0.0
     dist.barrier()
     t0 = time.perf_counter()
     for r in range(rounds):
         if not first:
             works[r].wait()
         compute()
+        t_call = time.perf_counter()
         sends.append(dist.isend(buf_out, peer, tag=out_tag + r))
+        call_s += time.perf_counter() - t_call
         if first:
             works[r].wait()
     elapsed = time.perf_counter() - t0
     for w in sends:
         w.wait()
-    return max(0.0, (elapsed / rounds - 2.0 * base) / 2.0)
+    return max(0.0, (elapsed / rounds - 2.0 * base) / 2.0), call_s / rounds
 
 
 STRAGGLER_OP = "straggler"  # the row's op; its 'seconds' field holds the extra wait

@@ -38,8 +38,8 @@ from costmodel import flops as fl
 from costmodel.errors import InputError
 from costmodel.limits import number_problem
 from costmodel.shapes import ModelSpec
-from validate.collective_bench import (BUSY_OP, COLLECTIVES, KIB, MIB, POSTED_BUSY_OP, POSTED_IDLE_OP, PREPOSTED_OP,
-                                       STRAGGLER_OP, CollectiveConfig,
+from validate.collective_bench import (BUSY_OP, COLLECTIVES, KIB, MIB, POSTED_BUSY_OP, POSTED_IDLE_OP,
+                                       PREPOSTED_CALL_OP, PREPOSTED_OP, STRAGGLER_OP, CollectiveConfig,
                                        CollectiveSample, collective_worker)
 
 MEMORY_OPS = ("add", "gelu", "layernorm", "softmax")
@@ -141,6 +141,9 @@ class MicrobenchResult:
     # of compute rounds (collective_bench.preposted_handoff_s), seconds, mean over the
     # pairs and launches; 0: not measured
     preposted_s: float = 0.0
+    # Of that, the sender's own isend call (collective_bench.preposted_handoff_s), seconds,
+    # mean over the pairs and launches; 0: not measured
+    preposted_call_s: float = 0.0
     # Every launch's figure of the rows timed in several launches: [op, n, nbytes,
     # [seconds, launch by launch]]; the rows themselves hold the mean. [] in older records.
     launch_samples: list = field(default_factory=list)
@@ -162,7 +165,7 @@ class MicrobenchResult:
                    harness=dict(d.get("harness", {})), comm_busy_fraction=d.get("comm_busy_fraction", 0.0),
                    straggler_s=d.get("straggler_s", 0.0), posted_busy_s=d.get("posted_busy_s", 0.0),
                    posted_idle_s=d.get("posted_idle_s", 0.0), preposted_s=d.get("preposted_s", 0.0),
-                   launch_samples=list(d.get("launch_samples", [])))
+                   preposted_call_s=d.get("preposted_call_s", 0.0), launch_samples=list(d.get("launch_samples", [])))
 
 
 # ------------------------------------------------------------------------ shapes
@@ -525,7 +528,7 @@ def _measure_collectives(res: MicrobenchResult, world: int, coll_sizes, repeats:
         _apply_collective_rows(res, rows)
 
 
-_SCALAR_OPS = (BUSY_OP, STRAGGLER_OP, POSTED_BUSY_OP, POSTED_IDLE_OP, PREPOSTED_OP)
+_SCALAR_OPS = (BUSY_OP, STRAGGLER_OP, POSTED_BUSY_OP, POSTED_IDLE_OP, PREPOSTED_OP, PREPOSTED_CALL_OP)
 
 
 def _apply_collective_rows(res: MicrobenchResult, rows: list) -> None:
@@ -546,6 +549,8 @@ def _apply_collective_rows(res: MicrobenchResult, rows: list) -> None:
         res.posted_idle_s = special[POSTED_IDLE_OP][0]
     if PREPOSTED_OP in special:
         res.preposted_s = special[PREPOSTED_OP][0]
+    if PREPOSTED_CALL_OP in special:
+        res.preposted_call_s = special[PREPOSTED_CALL_OP][0]
     res.collectives = [CollectiveSample(op, nbytes, n, s) for op, n, nbytes, s in rows if op not in _SCALAR_OPS]
 
 
@@ -592,7 +597,8 @@ def format_compute(res: MicrobenchResult) -> str:
     if res.posted_busy_s or res.posted_idle_s:
         lines.append(f"# pipeline handoffs: receiving a message posted earlier adds {res.posted_busy_s * 1e6:.0f} us "
                      f"to a round while its sender computes, {res.posted_idle_s * 1e6:.0f} us while it is blocked; "
-                     f"a handoff into a receive posted first adds {res.preposted_s * 1e6:.0f} us to a ping-pong")
+                     f"a handoff into a receive posted first adds {res.preposted_s * 1e6:.0f} us to a ping-pong "
+                     f"(the sender's isend call {res.preposted_call_s * 1e6:.0f} us of it)")
     return "\n".join(lines)
 
 

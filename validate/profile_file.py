@@ -110,6 +110,8 @@ def profile_mapping(fit: FitResult, res: MicrobenchResult, gpu_name: str, link_k
                 "send_recv_posted_idle_us": round(res.posted_idle_s * 1e6, 1)}
                if res.posted_busy_s > 0 and res.posted_idle_s > 0 else {}),
             **({"send_recv_preposted_us": round(res.preposted_s * 1e6, 1)} if res.preposted_s > 0 else {}),
+            **({"send_recv_preposted_call_us": round(res.preposted_call_s * 1e6, 1)}
+               if res.preposted_s > 0 and res.preposted_call_s > 0 else {}),
             "source": (f"FIT by plansim calibrate, {where}: {', '.join(FITTED_COLLECTIVES)} over "
                        f"{res.world} processes, {len(fit.residuals.get('collectives', []))} sizes x ops "
                        f"(RMS {fit.rms_pct('collectives'):.1f} %), against the topology's link bandwidth; "
@@ -124,7 +126,10 @@ def profile_mapping(fit: FitResult, res: MicrobenchResult, gpu_name: str, link_k
                        + (" send_recv_preposted_us MEASURED: what one pipeline handoff into a receive posted "
                           "before its send adds to a ping-pong of the runner's layer code in pairs of ranks "
                           "(validate/collective_bench.preposted_handoff_s); the pipeline's sends use it."
-                          if res.preposted_s > 0 else "")),
+                          if res.preposted_s > 0 else "")
+                       + (" send_recv_preposted_call_us MEASURED: the sender's isend call within that "
+                          "handoff, which the sender's compute stream pays."
+                          if res.preposted_s > 0 and res.preposted_call_s > 0 else "")),
         }}
     return out
 
