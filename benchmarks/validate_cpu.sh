@@ -19,16 +19,17 @@
 #    Chrome traces).
 # Ends with the table (plan, processes, measured and predicted median step time, error,
 # the measured spread p10..p90 around the median, each launch's median), the Spearman rank correlation, and the
-# wall time of the whole; the target is at most 5 minutes on a 2-core host.
+# wall time of the whole; the target is at most 5 minutes on a 2-core host (254-267 s on the
+# first host of 2026-12-01, 315-336 s on a second whose steps ran 1.6-1.8x slower).
 # STEPS (default 21) measured steps per plan, in LAUNCHES (default 3) launches of fresh
 # processes, one pass over the eight plans after another, each launch after 2 warm-up
 # steps: a launch is one draw of where the processes and their threads land (the same
-# pp=2 1F1B plan's median step moved between 63 and 92 ms over nine launches here).
+# tp=2 plan's launch medians ran 354-628 ms within single runs of 2026-12-01).
 # Three launches of 7 rather than two of 10 (2026-12-01): resampling the 26 launch
 # medians per plan of 13 saved two-launch runs, the chance that a plan's measurement
 # alone lands beyond 15 % of its prediction falls from 12 to 8 % for tp=2 and from 10 to
 # 7 % for 1F1B; the third launch costs no wall time over the old default since workers
-# exit without tearing torch down (validate/launch.py _leave): 243-264 s over 21 runs.
+# exit without tearing torch down (validate/launch.py _leave).
 # PLANSIM_START_METHOD=forkserver makes launches cheap enough for LAUNCHES=4 STEPS=24
 # within the 5 minutes, but moved the results (validate/launch.py).
 set -euo pipefail
