@@ -176,6 +176,15 @@ def compute_worker(rank: int, world: int, cfg: ComputeConfig) -> dict:
         return _median_time(f, cfg.repeats, inner, dsync)
 
     out = {"gemm": [], "memory": [], "attention": [], "overhead": [], "topk": [], "harness": []}
+    # The speed probe (validate/probe.py), every rank at once, first: the runner probes its
+    # ranks fresh, before their steps, and a process that has computed for a while probes
+    # slower (here, 2026-12-02, two calibrations of 2 processes: 8.5-8.9 ms at the start of
+    # this worker, 9.0-9.2 ms after its GEMM, memory, attention and top-k benchmarks, where
+    # the probe used to be taken; that 2-6 % went straight into the drift factor and put
+    # every plan's compute that much low).
+    from validate.probe import probe_s
+    sync()
+    out["probe"] = probe_s(dev, dsync)
     with torch.no_grad():
         # Each family's smallest call through the same timing harness: what a call costs
         # besides its work here (dispatch, the harness's Python), which the fits take out
@@ -238,10 +247,6 @@ def compute_worker(rank: int, world: int, cfg: ComputeConfig) -> dict:
                 if i >= TOPK_STREAM_WARMUP:
                     times.append(time.perf_counter() - t0)
             out["topk"].append([elems, frac, times])
-    # The speed probe (validate/probe.py), every rank at once, as the runner times it.
-    from validate.probe import probe_s
-    sync()
-    out["probe"] = probe_s(dev, dsync)
     # (c) the overhead chain (CHAIN_MODEL): plain forward, and forward + backward, both
     # with the runner's own code (so its per-parameter gradient hooks are in the figure).
     plain, train = chain_functions(torch, dev)
