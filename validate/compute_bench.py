@@ -180,7 +180,7 @@ def compute_worker(rank: int, world: int, cfg: ComputeConfig) -> dict:
     # ranks fresh, before their steps, and a process that has computed for a while probes
     # slower (here, 2026-12-02, two calibrations of 2 processes: 8.5-8.9 ms at the start of
     # this worker, 9.0-9.2 ms after its GEMM, memory, attention and top-k benchmarks, where
-    # the probe used to be taken; that 2-6 % went straight into the drift factor and put
+    # the probe used to be taken; that 2-7 % went straight into the drift factor and put
     # every plan's compute that much low).
     from validate.probe import probe_s
     sync()
