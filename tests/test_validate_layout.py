@@ -9,7 +9,8 @@ torch = pytest.importorskip("torch")
 from specs.model import load_model  # noqa: E402
 from specs.plan import resolve_plan  # noqa: E402
 from validate.dp import ADAM_BETAS, ADAM_EPS, adam_update  # noqa: E402
-from validate.gpt import all_params, full_weights, local_weight  # noqa: E402
+from costmodel.shapes import ModelSpec  # noqa: E402
+from validate.gpt import GPTChunk, all_params, full_weights, local_weight  # noqa: E402
 from validate.runner import coords, vstage_layers  # noqa: E402
 
 TINY = load_model("tiny")
@@ -51,8 +52,36 @@ def test_tp_slices_reassemble_the_full_weights():
             assert all(torch.equal(p, full[spec.name]) for p in parts)
         else:
             assert torch.equal(torch.cat(parts, dim=spec.split_dim), full[spec.name])
-    assert torch.equal(full_weights(TINY, 0)["l1.q.w"], full["l1.q.w"])  # seed decides
-    assert not torch.equal(full_weights(TINY, 1)["l1.q.w"], full["l1.q.w"])
+    assert torch.equal(full_weights(TINY, 0)["l1.qkv.w"], full["l1.qkv.w"])  # seed decides
+    assert not torch.equal(full_weights(TINY, 1)["l1.qkv.w"], full["l1.qkv.w"])
+
+
+@pytest.mark.parametrize("groups", [None, 2])
+def test_fused_qkv_rows_are_per_group_heads(groups):
+    """The fused projection's rows are, per K/V group, its query heads, its key head, its
+    value head (Megatron-Core's linear_qkv layout): the runner's attention output equals a
+    head-by-head softmax(q k^T / sqrt(d) + causal mask) v written from that definition,
+    with query head j using K/V group j // (heads / groups). MHA and GQA (4 heads, 2 groups)."""
+    m = ModelSpec("t", 1, 16, 4, 6, 8, 1, num_query_groups=groups)
+    w = full_weights(m, 3)
+    w["l0.qkv.b"] = torch.randn(w["l0.qkv.b"].shape, generator=torch.Generator().manual_seed(1))
+    chunk = GPTChunk(m, [0], True, True, w, None, False, "none", torch.device("cpu"))
+    x = torch.randn(1, 6, 16, generator=torch.Generator().manual_seed(2))
+    got = chunk._attention("l0.", x).detach()
+    d, heads, g = 4, 4, m.kv_groups
+    rep = heads // g
+    y = x[0] @ w["l0.qkv.w"].t() + w["l0.qkv.b"]  # [s, groups x (rep + 2) x d]
+    block = (rep + 2) * d
+    outs = []
+    for j in range(heads):
+        grp = j // rep
+        q = y[:, grp * block + (j % rep) * d: grp * block + (j % rep + 1) * d]
+        k = y[:, grp * block + rep * d: grp * block + (rep + 1) * d]
+        v = y[:, grp * block + (rep + 1) * d: grp * block + (rep + 2) * d]
+        scores = q @ k.t() / d ** 0.5 + torch.triu(torch.full((6, 6), float("-inf")), 1)
+        outs.append(torch.softmax(scores, -1) @ v)
+    want = torch.cat(outs, -1) @ w["l0.o.w"].t() + w["l0.o.b"]
+    torch.testing.assert_close(got[0], want, rtol=1e-5, atol=1e-6)
 
 
 def test_adam_matches_torch_optim_adam():

@@ -7,6 +7,15 @@ query heads, num_query_groups K/V heads) and an MLP (GELU: 2 matrices; SwiGLU: 3
 with its residual; final LayerNorm; logits through the token embedding (tied) and mean
 cross-entropy.
 
+Queries, keys and values come out of one fused projection (``qkv.w``), as Megatron-Core's
+``linear_qkv`` computes them and as the cost model counts them (costmodel/flops.py: one
+'qkv' GEMM of n = h + 2 x kv width): its rows are grouped per K/V group, each group's
+query heads, then its key head, then its value head (megatron/core/transformer/
+attention.py, SelfAttention.get_query_key_value_tensors: the output viewed as [.., groups,
+(heads/groups + 2) x head_dim] and split), so an even TP split of the rows hands each rank
+whole groups. Three separate projections cost this project's CPU runner 154 us a layer's
+forward at tiny's shapes where the fused one takes about 75 (2026-12-02, 2 processes).
+
 Weights are a function of the seed only: every rank builds the full weights from the
 seed, in one fixed order, and keeps its slice (``local_weight``), so every layout starts
 from exactly the single-process reference's weights.
@@ -46,9 +55,7 @@ def layer_params(model: ModelSpec, i: int) -> list[ParamSpec]:
     p = f"l{i}."
     out = [
         ParamSpec(p + "ln1.w", (h,), "ones", None, True), ParamSpec(p + "ln1.b", (h,), "zeros", None, True),
-        ParamSpec(p + "q.w", (h, h), "normal", 0), ParamSpec(p + "q.b", (h,), "zeros", 0),
-        ParamSpec(p + "k.w", (kv, h), "normal", 0), ParamSpec(p + "k.b", (kv,), "zeros", 0),
-        ParamSpec(p + "v.w", (kv, h), "normal", 0), ParamSpec(p + "v.b", (kv,), "zeros", 0),
+        ParamSpec(p + "qkv.w", (h + 2 * kv, h), "normal", 0), ParamSpec(p + "qkv.b", (h + 2 * kv,), "zeros", 0),
         ParamSpec(p + "o.w", (h, h), "scaled", 1), ParamSpec(p + "o.b", (h,), "zeros", None, True),
         ParamSpec(p + "ln2.w", (h,), "ones", None, True), ParamSpec(p + "ln2.b", (h,), "zeros", None, True),
         ParamSpec(p + "fc1.w", (f, h), "normal", 0), ParamSpec(p + "fc1.b", (f,), "zeros", 0),
@@ -167,11 +174,14 @@ class GPTChunk:
         h = enter(h, self.comm, self.sp)
         b, s, _ = h.shape
         d = self.model.head_dim
-        q = F.linear(h, P[p + "q.w"], P[p + "q.b"]).view(b, s, self.heads, d).transpose(1, 2)
-        k = F.linear(h, P[p + "k.w"], P[p + "k.b"]).view(b, s, self.groups, d).transpose(1, 2)
-        v = F.linear(h, P[p + "v.w"], P[p + "v.b"]).view(b, s, self.groups, d).transpose(1, 2)
+        rep = self.heads // self.groups
+        # One GEMM, then per K/V group: its rep query heads, its key, its value (module doc).
+        qkv = F.linear(h, P[p + "qkv.w"], P[p + "qkv.b"]).view(b, s, self.groups, rep + 2, d)
+        q = qkv[:, :, :, :rep].reshape(b, s, self.heads, d).transpose(1, 2)
+        k = qkv[:, :, :, rep].transpose(1, 2)
+        v = qkv[:, :, :, rep + 1].transpose(1, 2)
         if self.ring is not None:  # checkpoints its own pieces, not the exchange
-            a = self.ring.attend(q, k, v, self.heads // self.groups, checkpoint=self.recompute == "selective")
+            a = self.ring.attend(q, k, v, rep, checkpoint=self.recompute == "selective")
         elif self.recompute == "selective":
             # Korthikanti et al. 2022, Sec. 5: recompute only the attention core (scores,
             # softmax, weighted sum), whose activations grow with s^2.
