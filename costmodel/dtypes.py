@@ -77,6 +77,20 @@ def grad_reduce_bytes(precision: str, runtime: RuntimeSettings | None = None) ->
     return DTYPE_BYTES[chosen]
 
 
+# A kept top-k entry's index: int32, which addresses any gradient bucket below 2^31
+# elements (DDP's default 25 MB buckets hold 6.25M fp32 elements).
+TOPK_INDEX_BYTES = 4
+
+
+def topk_entry_bytes(precision: str, runtime: RuntimeSettings | None = None) -> int:
+    """Bytes of one kept top-k entry on the wire: its int32 index and its value in the dtype
+    of the gradient buffer it was selected from (grad_reduce_bytes: fp32 main gradients
+    under bf16 mixed precision, as Megatron-LM accumulates them by default), as the runner
+    packs them (validate/topk.TopKCompressor.start) and the simulator's sparse all-gather
+    and decompression count them."""
+    return TOPK_INDEX_BYTES + grad_reduce_bytes(precision, runtime)
+
+
 def fp8_weight_bytes(precision: str, runtime: RuntimeSettings | None = None) -> float:
     """Bytes per parameter of the FP8 weight copies an FP8 run keeps besides its BF16
     weights: runtime.fp8_weight_copies x 1 B (Transformer Engine caches the FP8 weight and,

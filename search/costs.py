@@ -19,7 +19,7 @@ from dataclasses import replace
 from typing import NamedTuple
 
 from costmodel.context_parallel import ring_attention_s
-from costmodel.dtypes import grad_reduce_bytes, param_gather_bytes
+from costmodel.dtypes import grad_reduce_bytes, param_gather_bytes, topk_entry_bytes
 from costmodel.efficiency import optimizer_time_s, topk_compress_time_s, topk_decompress_time_s
 from costmodel.estimate import ChunkGrads, PipelineCost, StageCost, closing_straggler_s
 from costmodel.profile import Profile
@@ -29,7 +29,7 @@ from sim.context_parallel import all_to_all, ring_step
 from sim.engine import hop_latency
 from sim.flownet import edge_latency_s
 from specs.plan import Plan
-from sim.program import (TOPK_ENTRY_BYTES, ChunkWork, ReplicaClass, call_latency_s, choose_allreduce,
+from sim.program import (ChunkWork, ReplicaClass, call_latency_s, choose_allreduce,
                          chunk_work, n_buckets, overlapped_gather_exposed_s, replica_classes, stage_chunks,
                          stage_memory)
 from specs.topology import Cluster
@@ -333,9 +333,10 @@ class CostTables:
                         elems = size / self.grad_bytes(prec)
                         nnz = max(1.0, frac * elems)
                         a0, a1 = self.dp_op(plan, s, "sparse")
+                        entry = topk_entry_bytes(prec, self.runtime)
                         t_b = (topk_compress_time_s(elems, gpu, eff, plan.grad_degree, nnz) + a0
-                               + a1 * nnz * TOPK_ENTRY_BYTES
-                               + topk_decompress_time_s(elems, plan.grad_degree * nnz, TOPK_ENTRY_BYTES, gpu, eff))
+                               + a1 * nnz * entry
+                               + topk_decompress_time_s(elems, plan.grad_degree * nnz, entry, gpu, eff))
                     elif plan.zero == 0 or self.runtime.zero1_grad_all_reduce:
                         a0, a1 = self.dp_op(plan, s, "all_reduce", algos[s] if algos else plan.allreduce)
                         t_b = a0 + a1 * size

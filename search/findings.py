@@ -10,7 +10,8 @@ from costmodel.efficiency import topk_compress_time_s, topk_decompress_time_s
 from costmodel.estimate import StepEstimate, estimate_step
 from search.hetero import describe_split, group_speeds
 from specs.plan import Plan, resolve_plan
-from sim.program import TOPK_ENTRY_BYTES, n_buckets, stage_chunks
+from costmodel.dtypes import topk_entry_bytes
+from sim.program import n_buckets, stage_chunks
 from sim.result import StepResult
 from search.costs import CostTables
 
@@ -112,10 +113,11 @@ def compression_note(tables: CostTables, best: StepResult, space,
         for c, v in variants.items():
             r = by_plan[v.to_string()]
             nnz = [max(1.0, float(c[5:]) * e) for e in buckets]
+            entry = topk_entry_bytes(plan.precision, tables.profile.runtime)
             comp_s = sum(topk_compress_time_s(e, gpu, eff, plan.grad_degree, z)
-                         + topk_decompress_time_s(e, plan.grad_degree * z, TOPK_ENTRY_BYTES, gpu, eff)
+                         + topk_decompress_time_s(e, plan.grad_degree * z, entry, gpu, eff)
                          for e, z in zip(buckets, nnz))
-            sparse_gb = sum((n - 1) * z * TOPK_ENTRY_BYTES for z in nnz) / 1e9
+            sparse_gb = sum((n - 1) * z * entry for z in nnz) / 1e9
             stats.append((1 - r.step_time_s / d.step_time_s, c, r, comp_s, sparse_gb))
         parts = [f"{c}: step {r.step_time_s:.3f} s ({100 * g:+.1f} %), exposed DP {r.exposed_comm_s['dp']:.3f} s, "
                  f"compression compute {1e3 * comp:.1f} ms per step, sparse all-gather {gb:.2f} GB per GPU"

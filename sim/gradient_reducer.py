@@ -22,8 +22,8 @@ from sim import collective_flows as cf
 from sim.accountant import RankKey, StepAccountant
 from sim.calls import EnginePart
 from sim.flownet import FlowNetwork
-from costmodel.dtypes import grad_reduce_bytes, param_gather_bytes
-from sim.program import TOPK_ENTRY_BYTES, ChunkWork, Program
+from costmodel.dtypes import grad_reduce_bytes, param_gather_bytes, topk_entry_bytes
+from sim.program import ChunkWork, Program
 
 
 class BucketId(NamedTuple):
@@ -168,9 +168,10 @@ class GradientReducer(EnginePart):
             if frac is not None:
                 elems = self.bucket_elements(s, chunk)
                 nnz = max(1.0, frac * elems)
-                yield self._run(s, cf.sparse_allgather(self.plan.grad_group(s, 0), nnz, TOPK_ENTRY_BYTES),
+                entry = topk_entry_bytes(self.plan.precision, self.prog.profile.runtime)
+                yield self._run(s, cf.sparse_allgather(self.plan.grad_group(s, 0), nnz, entry),
                                 f"topk c{chunk}b{j}", "all_gather")
-                yield self.env.timeout(ce.topk_decompress_time_s(elems, dpn * nnz, TOPK_ENTRY_BYTES, gpu, eff))
+                yield self.env.timeout(ce.topk_decompress_time_s(elems, dpn * nnz, entry, gpu, eff))
             else:
                 reduce_all = self.plan.zero == 0 or self.prog.zero_grad_all_reduce
                 op = "all_reduce" if reduce_all else "reduce_scatter"

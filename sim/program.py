@@ -31,8 +31,6 @@ from specs.topology import Cluster
 # Gradient bucket size for overlapped reduction, bytes. PyTorch DDP's default
 # bucket_cap_mb is 25 MB; we use that and never split finer than one layer.
 BUCKET_BYTES = 25e6
-# Top-k payload per kept entry: int32 index + 16-bit value.
-TOPK_ENTRY_BYTES = 6.0
 
 
 @dataclass(frozen=True)

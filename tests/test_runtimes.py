@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 
 from costmodel import flops as fl
-from costmodel.dtypes import fp8_weight_bytes, param_gather_bytes
+from costmodel.dtypes import fp8_weight_bytes, param_gather_bytes, topk_entry_bytes
 from costmodel.efficiency import (FP8_EFF_RATIO, causal_fraction, fp8_cast_ops, fused_attention_efficiency,
                                   op_time_s, ops_time_s)
 from costmodel.errors import InputError
@@ -135,6 +135,16 @@ def test_fp8_memory_and_gathers():
     params = mem["weights"] / 2  # bf16 working weights
     assert mem["fp8_weights"] == pytest.approx(2 * params)
     assert stage_memory(model, plan, titan, 0, plan.mb_shares[0])["fp8_weights"] == 0.0
+
+
+def test_topk_entry_is_index_plus_gradient_buffer_value():
+    """A kept top-k entry is a 4 B int32 index plus its value in the gradient buffer's
+    dtype: 8 B for fp32 training and for bf16 (fp32 main gradients), 6 B for fp16 (2 B
+    gradients) and for bf16 with a runtime that reduces gradients in bf16."""
+    assert topk_entry_bytes("fp32") == 8 and topk_entry_bytes("bf16") == 8
+    assert topk_entry_bytes("fp16") == 6
+    core = load_profile(None, runtime="megatron-core").runtime
+    assert topk_entry_bytes("bf16", replace(core, grad_reduce_dtype="bf16")) == 6
 
 
 def test_reshard_after_forward_policy():

@@ -176,10 +176,30 @@ def test_topk_sends_under_30pct_and_tracks_dense_loss(runs_2):
         dense_b = d["steps"][-1]["bytes_sent"]["dp"]
         topk_b = t["steps"][-1]["bytes_sent"]["dp"]
         assert topk_b <= 0.30 * dense_b, (topk_b, dense_b)
+        assert topk_b == _topk_bytes_by_hand(), topk_b
     ld, lt = _losses(dense), _losses(topk)
     assert ld[-1] < 0.95 * ld[0]
     assert lt[-1] != ld[-1]
     assert abs(lt[-1] - ld[-1]) <= 0.02 * ld[-1], (lt, ld)
+
+
+def _topk_bytes_by_hand() -> float:
+    """Bytes one rank of dp=2 sends per step under top-k 0.1: per gradient bucket (the
+    reducer's own layout at SMALL_BUCKET_BYTES, each buffer padded to a multiple of 2),
+    k = ceil(0.1 x elements) entries of costmodel/dtypes.topk_entry_bytes('fp32') = 4 + 4 B
+    from each of the 2 ranks, of which an all-gather sends (n-1)/n."""
+    import math
+    from costmodel.dtypes import topk_entry_bytes
+    from validate.comm import Comm
+    from validate.dp import GradReducer
+    from validate.gpt import GPTChunk
+    from validate.timeline import Recorder
+    chunk = GPTChunk(MODEL, list(range(MODEL.num_layers)), True, True, full_weights(MODEL, 0), None, False,
+                     "none", torch.device("cpu"))
+    red = GradReducer([(0, chunk.params)], Comm("dp", [0], 0, Recorder()), bucket_bytes=SMALL_BUCKET_BYTES,
+                      overlap=True, zero=0, topk=None, late=set())
+    assert topk_entry_bytes("fp32") == 8
+    return sum(0.5 * 2 * math.ceil(0.1 * (-(-b.numel // 2) * 2)) * topk_entry_bytes("fp32") for b in red.buckets)
 
 
 def test_measurements_are_consistent(runs_2):

@@ -101,10 +101,11 @@ def test_weighted_sharing_sets_the_step_time(tmp_path):
 def test_topk_exchange_time_by_hand():
     """compress=topk:0.01 on the two-node cluster (each GPU its own 10 GB/s NIC), tp=2, dp=2
     across the nodes, no overlap, one gradient bucket of E = 1e9 elements. Each rank keeps
-    nnz = 0.01 E = 1e7 entries of 6 B (int32 index + 16-bit value) and the 2-rank ring
-    all-gather sends (n - 1) nnz x 6 B = 6e7 B: 6 ms at 10 GB/s. Then the dense buffer is
-    rebuilt: zero 4 B per element and scatter-add every gathered entry, both ranks' (2 nnz;
-    read 6 B, read-modify-write one fp32, 8 B): (4 E + 2 nnz (6 + 8)) / HBM = 4.28e9 B / 2.039 TB/s
+    nnz = 0.01 E = 1e7 entries of 8 B (int32 index + the value in the bf16 plan's fp32
+    main-gradient buffer) and the 2-rank ring all-gather sends (n - 1) nnz x 8 B = 8e7 B:
+    8 ms at 10 GB/s. Then the dense buffer is rebuilt: zero 4 B per element and scatter-add
+    every gathered entry, both ranks' (2 nnz; read 8 B, read-modify-write one fp32, 8 B):
+    (4 E + 2 nnz (8 + 8)) / HBM = 4.32e9 B / 2.039 TB/s
     (A100-80GB datasheet, HBM at full rate in this profile, no kernel overhead).
     Exposed 'dp' is their sum; backward and forward are 0 so the rest is top-k selection."""
     hbm = Profile(gpus={"default": GpuEfficiency(hbm_eff=1.0, kernel_overhead_us=0.0)},
@@ -118,7 +119,7 @@ def test_topk_exchange_time_by_hand():
     step, res = run_engine(prog)
     hbm_Bps = get_gpu("A100-SXM4-80GB").mem_bw_Bps
     assert hbm_Bps == pytest.approx(2039e9)
-    dp = 6e7 / 1e10 + (4 * E + 2 * 1e7 * (6 + 8)) / hbm_Bps
+    dp = 8e7 / 1e10 + (4 * E + 2 * 1e7 * (8 + 8)) / hbm_Bps
     assert res.exposed_comm_s["dp"] == pytest.approx(dp, rel=1e-9)
     assert step == pytest.approx(res.breakdown["compute"] + dp, rel=1e-9)
 

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import math
 
+from costmodel.dtypes import TOPK_INDEX_BYTES
 from validate.comm import Comm
 
-INDEX_BYTES = 4  # int32 index per kept entry
-# Values travel in the gradient's own dtype (fp32 here): the runner trains in fp32.
+# Values travel in the gradient buffer's own dtype (fp32 here: the runner trains in fp32),
+# so an entry is costmodel/dtypes.topk_entry_bytes("fp32") = 8 B, as the simulator counts it.
 
 
 def select(grad, residual, k: int):
@@ -55,7 +56,7 @@ class TopKCompressor:
         packed = torch.cat([idx32.view(vals.dtype), vals])
         parts = [torch.empty_like(packed) for _ in range(n)]
         work = dist.all_gather(parts, packed, group=self.comm.group, async_op=True)
-        self.comm.count("all_gather", n * k * (INDEX_BYTES + vals.element_size()))
+        self.comm.count("all_gather", n * k * (TOPK_INDEX_BYTES + vals.element_size()))
         return work, parts, k
 
     @staticmethod
