@@ -396,7 +396,7 @@ def posted_rows(cfg: CollectiveConfig, dev, dsync, world: int) -> list:
     got2 = torch.zeros(4, dtype=torch.float64)
     got2[:2] = got
     if dist.get_backend() == "gloo":  # NCCL runs a pair's calls in order: receives posted ahead would block its sends
-        pre, call = preposted_handoff_s(compute, rounds, sender, peer, tag0=2 * rounds, base=base)
+        pre, call = preposted_handoff_s(compute, rounds, sender, peer, tag0=2 * rounds)
         got2[2], got2[3] = (0.0, 0.0) if sender else (pre, call)
     dist.all_reduce(got2)
     pairs = world // 2
@@ -407,16 +407,22 @@ def posted_rows(cfg: CollectiveConfig, dev, dsync, world: int) -> list:
             [PREPOSTED_CALL_OP, 2, POSTED_BYTES, min(pre_s, max(0.0, float(got2[3]) / pairs))]]
 
 
-def preposted_handoff_s(compute, rounds: int, first: bool, peer: int, tag0: int,
-                        base: float) -> tuple[float, float]:
+def preposted_handoff_s(compute, rounds: int, first: bool, peer: int, tag0: int) -> tuple[float, float]:
     """Seconds one pipeline handoff adds when its receive was posted before the send, as
     validate/pp.py posts every receive at the start of a step: a ping-pong of ``rounds``
     messages each way between this rank and ``peer``, every receive posted up front, each
-    rank computing one round (``compute``, mean ``base`` seconds alone) between receiving
-    and sending, so each handoff is on the critical path. Returns ((round trip - 2 rounds
-    of compute) / 2, the mean isend call) from the rank that does not start, on which the
-    whole exchange is timed; collective (both ranks of the pair call it, ``first`` on the
-    one that starts).
+    rank computing one round (``compute``) between receiving and sending, so each handoff
+    is on the critical path. Returns ((round trip - the two ranks' rounds of compute) / 2,
+    the mean isend call) from the rank that does not start, on which the whole exchange is
+    timed; collective (both ranks of the pair call it, ``first`` on the one that starts).
+
+    The rounds of compute taken out are timed as the ping-pong runs them: one rank of each
+    pair at a time, every pair at once (``_solo_round_s``). Timed with every rank computing
+    at once, as they were until 2026-12-02, a world of 4 processes on 2 cores measured its
+    rounds at the cores' sharing, about twice what a ping-pong round takes with one rank of
+    each pair waiting, and the handoff came out at 0 in most launches (0-262 us against
+    150-625 at 2 processes), so pp=2 x dp=2's handoffs were priced at a fraction of the
+    0.7-1.1 ms a send its runs measured.
 
     The isend call is timed apart because it is the sender's share of the handoff: with
     the receive posted, gloo's TCP pair writes the bytes from the calling thread
@@ -428,6 +434,7 @@ def preposted_handoff_s(compute, rounds: int, first: bool, peer: int, tag0: int,
     import torch
     import torch.distributed as dist
 
+    base = _solo_round_s(compute, rounds, first, peer, tag0 + 2 * rounds)
     buf_out = torch.ones(POSTED_BYTES // 4)
     bufs = [torch.empty(POSTED_BYTES // 4) for _ in range(rounds)]
     in_tag, out_tag = (tag0 + rounds, tag0) if first else (tag0, tag0 + rounds)
@@ -449,6 +456,29 @@ def preposted_handoff_s(compute, rounds: int, first: bool, peer: int, tag0: int,
     for w in sends:
         w.wait()
     return max(0.0, (elapsed / rounds - 2.0 * base) / 2.0), call_s / rounds
+
+
+def _solo_round_s(compute, rounds: int, first: bool, peer: int, tag: int) -> float:
+    """The mean of a pair's two ranks' rounds of ``compute``, each rank timed while its
+    peer waits (first ranks of every pair, then the others), as a ping-pong computes;
+    known on the rank that does not start (0.0 on the other). Collective over the world."""
+    import torch
+    import torch.distributed as dist
+    mine = torch.zeros(1, dtype=torch.float64)
+    for turn in (True, False):
+        dist.barrier()
+        if first == turn:
+            t0 = time.perf_counter()
+            for _ in range(rounds):
+                compute()
+            mine[0] = (time.perf_counter() - t0) / rounds
+    dist.barrier()
+    if first:
+        dist.send(mine, peer, tag=tag)
+        return 0.0
+    theirs = torch.zeros(1, dtype=torch.float64)
+    dist.recv(theirs, peer, tag=tag)
+    return float(mine[0] + theirs[0]) / 2.0
 
 
 STRAGGLER_OP = "straggler"  # the row's op; its 'seconds' field holds the extra wait
