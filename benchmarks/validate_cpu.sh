@@ -20,7 +20,8 @@
 # Ends with the table (plan, processes, measured and predicted median step time, error,
 # the measured spread p10..p90 around the median, each launch's median), the Spearman rank correlation, and the
 # wall time of the whole; the target is at most 5 minutes on a 2-core host (254-267 s on the
-# first host of 2026-12-01, 315-346 s on a second whose steps, tp=2's apart, ran 1.5-1.8x slower).
+# first host of 2026-12-01, 315-346 s on a second whose steps, tp=2's apart, ran 1.5-1.8x slower;
+# 282-304 s on that second host on 2026-12-02, its steps faster again and the runner's QKV fused).
 # STEPS (default 21) measured steps per plan, in LAUNCHES (default 3) launches of fresh
 # processes, one pass over the eight plans after another, each launch after 2 warm-up
 # steps: a launch is one draw of where the processes and their threads land (the same
