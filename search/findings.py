@@ -109,11 +109,11 @@ def compression_note(tables: CostTables, best: StepResult, space,
         dense_gb, path_gbps, buckets = _dense_volume(tables, plan, dense)
         gpu = tables.cluster.devices[plan.rank(0, 0, 0)].gpu
         eff = tables.profile.gpu(gpu.name)
+        entry = topk_entry_bytes(plan.precision, tables.profile.runtime)
         stats = []  # (gain, fraction, result, compression compute s, sparse GB per GPU)
         for c, v in variants.items():
             r = by_plan[v.to_string()]
             nnz = [max(1.0, float(c[5:]) * e) for e in buckets]
-            entry = topk_entry_bytes(plan.precision, tables.profile.runtime)
             comp_s = sum(topk_compress_time_s(e, gpu, eff, plan.grad_degree, z)
                          + topk_decompress_time_s(e, plan.grad_degree * z, entry, gpu, eff)
                          for e, z in zip(buckets, nnz))

@@ -154,6 +154,7 @@ class GradientReducer(EnginePart):
         gpu = self.cluster.devices[pipe.ranks[s]].gpu
         eff = self.prog.profile.gpu(gpu.name)
         dpn = self.plan.grad_degree
+        entry = topk_entry_bytes(self.plan.precision, self.prog.profile.runtime)  # top-k bytes per kept entry
         # The replicas' drift over the backward (runtime.straggler_us): the last bucket's
         # reduction waits for the replica that finished last.
         straggle = closing_straggler_s(self.prog.profile.runtime.straggler_us, dpn, self.plan.zero)
@@ -168,7 +169,6 @@ class GradientReducer(EnginePart):
             if frac is not None:
                 elems = self.bucket_elements(s, chunk)
                 nnz = max(1.0, frac * elems)
-                entry = topk_entry_bytes(self.plan.precision, self.prog.profile.runtime)
                 yield self._run(s, cf.sparse_allgather(self.plan.grad_group(s, 0), nnz, entry),
                                 f"topk c{chunk}b{j}", "all_gather")
                 yield self.env.timeout(ce.topk_decompress_time_s(elems, dpn * nnz, entry, gpu, eff))

@@ -422,7 +422,7 @@ def preposted_handoff_s(compute, rounds: int, first: bool, peer: int, tag0: int)
     rounds at the cores' sharing, about twice what a ping-pong round takes with one rank of
     each pair waiting, and the handoff came out at 0 in most launches (0-262 us against
     150-625 at 2 processes), so pp=2 x dp=2's handoffs were priced at a fraction of the
-    0.7-1.1 ms a send its runs measured.
+    0.8-1.1 ms a send its runs measured.
 
     The isend call is timed apart because it is the sender's share of the handoff: with
     the receive posted, gloo's TCP pair writes the bytes from the calling thread

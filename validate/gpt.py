@@ -13,8 +13,9 @@ Queries, keys and values come out of one fused projection (``qkv.w``), as Megatr
 query heads, then its key head, then its value head (megatron/core/transformer/
 attention.py, SelfAttention.get_query_key_value_tensors: the output viewed as [.., groups,
 (heads/groups + 2) x head_dim] and split), so an even TP split of the rows hands each rank
-whole groups. Three separate projections cost this project's CPU runner 154 us a layer's
-forward at tiny's shapes where the fused one takes about 75 (2026-12-02, 2 processes).
+whole groups. Three separate projections took this project's CPU runner 154 us of a
+layer's forward at tiny's shapes, where the cost model prices the fused GEMM at 75-90 us
+(2026-12-02, 2 processes).
 
 Weights are a function of the seed only: every rank builds the full weights from the
 seed, in one fixed order, and keeps its slice (``local_weight``), so every layout starts
