@@ -1,6 +1,6 @@
 """Re-predict saved CPU validation runs with this tree's model: the measurements stay fixed.
 
-    python3 benchmarks/repredict.py [--launch-aggregate mean|median] RESULTS_DIR [RESULTS_DIR ...]
+    python3 benchmarks/repredict.py [--launch-aggregate mean|median] [--no-drift] RESULTS_DIR [RESULTS_DIR ...]
 
 Each RESULTS_DIR is what benchmarks/validate_cpu.sh wrote: validation.json (the measured
 steps, the plans, the host-speed probe of each run) and cpu-w<N>.yaml (the profile
@@ -20,6 +20,10 @@ median of their launches (validate/microbench.with_launch_aggregate), the fit it
 unchanged (validate/calibrate.profile_from_bench): the same measurements calibrated two
 ways. Runs whose .bench.json has no launch samples (calibrated before 2026-12-01) are
 refused.
+
+--no-drift predicts every plan with its profile as calibrated, ignoring the speed probe's
+drift factor the run applied (what `plansim validate --no-drift-correction` would have
+predicted): whether the probe's correction helped those runs.
 """
 from __future__ import annotations
 
@@ -106,9 +110,11 @@ def refit_profile(path: Path, world: int, aggregate: str, cluster):
     return overlay_profile(load_profile(None, bundled=cluster.profiles), mapping, where)
 
 
-def repredict(path: Path, aggregate: str | None = None) -> list[tuple[str, int, float, float, float]]:
+def repredict(path: Path, aggregate: str | None = None,
+              drift: bool = True) -> list[tuple[str, int, float, float, float]]:
     """(plan, processes, measured s, saved prediction s, new prediction s) per plan;
-    ``aggregate``: refit each profile (refit_profile) first."""
+    ``aggregate``: refit each profile (refit_profile) first; ``drift`` False: the profile
+    unscaled by the run's speed probe."""
     from costmodel.profile import load_profile
     from plansim.cmd_calibrate import resolve_world
     from sim.core_sharing import slowed_profile
@@ -131,8 +137,8 @@ def repredict(path: Path, aggregate: str | None = None) -> list[tuple[str, int, 
         profile = (refit_profile(path, world, aggregate, cluster) if aggregate
                    else load_profile(str(prof_file), bundled=cluster.profiles))
         probe = p.get("speed_probe") or {}
-        drift = probe.get("drift_factor") if probe.get("applied") else None
-        sim = simulate(model, plan, cluster, slowed_profile(profile, drift) if drift else profile)
+        factor = probe.get("drift_factor") if probe.get("applied") and drift else None
+        sim = simulate(model, plan, cluster, slowed_profile(profile, factor) if factor else profile)
         out.append((p["plan"], world, float(p["measured_step_time_s"]), float(p["predicted_step_time_s"]),
                     float(sim.step_time_s)))
     return out
@@ -142,8 +148,10 @@ def main(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__.strip())
         return 0 if argv else 2
-    aggregate = None
-    if argv[0].startswith("--launch-aggregate"):
+    aggregate, drift = None, True
+    if "--no-drift" in argv:
+        drift, argv = False, [a for a in argv if a != "--no-drift"]
+    if argv and argv[0].startswith("--launch-aggregate"):
         _, _, value = argv[0].partition("=")
         if not value:
             value, argv = (argv[1] if len(argv) > 1 else ""), argv[1:]
@@ -153,7 +161,9 @@ def main(argv: list[str]) -> int:
         if not argv:
             raise InputError("repredict", "RESULTS_DIR", "give at least one results directory")
     errors: dict[str, list[float]] = {}
-    runs = [(d, repredict(d, aggregate)) for d in map(Path, argv)]  # every input checked before printing
+    if not argv:
+        raise InputError("repredict", "RESULTS_DIR", "give at least one results directory")
+    runs = [(d, repredict(d, aggregate, drift)) for d in map(Path, argv)]  # every input checked before printing
     print(f"{'run':24s} {'plan':26s} {'procs':>5} {'measured ms':>11} {'saved':>8} {'now':>8}")
     for d, rows in runs:
         for plan, world, measured, saved, now in rows:

@@ -61,6 +61,20 @@ def test_repredict_applies_the_runs_profile_and_drift(tmp_path):
     assert with_drift > without * 1.1
 
 
+def test_repredict_no_drift_ignores_the_probe(tmp_path):
+    """--no-drift (drift=False) predicts with the profile as calibrated: the same step time
+    as simulating the unscaled profile directly, not the drifted one; the command line
+    takes the switch anywhere among the arguments."""
+    d, with_drift, without = _saved_run(tmp_path, 1.25)
+    rows = _load().repredict(d, drift=False)
+    assert rows[0][4] == pytest.approx(without, rel=1e-12)
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "repredict.py"), str(d), "--no-drift"],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    err_now = 100.0 * (without / 0.1 - 1.0)
+    assert f"{err_now:+7.1f}%" in out.stdout
+
+
 def test_repredict_bad_input_is_one_line_and_exit_2(tmp_path):
     """A missing results dir and a validation.json that is not JSON each end with one line
     naming the file, exit code 2, no traceback, and nothing printed on stdout."""

@@ -35,9 +35,12 @@ def test_record_probe_is_the_median_over_ranks_of_the_probe_before_the_steps():
     rec = RunRecord.from_workers(ws, model="tiny", plan="dp=3", backend="gloo", device="cpu",
                                  steps=1, warmup=0, seed=0)
     assert rec.speed_probe_s == pytest.approx(5e-3)
+    # the launch's probes kept for analysis: medians of the befores (5) and the afters (2, 5, 3 -> 3)
+    assert rec.launch_probes_s == [[pytest.approx(5e-3), pytest.approx(3e-3)]]
+    assert RunRecord.pooled([rec, rec]).launch_probes_s == [rec.launch_probes_s[0]] * 2
     old = RunRecord.from_workers([_worker(0, None)], model="tiny", plan="dp=1", backend="gloo",
                                  device="cpu", steps=1, warmup=0, seed=0)
-    assert old.speed_probe_s == 0.0
+    assert old.speed_probe_s == 0.0 and old.launch_probes_s == []
 
 
 def test_comparison_reports_the_drift():
@@ -49,6 +52,6 @@ def test_comparison_reports_the_drift():
     c = compare(rec, sim, drift=1.1, drift_applied=True, calibrated_probe_s=4e-3)
     assert "4.40 ms before the run, 4.00 ms at calibration (compute predicted x1.100)" in format_comparison(c)
     assert c.to_dict()["speed_probe"] == {"run_s": pytest.approx(4.4e-3), "calibrated_s": 4e-3,
-                                          "drift_factor": 1.1, "applied": True}
+                                          "launches_s": [[4.4e-3, 4.4e-3]], "drift_factor": 1.1, "applied": True}
     off = compare(rec, sim, drift=1.1, drift_applied=False, calibrated_probe_s=4e-3)
     assert "(not applied)" in format_comparison(off)

@@ -51,6 +51,8 @@ class Comparison:
                 "measured_detail_s": dict(self.record.get("detail_s", {})),
                 "host_per_step": self.host_per_step(),
                 "speed_probe": {"run_s": float(self.record.get("speed_probe_s", 0.0)),
+                                # each launch's (before, after its steps), seconds
+                                "launches_s": [[float(x) for x in p] for p in self.record.get("launch_probes_s", [])],
                                 "calibrated_s": self.calibrated_probe_s, "drift_factor": self.drift,
                                 "applied": self.drift_applied}}
 

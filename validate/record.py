@@ -68,6 +68,10 @@ class RunRecord:
     # where the processes and their threads land, and the same plan's launches can differ
     # by more than the model's error ([] in records written before it).
     launch_medians_s: list[float] = field(default_factory=list)
+    # Each launch's probe (median over ranks), seconds, before and after its steps, in
+    # launch order: whether a launch's step time follows the host's speed at its start
+    # ([] in records written before it).
+    launch_probes_s: list[list[float]] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -118,7 +122,8 @@ class RunRecord:
             phases_s=mean_of([r.phases_s for r in records]), detail_s=mean_of([r.detail_s for r in records]),
             per_rank=per_rank, speed_probe_s=float(statistics.fmean(probes)) if all(probes) else 0.0,
             launches=sum(r.launches for r in records),
-            launch_medians_s=[m for r in records for m in (r.launch_medians_s or [r.median_step_time_s])])
+            launch_medians_s=[m for r in records for m in (r.launch_medians_s or [r.median_step_time_s])],
+            launch_probes_s=[p for r in records for p in r.launch_probes_s])
 
     @classmethod
     def from_workers(cls, workers: list[dict], *, model: str, plan: str, backend: str, device: str,
@@ -174,6 +179,8 @@ class RunRecord:
             speed_probe_s=float(statistics.median(w["probe_s"][0] for w in workers))
             if all(w.get("probe_s") for w in workers) else 0.0,
             launch_medians_s=[stats["median_step_time_s"]],
+            launch_probes_s=[[float(statistics.median(w["probe_s"][i] for w in workers)) for i in (0, 1)]]
+            if all(len(w.get("probe_s") or []) > 1 for w in workers) else [],
         )
 
 
