@@ -487,6 +487,35 @@ def test_reused_compute_takes_exactly_the_samples_asked_for(monkeypatch):
     assert [a.seconds for a in got.attention] == [a.seconds for a in src.attention if (a.batch, a.s, a.d) == attn[0]]
     assert (got.world, got.compute_world, got.probe_s, got.harness) == (2, 2, 4.3e-3, src.harness)
     assert got.overhead == src.overhead and got.collectives == []
+    # Of a record with several probe draws, only its compute worker's (the first) is reused:
+    # the others were its collective launches', and this calibration takes its own.
+    src.probe_draws_s, src.probe_s = [4.3e-3, 9e-3, 9.5e-3], 9e-3
+    again = mb.reused_compute(src, "w4.bench.json", 2, "gloo", 1, shapes, sizes, attn, [])
+    assert (again.probe_s, again.probe_draws_s) == (4.3e-3, [4.3e-3])
+
+
+def test_probe_draws_pool_into_their_median():
+    """The calibrated probe is the median of every draw (validate/probe.py): a compute
+    draw of 10 ms and three collective launches' 12, 20 and 14 ms (launch_samples, in
+    launch order) give draws [10, 12, 20, 14] and a probe of (12 + 14) / 2 = 13 ms; with
+    one collective launch (its row only), 10 and 16 ms give 13 ms; no probe row leaves the
+    compute draw alone; a record from before the draws (probe_s only) starts from it."""
+    import validate.microbench as mb
+    from validate.collective_bench import PROBE_OP
+    res = mb.MicrobenchResult(world=2, backend="gloo", threads=1, probe_s=10e-3, probe_draws_s=[10e-3])
+    res.launch_samples = [["all_reduce", 2, 4096, [1.0, 2.0, 3.0]], [PROBE_OP, 2, 0, [12e-3, 20e-3, 14e-3]]]
+    mb._pool_probe_draws(res, [[PROBE_OP, 2, 0, 15.33e-3]])
+    assert res.probe_draws_s == pytest.approx([10e-3, 12e-3, 20e-3, 14e-3])
+    assert res.probe_s == pytest.approx(13e-3)
+    one = mb.MicrobenchResult(world=2, backend="gloo", threads=1, probe_s=10e-3)
+    mb._pool_probe_draws(one, [["all_reduce", 2, 4096, 1.0], [PROBE_OP, 2, 0, 16e-3]])
+    assert one.probe_draws_s == pytest.approx([10e-3, 16e-3]) and one.probe_s == pytest.approx(13e-3)
+    none = mb.MicrobenchResult(world=2, backend="gloo", threads=1, probe_s=10e-3, probe_draws_s=[10e-3])
+    mb._pool_probe_draws(none, [["all_reduce", 2, 4096, 1.0]])
+    assert (none.probe_s, none.probe_draws_s) == (10e-3, [10e-3])
+    # the probe row is not a collective sample
+    mb._apply_collective_rows(one, [["all_reduce", 2, 4096, 1.0], [PROBE_OP, 2, 0, 16e-3]])
+    assert [c.op for c in one.collectives] == ["all_reduce"]
 
 
 @pytest.mark.parametrize("change, needle", [
@@ -495,6 +524,8 @@ def test_reused_compute_takes_exactly_the_samples_asked_for(monkeypatch):
     (dict(host_cores=8), "host cores 8; this calibration needs 2"),
     (dict(backend="nccl"), "backend nccl; this calibration needs gloo"),
     (dict(probe_s=float("nan")), "probe_s: nan: a measured time"),
+    (dict(probe_draws_s=["x"]), "probe_draws_s[0]: 'x': a measured time"),
+    (dict(probe_draws_s=[-1.0]), "probe_draws_s[0]: -1.0: a measured time"),
     (dict(overhead=[]), "overhead: absent"),
 ])
 def test_reused_compute_refuses_other_conditions(monkeypatch, change, needle):

@@ -135,6 +135,15 @@ def test_calibrate_and_validate_smoke(tmp_path, capsys):
     from costmodel.profile import load_profile as _load
     fab = _load(str(prof)).fabric("loopback")
     assert all(math.isfinite(x) and x > 0 for x in (fab.send_recv_posted_busy_us, fab.send_recv_posted_idle_us))
+    # The probe's draws: the compute worker's and one per collective launch (8 at world 2:
+    # validate/microbench.POSTED_LAUNCHES), each positive; the profile's probe is their median.
+    import statistics
+
+    from validate.microbench import POSTED_LAUNCHES, bench_record_path, load_bench
+    bench = load_bench(bench_record_path(prof), "bench")
+    assert len(bench.probe_draws_s) == 1 + POSTED_LAUNCHES and min(bench.probe_draws_s) > 0
+    assert _load(str(prof)).runtime.speed_probe_us == pytest.approx(statistics.median(bench.probe_draws_s) * 1e6,
+                                                                     abs=0.01)
     rep = tmp_path / "report"
     assert main(["validate", "localhost-cpu", "--model", "tiny", "--plan", "dp=2",
                  "--profile", str(prof), "--steps", "3", "--warmup", "1", "--launches", "2", "--json",

@@ -83,6 +83,13 @@ class CollectiveConfig:
     busy_calls: int = 0  # calls of the busy-fraction stream (busy_fraction_row); 0: not measured
     straggler_reps: int = 0  # long compute phases per group size (straggler_row); 0: not measured
     posted: bool = False  # time the pipeline handoff streams in pairs (posted_rows)
+    probe: bool = False  # first, validate/probe.py's probe (a PROBE_OP row): one more draw of the host's speed
+
+
+# The row of the speed probe taken at the start of a collective launch: [PROBE_OP, world,
+# 0, seconds (median over the ranks)]; validate/microbench.py pools these draws with the
+# compute worker's into the calibrated probe (validate/probe.py).
+PROBE_OP = "speed_probe"
 
 
 def _collective_call(op: str, count: int, n: int, group, first: int, nxt: int, prv: int, dev):
@@ -131,6 +138,15 @@ def collective_worker(rank: int, world: int, cfg: CollectiveConfig) -> list:
     from validate.compute_bench import worker_device
     dev, dsync = worker_device(cfg.backend)
     rows = []
+    if cfg.probe:  # fresh processes, before anything else: as the runner probes its ranks
+        from validate.probe import probe_in_rounds
+        mine = torch.tensor([probe_in_rounds(world, "cuda" if dsync else "cpu", dev, dsync)], dtype=torch.float64,
+                            device=dev)
+        every = [torch.zeros_like(mine) for _ in range(world)]
+        dist.all_gather(every, mine)
+        tail = [[PROBE_OP, world, 0, statistics.median(float(t[0]) for t in every)]]
+    else:
+        tail = []
     for n in cfg.group_sizes or (world,):
         if n == world:
             group, first = None, 0
@@ -175,7 +191,7 @@ def collective_worker(rank: int, world: int, cfg: CollectiveConfig) -> list:
             rows += posted_rows(cfg, dev, dsync, world)
         if cfg.busy_calls and n == min(cfg.group_sizes or (world,)):
             rows.append(busy_fraction_row(cfg, n, group, first, nxt, prv, dev, world))
-    return rows
+    return rows + tail
 
 
 BUSY_OP = "busy_fraction"  # the row's op; its 'seconds' field holds the fraction

@@ -38,7 +38,7 @@ from costmodel import flops as fl
 from costmodel.errors import InputError
 from costmodel.limits import number_problem
 from costmodel.shapes import ModelSpec
-from validate.collective_bench import (BUSY_OP, COLLECTIVES, KIB, MIB, POSTED_BUSY_OP, POSTED_IDLE_OP,
+from validate.collective_bench import (BUSY_OP, COLLECTIVES, KIB, MIB, POSTED_BUSY_OP, POSTED_IDLE_OP, PROBE_OP,
                                        PREPOSTED_CALL_OP, PREPOSTED_OP, STRAGGLER_OP, CollectiveConfig,
                                        CollectiveSample, collective_worker)
 
@@ -123,7 +123,12 @@ class MicrobenchResult:
     # world on GPUs; 0 in records written before this field (then: world).
     compute_world: int = 0
     host_cores: int = 0  # cores this process may run on (0: not recorded)
-    probe_s: float = 0.0  # validate/probe.py's probe, median over the compute workers (0: not recorded)
+    # validate/probe.py's probe: the median of probe_draws_s (0: not recorded)
+    probe_s: float = 0.0
+    # Each draw of the probe, seconds, in order: the compute worker's (median over its
+    # processes) first, then one per collective launch (median over its ranks); [] in
+    # records written before 2026-12-02's third session (their probe_s is the compute draw).
+    probe_draws_s: list = field(default_factory=list)
     # Seconds of each family's smallest call in the timing harness ('gemm', 'bmm',
     # 'memory:<op>', 'attention'), median over the compute workers; {} in older records
     harness: dict = field(default_factory=dict)
@@ -162,6 +167,7 @@ class MicrobenchResult:
                    topk=[TopkSample(**x) for x in d.get("topk", [])],
                    wall_s=d.get("wall_s", 0.0), compute_world=d.get("compute_world", 0),
                    host_cores=d.get("host_cores", 0), probe_s=d.get("probe_s", 0.0),
+                   probe_draws_s=list(d.get("probe_draws_s", [])),
                    harness=dict(d.get("harness", {})), comm_busy_fraction=d.get("comm_busy_fraction", 0.0),
                    straggler_s=d.get("straggler_s", 0.0), posted_busy_s=d.get("posted_busy_s", 0.0),
                    posted_idle_s=d.get("posted_idle_s", 0.0), preposted_s=d.get("preposted_s", 0.0),
@@ -368,7 +374,11 @@ def reused_compute(src: MicrobenchResult, source: str, world: int, backend: str,
         if got != want:
             raise InputError(source, "--compute-from", f"its compute ran with {what} {got}; this calibration "
                              f"needs {want}")
-    figures = ([("probe_s", src.probe_s)] + [(f"overhead.{o.what}", o.per_op_s) for o in src.overhead]
+    # The compute worker's own draw of the probe (src's others were taken by its collective
+    # launches; this calibration's collective launches take their own).
+    compute_draw = src.probe_draws_s[0] if src.probe_draws_s else src.probe_s
+    figures = ([("probe_s", src.probe_s), ("probe_draws_s[0]", compute_draw)]
+               + [(f"overhead.{o.what}", o.per_op_s) for o in src.overhead]
                + [(f"gemm.{i}", g.seconds) for i, g in enumerate(src.gemm)]
                + [(f"memory.{i}", x.seconds) for i, x in enumerate(src.memory)]
                + [(f"attention.{i}", a.seconds) for i, a in enumerate(src.attention)]
@@ -395,7 +405,8 @@ def reused_compute(src: MicrobenchResult, source: str, world: int, backend: str,
                             gemm=[gemm[tuple(sh)] for sh in gemm_shapes],
                             memory=[mem[(op, n)] for op in MEMORY_OPS for n in mem_sizes],
                             attention=[attn[tuple(sh)] for sh in attn_shapes], topk=[tk[k] for k in topk],
-                            overhead=list(src.overhead), probe_s=src.probe_s, harness=dict(src.harness))
+                            overhead=list(src.overhead), probe_s=compute_draw, probe_draws_s=[compute_draw],
+                            harness=dict(src.harness))
 
 
 def bench_record_path(profile) -> Path:
@@ -489,6 +500,7 @@ def _measure_compute(world: int, gemm_shapes, mem_sizes, attn_shapes, topk, runt
         elems, frac, _ = row
         res.topk.append(topk_sample(elems, frac, [t for r in per_rank for t in r["topk"][i][2]]))
     res.probe_s = statistics.median(r["probe"] for r in per_rank)
+    res.probe_draws_s = [res.probe_s]
     res.harness = {kind: statistics.median(r["harness"][i][1] for r in per_rank)
                    for i, (kind, _) in enumerate(per_rank[0]["harness"])}
     n_fwd, n_train = chain_op_counts(runtime or RuntimeSettings())
@@ -514,7 +526,8 @@ def _measure_collectives(res: MicrobenchResult, world: int, coll_sizes, repeats:
         after = tuple(sz for sz in AFTER_COMPUTE_SIZES if coll_sizes[0] <= sz <= coll_sizes[-1])
         kcfg = CollectiveConfig(tuple(coll_sizes), ops, ns, repeats=repeats, threads=threads, backend=be_name,
                                 after_compute_sizes=after, busy_calls=BUSY_CALLS,
-                                straggler_reps=STRAGGLER_REPS if after else 0, posted=bool(after) and world % 2 == 0)
+                                straggler_reps=STRAGGLER_REPS if after else 0, posted=bool(after) and world % 2 == 0,
+                                probe=True)
         with worker_threads_env(world):
             rows = launch(collective_worker, world, (kcfg,), timeout_s=timeout_s, backend=be_name)[0]
             if after:
@@ -526,9 +539,22 @@ def _measure_collectives(res: MicrobenchResult, world: int, coll_sizes, repeats:
                                timeout_s=timeout_s, backend=be_name)[0]
                         for _ in range(POSTED_LAUNCHES - AFTER_COMPUTE_LAUNCHES)] if kcfg.posted else []))
         _apply_collective_rows(res, rows)
+        _pool_probe_draws(res, rows)
 
 
-_SCALAR_OPS = (BUSY_OP, STRAGGLER_OP, POSTED_BUSY_OP, POSTED_IDLE_OP, PREPOSTED_OP, PREPOSTED_CALL_OP)
+def _pool_probe_draws(res: MicrobenchResult, rows: list) -> None:
+    """Append each collective launch's probe draw (PROBE_OP rows: one launch's is its row,
+    several launches' are in launch_samples) to res.probe_draws_s, and make res.probe_s
+    their median with the compute worker's (validate/probe.py)."""
+    several = [ss for op, _, _, ss in res.launch_samples if op == PROBE_OP]
+    draws = several[0] if several else [s for op, _, _, s in rows if op == PROBE_OP]
+    res.probe_draws_s = list(res.probe_draws_s or ([res.probe_s] if res.probe_s > 0 else [])) + [float(d) for d in draws]
+    good = [d for d in res.probe_draws_s if d > 0]
+    if good:
+        res.probe_s = float(statistics.median(good))
+
+
+_SCALAR_OPS = (PROBE_OP, BUSY_OP, STRAGGLER_OP, POSTED_BUSY_OP, POSTED_IDLE_OP, PREPOSTED_OP, PREPOSTED_CALL_OP)
 
 
 def _apply_collective_rows(res: MicrobenchResult, rows: list) -> None:

@@ -20,6 +20,15 @@ code on a model of width 8 (the per-op host cost, validate/compute_bench.CHAIN_M
 GEMMs at a transformer layer's shape (64 tokens, 128 -> 512) cycled through operands
 beyond L2, each a fixed amount of work; its time is the median of PROBE_REPEATS repeats.
 It never runs the plan's model, so the prediction stays a prediction.
+
+Calibration's baseline is the median over several draws taken across the calibration: the
+compute worker's, and one at the start of every collective launch (fresh processes each,
+as the runner's ranks are), so a calibration spans 4-9 draws over its minutes. One probe
+is one moment: on a third host (an AMD EPYC 2-vCPU guest, 2026-12-02) a one-second
+median of the same GEMM loop moved 8.1-13.4 ms within 20 s, the probe read 10.8-18.0 ms in
+consecutive calls of one process, and a calibration whose single probe caught a fast
+moment (9.83 ms against 14.2 in the next) set a drift factor of 1.5-1.7 on every
+2-process plan and over-predicted them by 16-37 %.
 """
 from __future__ import annotations
 
@@ -62,6 +71,29 @@ def probe_s(dev=None, dsync=None) -> float:
         if i >= 2:
             times.append(time.perf_counter() - t0)
     return statistics.median(times)
+
+
+def probe_in_rounds(world: int, kind: str, device=None, dsync=None) -> float:
+    """probe_s on this rank, taken as calibration's compute is: at most as many processes
+    of this host at once as calibration ran its compute in (microbench.compute_processes),
+    the host's ranks in rounds, every rank at each round's barrier. (All 4 ranks of a
+    4-process plan on 2 cores at once would time the cores' sharing, twice the calibrated
+    probe, not the host's speed.) Every rank of the world must call it."""
+    import os
+
+    import torch.distributed as dist
+
+    from validate.launch import local_rank
+    from validate.microbench import compute_processes
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    at_once = compute_processes(local, kind)
+    got = 0.0
+    for r in range(-(-local // at_once)):
+        dist.barrier()
+        if local_rank() // at_once == r:
+            got = probe_s(device, dsync)
+    dist.barrier()
+    return got
 
 
 def drift_factor(run_probe_s: float, calibrated_probe_us: float) -> float | None:

@@ -28,7 +28,6 @@ parallelism (cp=N) runs ring attention (validate/cp.py); zero=3 runs FSDP
 from __future__ import annotations
 
 import argparse
-import os
 import resource  # POSIX getrusage: peak RSS and per-step host counters
 import sys
 from dataclasses import dataclass
@@ -39,6 +38,7 @@ from sim.program import BUCKET_BYTES
 from specs.plan import Plan
 from validate.backend import pick_backend
 from validate.launch import launch, local_rank
+from validate.probe import probe_in_rounds
 from validate.record import RunRecord
 
 
@@ -185,7 +185,7 @@ def _worker(rank: int, world: int, model: ModelSpec, plan: Plan, cfg: RunConfig)
     # The host's speed right before and after the steps, every rank at once (validate/probe.py):
     # the validator compares it with the profile's calibration.
     dsync = torch.cuda.synchronize if be.kind == "cuda" else None
-    probes = [_probe(rank, world, be.kind, device, dsync)]
+    probes = [probe_in_rounds(world, be.kind, device, dsync)]
     for step in range(cfg.warmup + cfg.steps):
         tokens = batch_tokens(model, step, cfg.seed).to(device)
         mbs = [(split(tokens[row0 + i * plan.mbs: row0 + (i + 1) * plan.mbs, :-1]),
@@ -222,7 +222,7 @@ def _worker(rank: int, world: int, model: ModelSpec, plan: Plan, cfg: RunConfig)
         segments = meas["segments"] if last else None
         if holds_loss:
             losses.append(loss)
-    probes.append(_probe(rank, world, be.kind, device, dsync))
+    probes.append(probe_in_rounds(world, be.kind, device, dsync))
     out = {"rank": rank, "stage": s, "tp_rank": t, "dp_rank": d, "cp_rank": c_idx, "steps": steps,
            "probe_s": probes,
            "segments": segments, "losses": losses,
@@ -232,27 +232,6 @@ def _worker(rank: int, world: int, model: ModelSpec, plan: Plan, cfg: RunConfig)
         out["weights"] = reducer.gathered_weights() if plan.zero >= 3 else {
             n: prm.detach().cpu().numpy().copy() for ch in chunks.values() for n, prm in ch.params.items()}
     return out
-
-
-def _probe(rank: int, world: int, kind: str, device, dsync) -> float:
-    """validate/probe.py's probe on this rank, taken as calibration took it: at most as many
-    processes of this host at once as calibration ran its compute in
-    (microbench.compute_processes), the host's ranks in rounds, every rank at each round's
-    barrier. (All 4 ranks of a 4-process plan on 2 cores at once would time the cores'
-    sharing, twice the calibrated probe, not the host's speed.)"""
-    import torch.distributed as dist
-
-    from validate.microbench import compute_processes
-    from validate.probe import probe_s
-    local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
-    at_once = compute_processes(local, kind)
-    got = 0.0
-    for r in range(-(-local // at_once)):
-        dist.barrier()
-        if local_rank() // at_once == r:
-            got = probe_s(device, dsync)
-    dist.barrier()
-    return got
 
 
 def host_counters(before, after) -> dict[str, int]:
