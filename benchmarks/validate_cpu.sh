@@ -39,6 +39,9 @@ STEPS="${STEPS:-21}"
 LAUNCHES="${LAUNCHES:-3}"
 mkdir -p "$OUT"
 PY="${PYTHON:-python3}"
+# Which host the figures are from: hosts differ by 2-3x in speed and in how steady it is
+# (docs/validation-cpu.md, Results), so every run keeps its CPU's description.
+{ command -v lscpu >/dev/null && lscpu || cat /proc/cpuinfo 2>/dev/null || true; } > "$OUT/lscpu.txt"
 start=$(date +%s)
 WORLDS=(2 4)
 if [ "${COMPUTE_REUSE:-0}" = 1 ]; then
