@@ -158,8 +158,6 @@ def main(argv: list[str]) -> int:
         if value not in AGGREGATES:
             raise InputError("--launch-aggregate", None, f"must be {' or '.join(AGGREGATES)} (got {value!r})")
         aggregate, argv = value, argv[1:]
-        if not argv:
-            raise InputError("repredict", "RESULTS_DIR", "give at least one results directory")
     errors: dict[str, list[float]] = {}
     if not argv:
         raise InputError("repredict", "RESULTS_DIR", "give at least one results directory")

@@ -127,7 +127,7 @@ class MicrobenchResult:
     probe_s: float = 0.0
     # Each draw of the probe, seconds, in order: the compute worker's (median over its
     # processes) first, then one per collective launch (median over its ranks); [] in
-    # records written before 2026-12-02's third session (their probe_s is the compute draw).
+    # records written before the draws were kept (their probe_s is the compute draw).
     probe_draws_s: list = field(default_factory=list)
     # Seconds of each family's smallest call in the timing harness ('gemm', 'bmm',
     # 'memory:<op>', 'attention'), median over the compute workers; {} in older records
