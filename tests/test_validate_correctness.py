@@ -178,6 +178,11 @@ def test_topk_sends_under_30pct_and_tracks_dense_loss(runs_2):
         topk_b = t["steps"][-1]["bytes_sent"]["dp"]
         assert topk_b <= 0.30 * dense_b, (topk_b, dense_b)
         assert topk_b == by_hand, (topk_b, by_hand)
+        # The selection is timed as compute (as the simulator prices it), nested in the
+        # exchange's span and taken out of its 'dp' time; the dense run has none.
+        st = t["steps"][-1]
+        assert 0 < st["detail_s"]["topk_select"] <= st["phases_s"]["compute"]
+        assert "topk_select" not in d["steps"][-1]["detail_s"]
     ld, lt = _losses(dense), _losses(topk)
     assert ld[-1] < 0.95 * ld[0]
     assert lt[-1] != ld[-1]

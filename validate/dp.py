@@ -175,7 +175,12 @@ class GradReducer:
         op = "topk_all_gather" if self.topk is not None else "reduce_scatter" if self.zero >= 1 else "all_reduce"
         with self.rec.span("dp", f"dp_{op}", f"launch {op} c{b.chunk}b{b.index}"):
             if self.topk is not None:
-                b.state = ("topk", self.topk.start(b.index, b.flat_grad))
+                # The selection (error feedback's add and the top-k) is compute on this
+                # thread, timed as such: the simulator prices it on the compute stream
+                # (sim/pipeline_executor._grad_ready), the exchange and the decompression
+                # as 'dp'.
+                b.state = ("topk", self.topk.start(b.index, b.flat_grad, self.rec.span(
+                    "compute", "topk_select", f"top-k select c{b.chunk}b{b.index}")))
             elif self.zero >= 1:
                 parts = list(b.flat_grad.chunk(self.comm.size))
                 b.shard_grad = self._torch.empty_like(parts[self.comm.index])

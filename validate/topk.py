@@ -41,12 +41,17 @@ class TopKCompressor:
     def kept(self, n: int) -> int:
         return max(1, math.ceil(self.fraction * n))
 
-    def start(self, key: int, grad):
+    def start(self, key: int, grad, selecting=None):
         """Select and launch the all-gather of bucket ``key``'s top-k entries (async).
-        Returns the state ``finish`` needs."""
+        Returns the state ``finish`` needs. ``selecting``: a context manager around the
+        selection alone (the runner's timing span: the selection is compute on the
+        issuing thread, as the simulator prices it, not communication)."""
+        import contextlib
+
         import torch
         import torch.distributed as dist
-        idx32, vals, self.residual[key] = select(grad, self.residual.get(key), self.kept(grad.numel()))
+        with selecting if selecting is not None else contextlib.nullcontext():
+            idx32, vals, self.residual[key] = select(grad, self.residual.get(key), self.kept(grad.numel()))
         k = idx32.numel()
         n = self.comm.size
         # One all-gather of (indices, values) packed in one buffer, as the simulator's
