@@ -23,8 +23,9 @@ It never runs the plan's model, so the prediction stays a prediction.
 
 Calibration's baseline is the median over several draws taken across the calibration: the
 compute worker's, and one at the start of every collective launch (fresh processes each,
-as the runner's ranks are), so a calibration spans 4-9 draws over its minutes. One probe
-is one moment: on a third host (an AMD EPYC 2-vCPU guest, 2026-12-02) a one-second
+as the runner's ranks are), so a calibration spans up to 9 draws over its minutes (the
+compute launch, 3 after-compute launches and 5 handoff launches at an even world). One
+probe is one moment: on a third host (an AMD EPYC 2-vCPU guest, 2026-12-02) a one-second
 median of the same GEMM loop moved 8.1-13.4 ms within 20 s, the probe read 10.8-18.0 ms in
 consecutive calls of one process, and a calibration whose single probe caught a fast
 moment (9.83 ms against 14.2 in the next) set a drift factor of 1.5-1.7 on every
