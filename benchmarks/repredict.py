@@ -1,6 +1,6 @@
 """Re-predict saved CPU validation runs with this tree's model: the measurements stay fixed.
 
-    python3 benchmarks/repredict.py [--launch-aggregate mean|median] [--no-drift] RESULTS_DIR [RESULTS_DIR ...]
+    python3 benchmarks/repredict.py [--launch-aggregate mean|median | --refit] [--no-drift] RESULTS_DIR [RESULTS_DIR ...]
 
 Each RESULTS_DIR is what benchmarks/validate_cpu.sh wrote: validation.json (the measured
 steps, the plans, the host-speed probe of each run) and cpu-w<N>.yaml (the profile
@@ -20,6 +20,10 @@ median of their launches (validate/microbench.with_launch_aggregate), the fit it
 unchanged (validate/calibrate.profile_from_bench): the same measurements calibrated two
 ways. Runs whose .bench.json has no launch samples (calibrated before 2026-12-01) are
 refused.
+
+--refit refits each run's profiles from its saved microbenchmarks with this tree's
+calibration (validate/calibrate.profile_from_bench), launches as calibrate merged them: a
+change to the fit tried on measurements already taken.
 
 --no-drift predicts every plan with its profile as calibrated, ignoring the speed probe's
 drift factor the run applied (what `plansim validate --no-drift-correction` would have
@@ -93,28 +97,30 @@ def load_run(path: Path) -> dict:
 AGGREGATES = ("mean", "median")
 
 
-def refit_profile(path: Path, world: int, aggregate: str, cluster):
-    """The profile of ``path``'s cpu-w<world>.bench.json, refitted with its launches merged
-    by ``aggregate`` (AGGREGATES)."""
+def refit_profile(path: Path, world: int, aggregate: str | None, cluster):
+    """The profile of ``path``'s cpu-w<world>.bench.json, refitted by this tree's
+    calibration, with its launches merged by ``aggregate`` (AGGREGATES) when given."""
     from costmodel.profile import load_profile, overlay_profile
     from validate.calibrate import profile_from_bench
     from validate.microbench import bench_record_path, load_bench, with_launch_aggregate
 
     bench_file = bench_record_path(path / f"cpu-w{world}.yaml")
     res = load_bench(bench_file, "file")
-    if not res.launch_samples:
-        raise InputError(str(bench_file), "launch_samples", "absent: calibrated before each launch was kept")
-    res = with_launch_aggregate(res, statistics.fmean if aggregate == "mean" else statistics.median)
-    where = f"refit of {bench_file}, launches merged by the {aggregate}"
+    where = f"refit of {bench_file}"
+    if aggregate is not None:
+        if not res.launch_samples:
+            raise InputError(str(bench_file), "launch_samples", "absent: calibrated before each launch was kept")
+        res = with_launch_aggregate(res, statistics.fmean if aggregate == "mean" else statistics.median)
+        where += f", launches merged by the {aggregate}"
     _, mapping = profile_from_bench(cluster, res, where)
     return overlay_profile(load_profile(None, bundled=cluster.profiles), mapping, where)
 
 
-def repredict(path: Path, aggregate: str | None = None,
-              drift: bool = True) -> list[tuple[str, int, float, float, float]]:
+def repredict(path: Path, aggregate: str | None = None, drift: bool = True,
+              refit: bool = False) -> list[tuple[str, int, float, float, float]]:
     """(plan, processes, measured s, saved prediction s, new prediction s) per plan;
-    ``aggregate``: refit each profile (refit_profile) first; ``drift`` False: the profile
-    unscaled by the run's speed probe."""
+    ``refit`` or ``aggregate``: refit each profile (refit_profile) first, ``aggregate``
+    merging its launches; ``drift`` False: the profile unscaled by the run's speed probe."""
     from costmodel.profile import load_profile
     from plansim.cmd_calibrate import resolve_world
     from sim.core_sharing import slowed_profile
@@ -134,7 +140,7 @@ def repredict(path: Path, aggregate: str | None = None,
             plan = resolve_plan(p["plan"], model, cluster.num_devices)
         except InputError as e:  # name the saved file, not --plan
             raise InputError(str(path / "validation.json"), f"plans[{i}].plan", f"{e.field or ''} {e.message}".strip()) from None
-        profile = (refit_profile(path, world, aggregate, cluster) if aggregate
+        profile = (refit_profile(path, world, aggregate, cluster) if aggregate or refit
                    else load_profile(str(prof_file), bundled=cluster.profiles))
         probe = p.get("speed_probe") or {}
         factor = probe.get("drift_factor") if probe.get("applied") and drift else None
@@ -148,9 +154,11 @@ def main(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__.strip())
         return 0 if argv else 2
-    aggregate, drift = None, True
+    aggregate, drift, refit = None, True, False
     if "--no-drift" in argv:
         drift, argv = False, [a for a in argv if a != "--no-drift"]
+    if "--refit" in argv:
+        refit, argv = True, [a for a in argv if a != "--refit"]
     if argv and argv[0].startswith("--launch-aggregate"):
         _, _, value = argv[0].partition("=")
         if not value:
@@ -161,7 +169,7 @@ def main(argv: list[str]) -> int:
     errors: dict[str, list[float]] = {}
     if not argv:
         raise InputError("repredict", "RESULTS_DIR", "give at least one results directory")
-    runs = [(d, repredict(d, aggregate, drift)) for d in map(Path, argv)]  # every input checked before printing
+    runs = [(d, repredict(d, aggregate, drift, refit)) for d in map(Path, argv)]  # every input checked before printing
     print(f"{'run':24s} {'plan':26s} {'procs':>5} {'measured ms':>11} {'saved':>8} {'now':>8}")
     for d, rows in runs:
         for plan, world, measured, saved, now in rows:

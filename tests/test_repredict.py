@@ -130,3 +130,27 @@ def test_repredict_hostile_validation_json(tmp_path, text, field):
         assert p.returncode == 2 and p.stdout == "", (script, p.stderr)
         assert len(p.stderr.strip().splitlines()) == 1 and "Traceback" not in p.stderr, p.stderr
         assert f"{d / 'validation.json'}: {field}" in p.stderr, p.stderr
+
+
+def test_refit_needs_the_saved_microbenchmarks(tmp_path):
+    """--refit refits each profile from the run's cpu-w<N>.bench.json; a run saved without
+    one ends with one line naming that file, exit code 2, no traceback. With it, the refit
+    profile (this tree's calibration of the saved measurements) predicts what simulating
+    validate.calibrate.profile_from_bench's profile directly predicts."""
+    d, _, _ = _saved_run(tmp_path, 1.0)
+    p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "repredict.py"), "--refit", str(d)],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and p.stdout == "" and "Traceback" not in p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1 and "cpu-w2.bench.json" in p.stderr
+    bench = ROOT / "results" / "validate-cpu-2026-12-02-epyc" / "epyc-6" / "cpu-w2.bench.json"
+    shutil.copy(bench, d / "cpu-w2.bench.json")
+    from costmodel.profile import overlay_profile
+    from validate.calibrate import profile_from_bench
+    from validate.microbench import load_bench
+    cluster, _ = resolve_world("localhost-cpu", 2, "--world", "")
+    _, mapping = profile_from_bench(cluster, load_bench(bench, "file"), "test")
+    prof = overlay_profile(load_profile(None, bundled=cluster.profiles), mapping, "test")
+    model = load_model("tiny")
+    want = simulate(model, resolve_plan(GOOD["plan"], model, 2), cluster, prof).step_time_s
+    rows = _load().repredict(d, refit=True)
+    assert rows[0][4] == pytest.approx(want, rel=1e-12)
