@@ -130,8 +130,6 @@ def _with_gemm_max(eff: GpuEfficiency, value: float) -> GpuEfficiency:
 
 def op_time_s(op: Op, gpu: GpuSpec, eff: GpuEfficiency, precision: str) -> float:
     """GPU seconds for one operation: max(compute time, memory time) + kernel overhead.
-    Memory-kind ops compute their element-wise FLOPs at ``elementwise_eff`` of the fp32
-    peak when the profile sets it (0: traffic alone).
     'gemm' ops run at the precision's peak (FP8 GEMMs at the fp8 peak and efficiency);
     'attention' ops are the batched matmuls of core attention (batch = microbatch x heads)
     and 'flash_attention' a fused attention kernel (m = s, k = head dim), both in BF16 under
@@ -146,8 +144,6 @@ def op_time_s(op: Op, gpu: GpuSpec, eff: GpuEfficiency, precision: str) -> float
     elif op.kind == "flash_attention":
         prec = _ATTENTION_PRECISION.get(precision, precision)
         comp_t = op.flops / (gpu.peak_flops(prec) * fused_attention_efficiency(op.m, op.k, eff))
-    elif op.kind == "memory" and eff.elementwise_eff > 0:
-        comp_t = op.flops / (gpu.peak_flops("fp32") * eff.elementwise_eff)
     else:
         comp_t = 0.0
     return max(comp_t, mem_t) + eff.kernel_overhead_us * 1e-6
@@ -282,10 +278,8 @@ OPTIMIZER_KERNELS = 6
 # Adam as eager in-place element-wise ops on fp32 tensors (validate/dp.adam_update, runtime
 # eager_adam), bytes per parameter counted by hand, each operand read once and each result
 # written once: m*=b1 (8), m+=(1-b1)g (12), v*=b2 (8), v+=(1-b2)g*g (16), d=sqrt(v) (8),
-# d/=sqrt(1-b2^t) (8), d+=eps (8), p-=lr/(1-b1^t) m/d (16): 84 B, 8 ops. Their arithmetic
-# per parameter, one FLOP per multiply, add, divide or square root: 1, 2, 1, 3, 1, 1, 1, 3.
+# d/=sqrt(1-b2^t) (8), d+=eps (8), p-=lr/(1-b1^t) m/d (16): 84 B, 8 ops.
 EAGER_ADAM_BYTES = (8.0, 12.0, 8.0, 16.0, 8.0, 8.0, 8.0, 16.0)
-EAGER_ADAM_FLOPS = (1.0, 2.0, 1.0, 3.0, 1.0, 1.0, 1.0, 3.0)
 
 
 def optimizer_time_s(params: float, gpu: GpuSpec, eff: GpuEfficiency, precision: str = "bf16",
@@ -295,8 +289,7 @@ def optimizer_time_s(params: float, gpu: GpuSpec, eff: GpuEfficiency, precision:
     if params <= 0:
         return 0.0
     if runtime is not None and runtime.eager_adam:
-        ops = [Op(f"adam_{i}", "memory", params * f, params * b)
-               for i, (f, b) in enumerate(zip(EAGER_ADAM_FLOPS, EAGER_ADAM_BYTES))]
+        ops = [Op(f"adam_{i}", "memory", 0.0, params * b) for i, b in enumerate(EAGER_ADAM_BYTES)]
         return ops_time_s(ops, gpu, eff, "fp32", runtime)
     per_param = OPTIMIZER_BYTES_PER_PARAM.get(precision, OPTIMIZER_BYTES_PER_PARAM["bf16"])
     return params * per_param / (gpu.mem_bw_Bps * eff.hbm_eff) + OPTIMIZER_KERNELS * eff.kernel_overhead_us * 1e-6

@@ -8,10 +8,8 @@ scores, as in Korthikanti et al. 2022), generalised to grouped-query attention (
 projections of width ``kv_hidden``) and SwiGLU (gate and up matrices, both of width ffn).
 
 Matmul FLOPs are exact (2 FLOP per multiply-add). The ``flops`` of memory-bound ops are
-rough operation counts (one per add, multiply, compare or transcendental); published FLOP
-formulas and the totals here count matmuls only (``kind`` 'gemm' and 'attention'). A
-profile with ``elementwise_eff`` prices them as the arithmetic side of a roofline
-(costmodel/efficiency.op_time_s); otherwise only their bytes count. ``bytes`` is the minimum HBM
+rough operation counts kept for information only; published FLOP formulas and the totals
+here count matmuls only (``kind`` 'gemm' and 'attention'). ``bytes`` is the minimum HBM
 traffic: each operand read once and each result written once, in ``bytes_per_elem``;
 dropout masks are 1 byte per element (PyTorch stores them as bool/uint8).
 
@@ -32,7 +30,7 @@ from costmodel.shapes import ModelSpec
 RECOMPUTE_MODES = ("none", "selective", "full")
 MATMUL_KINDS = ("gemm", "attention")
 
-# Rough elementwise operation counts per element (see module docstring).
+# Rough elementwise operation counts per element (information only; see module docstring).
 _LN_FWD = 8  # mean, centre, square, variance sum, rsqrt-scale, gamma, beta (+ stats)
 _LN_BWD = 12  # dgamma, dbeta and the two reductions of the input gradient
 _SOFTMAX_FWD = 7  # scale, mask, max, subtract, exp, sum, divide
@@ -46,10 +44,6 @@ _CE_FWD = 6  # max, subtract, exp, sum, log, pick target
 _CE_BWD = 2
 _MASK_BYTES = 1  # dropout mask element (torch.bool / uint8)
 _TOKEN_ID_BYTES = 8  # int64 token ids read by the embedding lookup
-# Per element, the arithmetic of the element-wise ops the memory-bound microbenchmark times
-# (validate/microbench.MEMORY_OPS), counted as the layer's ops below count them: 'add' is
-# the residual add, the others their forward ops.
-MICROBENCH_FLOPS_PER_ELEM = {"add": 1, "gelu": _GELU_FWD, "layernorm": _LN_FWD, "softmax": _SOFTMAX_FWD}
 
 
 @dataclass(frozen=True)

@@ -45,14 +45,6 @@ class GpuEfficiency:
     # GEMMs); 0 = unset: gemm_eff_max times FP8_EFF_RATIO (costmodel/efficiency.py).
     gemm_eff_max_fp8: float = 0.0
     hbm_eff: float = 0.8  # fraction of datasheet HBM bandwidth that memory-bound kernels reach
-    # Fraction of the fp32 (non-tensor) peak that the arithmetic of element-wise ops reaches
-    # (their FLOPs per element: costmodel/flops.py). A memory-kind op then takes the longer of
-    # its traffic and its arithmetic (a roofline, costmodel/efficiency.op_time_s). 0 = unset:
-    # bounded by traffic alone, as on GPUs, whose element-wise kernels stream HBM far slower
-    # than their vector units compute. A CPU core is the other way round for transcendental
-    # ops: measured here (plansim calibrate, 2026-12-02, AMD EPYC) an add streamed 43-51 GB/s
-    # while gelu, layernorm and softmax moved 4.8-7.7 GB/s, one rate fitting neither.
-    elementwise_eff: float = 0.0
     kernel_overhead_us: float = 4.0  # GPU-side cost of every kernel (launch latency, ramp, tail), us
     # Top-k selection's compute per gradient element, ns, on top of its memory traffic
     # (costmodel/efficiency.topk_compress_time_s). 0 on GPUs, where the radix select is
@@ -216,7 +208,6 @@ _STR_FIELDS = _typed("str")
 _RANGES = {"compute_slowdown": (0.0, 1.0, False, True), "topk_select_cv": (0.0, 2.0, False, False),
            "comm_busy_fraction": (0.0, 1.0, False, False),
            "gemm_eff_max_fp8": (0.0, 1.0, False, False),  # 0: unset (derived from gemm_eff_max)
-           "elementwise_eff": (0.0, 1.0, False, False),  # 0: unset (element-wise ops bounded by traffic)
            "fp8_weight_copies": (0, 4, False, False), "fsdp_prefetch_layers": (0, 64, False, False)}
 _DEFAULT_RANGE = (0.0, 1e6, False, False)
 

@@ -25,12 +25,8 @@ pytest.importorskip("scipy")
 
 CPU = get_gpu("CPU")
 # CPU fused attention has one efficiency at every shape (validate/calibrate.CPU_ATTENTION_SHAPE).
-# Element-wise arithmetic at 1 % of the CPU's 500 GFLOP/s fp32 ceiling (5 GFLOP/s): gelu's 8
-# FLOPs per element then take 1.6 ns against 0.27 ns for its 8 bytes at 30 GB/s, an add's one
-# FLOP 0.2 ns against 0.4 ns for its 12 bytes, as a CPU core shows them (costmodel/profile.py).
 TRUE_GPU = GpuEfficiency(gemm_eff_max=0.3, gemm_k_half=40.0, gemm_dim_half=20.0, hbm_eff=0.15, attention_eff=0.05,
-                         kernel_overhead_us=5.0, sm_count=0.0, attention_seq_half=0.0, attention_head_dim_half=0.0,
-                         elementwise_eff=0.01)
+                         kernel_overhead_us=5.0, sm_count=0.0, attention_seq_half=0.0, attention_head_dim_half=0.0)
 TRUE_FAB = FabricEfficiency(bw_eff=0.2, call_latency_us=150.0)
 # Per-collective call costs as gloo shows them (its small all-reduce dearer than the others).
 TRUE_CALLS = {"all_reduce": 900.0, "all_gather": 150.0, "reduce_scatter": 200.0, "send_recv": 100.0}
@@ -72,8 +68,6 @@ def test_fit_recovers_the_parameters_that_generated_the_data():
     assert fit.gpu.kernel_overhead_us == pytest.approx(5.0)
     assert fit.host_overhead_us == pytest.approx(7.0)
     assert fit.gpu.hbm_eff == pytest.approx(0.15, rel=1e-2)
-    assert fit.gpu.elementwise_eff == pytest.approx(0.01, rel=1e-2)
-    assert fit.rms_pct("memory") < 1
     assert fit.gpu.attention_eff == pytest.approx(0.05, rel=1e-2)
     assert fit.gpu.gemm_eff_max == pytest.approx(0.3, rel=1e-2)
     assert fit.gpu.gemm_k_half == pytest.approx(40.0, rel=1e-2)
@@ -402,36 +396,6 @@ def test_fit_recovers_topk_selection_cost():
     assert fit_topk(one, CPU, base) == (pytest.approx(12.0, rel=1e-2), 0.0)
 
 
-def test_memory_op_roofline_by_hand():
-    """A memory-kind op takes the longer of its traffic and its arithmetic. gelu over 1e6
-    elements, 8 MB, 8 MFLOP on the CPU entry (200 GB/s, 500 GFLOP/s fp32) at hbm_eff 0.1 and
-    elementwise_eff 0.01: traffic 8e6 / 20e9 = 0.4 ms, arithmetic 8e6 / 5e9 = 1.6 ms, plus
-    5 us: 1.605 ms. An add's 12 MB and 1 MFLOP: traffic 0.6 ms beats 0.2 ms: 0.605 ms.
-    Unset (0), the arithmetic is ignored: gelu 0.405 ms."""
-    eff = GpuEfficiency(hbm_eff=0.1, kernel_overhead_us=5.0, elementwise_eff=0.01)
-    gelu = MemorySample("gelu", 10**6, memory_op_bytes("gelu", 10**6, 4, 1), 0.0)
-    add = MemorySample("add", 10**6, memory_op_bytes("add", 10**6, 4, 1), 0.0)
-    assert op_time_s(_mem_op(gelu), CPU, eff, FIT_PRECISION) == pytest.approx(1.605e-3)
-    assert op_time_s(_mem_op(add), CPU, eff, FIT_PRECISION) == pytest.approx(0.605e-3)
-    assert op_time_s(_mem_op(gelu), CPU, replace(eff, elementwise_eff=0.0), FIT_PRECISION) == pytest.approx(0.405e-3)
-
-
-def test_bandwidth_bound_sweep_leaves_elementwise_rate_unset():
-    """Where every element-wise op streams slower than it computes (a GPU's memory-bound
-    kernels), the sweep says nothing about the arithmetic rate: the fit writes 0 (unset)
-    and still recovers the bandwidth (1 %)."""
-    from validate.calibrate import fit_memory
-    fast = replace(TRUE_GPU, elementwise_eff=0.9)
-    samples = []
-    for op in ("add", "gelu", "layernorm", "softmax"):
-        for elems in (4096, 65536, 1 << 20):
-            s = MemorySample(op, elems, memory_op_bytes(op, elems, 4, 128), 0.0)
-            s.seconds = op_time_s(_mem_op(s), CPU, fast, FIT_PRECISION)
-            samples.append(s)
-    hbm, elem = fit_memory(samples, CPU, GpuEfficiency(kernel_overhead_us=5.0))
-    assert hbm == pytest.approx(0.15, rel=1e-2) and elem == 0.0
-
-
 def test_eager_adam_by_hand():
     """The runner's Adam (validate/dp.adam_update, 8 in-place element-wise ops, 84 B per
     fp32 parameter) on 1e6 parameters at 200 GB/s x hbm_eff 0.1, 5 us per kernel plus 7 us
@@ -443,14 +407,6 @@ def test_eager_adam_by_hand():
     eager = RuntimeSettings(eager_adam=True, launch_blocking=True, host_overhead_us=7.0)
     assert optimizer_time_s(1e6, CPU, eff, "fp32", eager) == pytest.approx(4.296e-3)
     assert optimizer_time_s(1e6, CPU, eff, "fp32", RuntimeSettings()) == pytest.approx(1.83e-3)
-    # With element-wise arithmetic at 5 GFLOP/s (elementwise_eff 0.01) each op takes the
-    # longer of its bytes at 20 GB/s and its FLOPs (1, 2, 1, 3, 1, 1, 1, 3 per parameter):
-    # bytes 0.4, 0.6, 0.4, 0.8, 0.4, 0.4, 0.4, 0.8 ms; FLOPs 0.2, 0.4, 0.2, 0.6, 0.2, 0.2,
-    # 0.2, 0.6 ms: traffic binds every op, 4.296 ms again. At 2.5 GFLOP/s (0.005) the FLOPs
-    # double, and the add-with-scale (0.8 > 0.6) and the two three-operand ops (1.2 > 0.8)
-    # bind: 4.2 + 0.2 + 0.4 + 0.4 = 5.2 ms + 96 us.
-    assert optimizer_time_s(1e6, CPU, replace(eff, elementwise_eff=0.01), "fp32", eager) == pytest.approx(4.296e-3)
-    assert optimizer_time_s(1e6, CPU, replace(eff, elementwise_eff=0.005), "fp32", eager) == pytest.approx(5.296e-3)
 
 
 def test_after_compute_rows_take_the_mean_over_launches():

@@ -10,10 +10,8 @@ Parameters and what fixes each (few, global, physical):
   the backward engine), from the 'train' chain per cost-model op, minus the plain cost.
   On a CPU the device is the issuing thread, so ``launch_blocking`` is true: host and
   device time add (costmodel.efficiency.ops_time_s).
-- ``hbm_eff``, ``elementwise_eff``: least squares over the memory-bound sweep,
-  t = max(bytes/(bw x hbm_eff), flops/(fp32 peak x elementwise_eff)) + the harness's
-  per-call cost: the add fixes the bandwidth, gelu/layernorm/softmax the element-wise
-  arithmetic rate (0 where it never binds).
+- ``hbm_eff``: least squares over the memory-bound sweep, t = bytes/(bw x hbm_eff) +
+  kernel overhead.
 - ``gemm_eff_max``, ``gemm_k_half``, ``gemm_dim_half``: least squares over the GEMM shapes
   (the model's TP-sliced ones and a sweep), t = op_time_s(gemm) (roofline + overhead).
 - ``bw_eff``, ``hop_latency_us`` of the topology's intra-node link class: least squares
@@ -42,7 +40,7 @@ import numpy as np
 from costmodel import collectives as cc
 from costmodel.dtypes import DTYPE_BYTES
 from costmodel.efficiency import causal_fraction, op_time_s, topk_compress_time_s
-from costmodel.flops import MICROBENCH_FLOPS_PER_ELEM, Op
+from costmodel.flops import Op
 from costmodel.gpus import GpuSpec
 from costmodel.profile import COLLECTIVE_OPS, FabricEfficiency, GpuEfficiency
 from validate.collective_bench import AFTER_COMPUTE_SUFFIX, CollectiveSample
@@ -75,7 +73,7 @@ def _gemm_op(g: GemmSample) -> Op:
 
 
 def _mem_op(s: MemorySample) -> Op:
-    return Op(s.op, "memory", float(MICROBENCH_FLOPS_PER_ELEM.get(s.op, 0) * s.elems), s.bytes)
+    return Op(s.op, "memory", 0.0, s.bytes)
 
 
 # One fitted fused-attention efficiency at every shape (no GPU tile-occupancy falloff).
@@ -128,32 +126,12 @@ def fit_time_s(op: Op, sample, gpu: GpuSpec, eff: GpuEfficiency, harness: dict |
     return op_time_s(op, gpu, eff, FIT_PRECISION)
 
 
-# An elementwise_eff whose arithmetic bound changes no sample's time by more than this
-# share is not identified by the sweep (every op streams at hbm_eff): left unset (0).
-ELEMENTWISE_BINDS = 0.02
-
-
-def fit_memory(samples: list[MemorySample], gpu: GpuSpec, base: GpuEfficiency,
-               harness: dict | None = None) -> tuple[float, float]:
-    """(hbm_eff, elementwise_eff) with the per-call cost fixed (fit_time_s): each op the
-    longer of its traffic and its arithmetic (costmodel/efficiency.op_time_s), so an add
-    fixes the bandwidth and gelu, layernorm and softmax, where a CPU core computes slower
-    than it streams, the element-wise rate. Where no sample's arithmetic binds (GPUs: every
-    element-wise kernel is bandwidth bound), elementwise_eff is 0, unset."""
+def fit_memory(samples: list[MemorySample], gpu: GpuSpec, base: GpuEfficiency, harness: dict | None = None) -> float:
+    """hbm_eff with the per-call cost fixed (fit_time_s)."""
     def resid(x):
-        eff = replace(base, hbm_eff=x[0], elementwise_eff=x[1])
+        eff = replace(base, hbm_eff=x[0])
         return [math.log(fit_time_s(_mem_op(s), s, gpu, eff, harness) / s.seconds) for s in samples]
-    hbm, elem = (float(v) for v in _least_squares(resid, [0.5, 0.05], [1e-4, 1e-5], [1.0, 1.0]))
-    with_rate = replace(base, hbm_eff=hbm, elementwise_eff=elem)
-    without = replace(with_rate, elementwise_eff=0.0)
-    binds = any(fit_time_s(_mem_op(s), s, gpu, with_rate, harness)
-                > (1 + ELEMENTWISE_BINDS) * fit_time_s(_mem_op(s), s, gpu, without, harness) for s in samples)
-    if binds:
-        return hbm, elem
-    def resid_bw(x):
-        eff = replace(without, hbm_eff=x[0])
-        return [math.log(fit_time_s(_mem_op(s), s, gpu, eff, harness) / s.seconds) for s in samples]
-    return float(_least_squares(resid_bw, [hbm], [1e-4], [1.0])[0]), 0.0
+    return float(_least_squares(resid, [0.5], [1e-4], [1.0])[0])
 
 
 def fit_attention(samples: list[AttentionSample], gpu: GpuSpec, base: GpuEfficiency,
@@ -304,8 +282,7 @@ def fit_profile(res: MicrobenchResult, gpu: GpuSpec, base_gpu: GpuEfficiency,
     eff = replace(base_gpu, kernel_overhead_us=kern_us, sm_count=0.0)
     h = res.harness
     if res.memory:
-        hbm, elem = fit_memory(res.memory, gpu, eff, h)
-        eff = replace(eff, hbm_eff=hbm, elementwise_eff=elem)
+        eff = replace(eff, hbm_eff=fit_memory(res.memory, gpu, eff, h))
     if res.gemm:
         e_max, k_half, d_half = fit_gemm(res.gemm, gpu, eff, h)
         eff = replace(eff, gemm_eff_max=e_max, gemm_k_half=k_half, gemm_dim_half=d_half)

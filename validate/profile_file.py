@@ -75,8 +75,7 @@ def profile_mapping(fit: FitResult, res: MicrobenchResult, gpu_name: str, link_k
             "gemm_eff_max": round(g.gemm_eff_max, 5), "gemm_k_half": round(g.gemm_k_half, 3),
             "gemm_dim_half": round(g.gemm_dim_half, 3), "sm_count": 0,
             "attention_eff": round(g.attention_eff, 5),
-            **CPU_ATTENTION_SHAPE, "hbm_eff": round(g.hbm_eff, 5),
-            "elementwise_eff": round(g.elementwise_eff, 6), "kernel_overhead_us": round(g.kernel_overhead_us, 3),
+            **CPU_ATTENTION_SHAPE, "hbm_eff": round(g.hbm_eff, 5), "kernel_overhead_us": round(g.kernel_overhead_us, 3),
             "topk_select_ns_per_elem": round(g.topk_select_ns_per_elem, 4),
             "topk_select_ns_per_kept": round(g.topk_select_ns_per_kept, 4),
             "topk_select_cv": round(g.topk_select_cv, 4),
@@ -149,7 +148,7 @@ def format_residuals(fit: FitResult) -> str:
 def format_params(fit: FitResult) -> str:
     g, f = fit.gpu, fit.fabric
     s = (f"gemm_eff_max={g.gemm_eff_max:.4f} gemm_k_half={g.gemm_k_half:.1f} gemm_dim_half={g.gemm_dim_half:.1f} "
-         f"attention_eff={g.attention_eff:.4f} hbm_eff={g.hbm_eff:.4f} elementwise_eff={g.elementwise_eff:.5f} kernel_overhead_us={g.kernel_overhead_us:.2f} host_overhead_us={fit.host_overhead_us:.2f} "
+         f"attention_eff={g.attention_eff:.4f} hbm_eff={g.hbm_eff:.4f} kernel_overhead_us={g.kernel_overhead_us:.2f} host_overhead_us={fit.host_overhead_us:.2f} "
          f"topk_select_ns_per_elem={g.topk_select_ns_per_elem:.2f} topk_select_ns_per_kept={g.topk_select_ns_per_kept:.2f} "
          f"topk_select_cv={g.topk_select_cv:.3f}")
     if f is not None:
