@@ -21,6 +21,10 @@ unchanged (validate/calibrate.profile_from_bench): the same measurements calibra
 ways. Runs whose .bench.json has no launch samples (calibrated before 2026-12-01) are
 refused.
 
+The last line counts the runs that have all six of the issue's plans
+(benchmarks/validation_runs.SIX) and how many of them had, and now have, all six within
+15 % (the order of the plans is benchmarks/validation_runs.py's to check).
+
 --refit refits each run's profiles from its saved microbenchmarks with this tree's
 calibration (validate/calibrate.profile_from_bench), launches as calibrate merged them: a
 change to the fit tried on measurements already taken.
@@ -182,7 +186,28 @@ def main(argv: list[str]) -> int:
     for plan, errs in errors.items():
         print(f"{plan[:26]:26s} {len(errs):>4} {statistics.fmean(errs):>+9.1f}% {max(map(abs, errs)):>14.1f}% "
               f"{sum(abs(e) > 15 for e in errs):>11}")
+    saved_met, now_met, complete = six_within(runs)
+    if complete:
+        print(f"\nthe six within 15 % (benchmarks/validation_runs.SIX; the order is not checked here): "
+              f"saved {saved_met} of {complete} runs, now {now_met} of {complete}")
     return 0
+
+
+def six_within(runs) -> tuple[int, int, int]:
+    """(runs whose saved predictions put all of the issue's six plans within 15 % of their
+    measurements, runs whose new ones do, runs that have all six) over ``runs``, the
+    (dir, repredict rows) pairs main prints."""
+    from benchmarks.validation_runs import LIMIT_PCT, SIX
+    saved_met = now_met = complete = 0
+    for _, rows in runs:
+        by = {short(plan): (measured, saved, now) for plan, _, measured, saved, now in rows}
+        if not all(s in by for s in SIX):
+            continue
+        complete += 1
+        within = lambda i: all(abs(100.0 * (by[s][i] / by[s][0] - 1.0)) <= LIMIT_PCT for s in SIX)  # noqa: E731
+        saved_met += within(1)
+        now_met += within(2)
+    return saved_met, now_met, complete
 
 
 def run_cli(entry) -> None:

@@ -154,3 +154,17 @@ def test_refit_needs_the_saved_microbenchmarks(tmp_path):
     want = simulate(model, resolve_plan(GOOD["plan"], model, 2), cluster, prof).step_time_s
     rows = _load().repredict(d, refit=True)
     assert rows[0][4] == pytest.approx(want, rel=1e-12)
+
+
+def test_six_within_counts_runs_with_all_six_by_hand():
+    """The summary counts a run only when it has all six of the issue's plans, and meets
+    the 15 % limit only when every one of the six does: a run whose saved predictions are
+    all 20 % high and new ones 10 % high counts 0 saved and 1 now; one with a single new
+    prediction 16 % low counts neither; a run without GPipe is left out of the count."""
+    from benchmarks.validation_runs import SIX
+    rep = _load()
+    full = [(p, 2, 1.0, 1.2, 1.1) for p in SIX]
+    one_off = [(p, 2, 1.0, 1.0, 0.84 if p == "dp=2" else 1.0) for p in SIX]
+    missing = [r for r in full if r[0] != "pp=2,schedule=gpipe"]
+    assert rep.six_within([(ROOT, full)]) == (0, 1, 1)
+    assert rep.six_within([(ROOT, full), (ROOT, one_off), (ROOT, missing)]) == (1, 1, 2)
