@@ -271,3 +271,37 @@ def test_overlap_reduces_buckets_while_backward_runs(runs_2):
     reduction starts after it."""
     assert all(first < last for first, last in _dp_vs_backward(runs_2["dp=2"]))
     assert all(first >= last for first, last in _dp_vs_backward(runs_2["dp=2,overlap_grad_reduce=false"]))
+
+
+def test_gradients_accumulate_in_place_in_their_buckets():
+    """Every parameter's .grad is a view of its slice of the bucket (DDP's
+    gradient_as_bucket_view): after two microbatches' backward it still points into the
+    bucket (autograd added in place, no fresh tensor), and the bucket holds the sum of the
+    two microbatches' gradients as torch.autograd.grad computes them separately, on an
+    independent copy of the same weights (to fp32 roundoff)."""
+    from validate.comm import Comm
+    from validate.dp import GradReducer
+    from validate.gpt import GPTChunk, batch_tokens
+    from validate.timeline import Recorder
+    m = load_model("tiny")
+    dev = torch.device("cpu")
+    chunk = GPTChunk(m, list(range(m.num_layers)), True, True, full_weights(m, 0), None, False, "none", dev)
+    ref = GPTChunk(m, list(range(m.num_layers)), True, True, full_weights(m, 0), None, False, "none", dev)
+    reducer = GradReducer([(0, chunk.params)], Comm("dp", [0], 0, Recorder()), bucket_bytes=1e5,
+                          overlap=False, zero=0, topk=None, late=set())
+    assert len(reducer.buckets) > 1
+    tokens = batch_tokens(m, 0, 0)
+    reducer.begin_step()
+    want = {n: torch.zeros_like(p) for n, p in ref.params.items()}
+    for i in range(2):
+        x, y = tokens[i:i + 1, :-1], tokens[i:i + 1, 1:]
+        chunk.forward(x, y, 0.5).backward()
+        names = list(ref.params)
+        for n, g in zip(names, torch.autograd.grad(ref.forward(x, y, 0.5), [ref.params[n] for n in names])):
+            want[n] += g
+    for b in reducer.buckets:
+        lo, hi = b.flat_grad.data_ptr(), b.flat_grad.data_ptr() + b.flat_grad.numel() * 4
+        for n, p in zip(b.names, b.params):
+            assert lo <= p.grad.data_ptr() < hi, n
+            g = reducer.grad_view(n)
+            assert torch.allclose(g, want[n], rtol=1e-5, atol=1e-7 * float(want[n].abs().max()) + 1e-12), n
