@@ -24,8 +24,8 @@ from validate.microbench import MEMORY_OPS, memory_op_bytes
 # 'train' runs it exactly as a plan's rank does: validate/pp.PipelineStage executing a
 # one-stage schedule over CHAIN_MICROBATCHES microbatches (its per-action bookkeeping and
 # timing spans), forward and backward under autograd with validate/dp.GradReducer's
-# per-parameter gradient hooks (each adds into the bucket; on this host they cost about as
-# much as the layer's own ops). Each time is divided by the number of ops the cost model
+# buckets (each gradient accumulated in place in its bucket, a post-accumulate hook per
+# parameter counting readiness). Each time is divided by the number of ops the cost model
 # lists for the same work (chain_op_counts), so the per-op figure is per cost-model op.
 CHAIN_MODEL = ModelSpec("overhead-chain", num_layers=4, hidden_size=8, num_attention_heads=2, seq_length=4,
                         vocab_size=8, global_batch_size=2)
