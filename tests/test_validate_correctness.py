@@ -300,7 +300,7 @@ def test_gradients_accumulate_in_place_in_their_buckets():
         for n, g in zip(names, torch.autograd.grad(ref.forward(x, y, 0.5), [ref.params[n] for n in names])):
             want[n] += g
     for b in reducer.buckets:
-        lo, hi = b.flat_grad.data_ptr(), b.flat_grad.data_ptr() + b.flat_grad.numel() * 4
+        lo, hi = b.flat_grad.data_ptr(), b.flat_grad.data_ptr() + b.flat_grad.numel() * b.flat_grad.element_size()
         for n, p in zip(b.names, b.params):
             assert lo <= p.grad.data_ptr() < hi, n
             g = reducer.grad_view(n)

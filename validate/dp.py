@@ -7,8 +7,9 @@ accumulation adds every microbatch's gradient there in place (PyTorch DDP with
 gradient_as_bucket_view=True; Megatron-Core's main_grad buffers). The earlier runner let
 autograd store a fresh gradient per parameter and microbatch and added it into the bucket
 from a hook: measured here (tiny, 8 microbatches, two processes at once, 2026-12-02) that
-path took 67.4-70.0 ms a step against 63.6-65.5 with the views. With ``overlap`` on, a bucket's reduction starts (asynchronously) as soon as the last
-microbatch's backward has produced every gradient in it, while backward continues
+path took 67.4-70.0 ms a step against 63.6-65.5 with the views. With ``overlap`` on, a
+bucket's reduction starts (asynchronously) as soon as the last microbatch's backward has
+produced every gradient in it, while backward continues
 (post-accumulate-grad hooks, as PyTorch DDP's reducer does); the handles are waited
 before the optimizer. With ``overlap`` off, every bucket is reduced after backward.
 Buckets fill in backward order (last layer first) up to ``bucket_bytes``
