@@ -31,6 +31,12 @@
 # alone lands beyond 15 % of its prediction falls from 12 to 8 % for tp=2 and from 10 to
 # 7 % for 1F1B; the third launch costs no wall time over the old default since workers
 # exit without tearing torch down (validate/launch.py _leave).
+# SHARED=1 (the default since 2026-12-02, session 6): plansim validate --shared-launches,
+# each launch runs the plans of one process count one after another in one set of
+# processes, 6 launches instead of 24 (the start-up is 2-4 s a launch of 2-4 processes
+# here). Validation alone 73 and 77 s against 114 and 121 s, the plans' measured medians
+# within the spread of the separate launches (docs/validation-cpu.md mechanism 31).
+# SHARED=0: a launch per plan, as before.
 # PLANSIM_START_METHOD=forkserver makes launches cheap enough for LAUNCHES=4 STEPS=24
 # within the 5 minutes, but moved the results (validate/launch.py).
 set -euo pipefail
@@ -58,7 +64,11 @@ for W in "${WORLDS[@]}"; do
     grep '^fitted:' "$OUT/calibrate-w$W.txt" | sed "s/^/world $W /"
 done
 PLANS=("dp=2" "tp=2" "pp=2,schedule=1f1b" "pp=2,schedule=gpipe" "dp=2,compress=topk:0.1" "tp=2,dp=2" "pp=2,dp=2" "dp=4")
-"$PY" -m plansim validate localhost-cpu --model tiny --plans "${PLANS[@]}" \
+SHARE=()
+if [ "${SHARED:-1}" = 1 ]; then
+    SHARE=(--shared-launches)
+fi
+"$PY" -m plansim validate localhost-cpu --model tiny --plans "${PLANS[@]}" ${SHARE[@]+"${SHARE[@]}"} \
     --profile "2=$OUT/cpu-w2.yaml" --profile "4=$OUT/cpu-w4.yaml" \
     --steps "$(( (STEPS + LAUNCHES - 1) / LAUNCHES ))" --launches "$LAUNCHES" \
     --report "$OUT/report" | tee "$OUT/validation.txt"

@@ -33,6 +33,9 @@ def register(subparsers) -> None:
     p.add_argument("--launches", type=int, default=1,
                    help="run every plan this many times in fresh processes, pooling the steps (default 1): "
                         "one launch is one draw of where the processes and their threads land")
+    p.add_argument("--shared-launches", dest="shared", action="store_true",
+                   help="each launch runs all the plans of one process count one after another in one set "
+                        "of processes (a start-up per world size and launch instead of per plan)")
     p.add_argument("--warmup", type=int, default=2, help="unmeasured steps first (default 2)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=300.0, help="seconds before a run is abandoned")
@@ -78,10 +81,12 @@ def profile_for(specs: list[str]) -> dict:
 def validate_plans(topology: str, model_name: str, plans: list[str], profiles: dict, *, steps: int,
                    warmup: int, seed: int, timeout_s: float, record: bool, progress=None,
                    runtime: str | None = None, drift_correction: bool = True, launches: int = 1,
-                   prepared: list | None = None):
+                   prepared: list | None = None, shared: bool = False):
     """Run and simulate every plan; the comparisons in the given order. With ``launches``
     > 1 every plan runs that many times in fresh processes, one pass over all the plans
-    after another, and its record pools the passes' steps (RunRecord.pooled). ``prepared``:
+    after another, and its record pools the passes' steps (RunRecord.pooled). ``shared``:
+    each launch runs the plans of one process count one after another in one set of
+    processes (validate.runner.run_plans), not a set per plan. ``prepared``:
     prepare_plans' result for these arguments where the caller already has it (each
     profile is then read once)."""
     from sim.metrics import simulate
@@ -96,15 +101,28 @@ def validate_plans(topology: str, model_name: str, plans: list[str], profiles: d
         prepared = prepare_plans(topology, model_name, plans, profiles, runtime)
     require_torch()
     from validate.microbench import worker_threads_env
-    from validate.runner import run_plan
+    from validate.runner import run_plan, run_plans
 
     from validate.record import RunRecord
 
     runs: list[list] = [[] for _ in prepared]
     for k in range(launches):
+        of = f", launch {k + 1} of {launches}" if launches > 1 else ""
+        if shared:
+            for world in dict.fromkeys(plan.num_devices for plan, *_ in prepared):
+                idx = [i for i, (plan, *_) in enumerate(prepared) if plan.num_devices == world]
+                if progress:
+                    progress(f"running {len(idx)} plan(s) one after another in one set of {world} processes "
+                             f"({warmup} warm-up + {steps} steps each{of}): "
+                             + "; ".join(prepared[i][0].to_string() for i in idx))
+                with worker_threads_env(world):
+                    recs = run_plans(model, [prepared[i][0] for i in idx], steps=steps, warmup=warmup, seed=seed,
+                                     timeout_s=timeout_s)
+                for i, rec in zip(idx, recs):
+                    runs[i].append(rec)
+            continue
         for i, (plan, cluster, profile, prof_path) in enumerate(prepared):
             if progress:
-                of = f", launch {k + 1} of {launches}" if launches > 1 else ""
                 progress(f"running {plan.to_string()} in {plan.num_devices} processes "
                          f"({warmup} warm-up + {steps} steps{of}); profile {prof_path or 'default (uncalibrated)'}")
             with worker_threads_env(plan.num_devices):  # the threads calibration measured with
@@ -173,7 +191,7 @@ def cmd_validate(args) -> int:
     comps = validate_plans(args.topology, args.model, plans, profile_for(args.profile), steps=args.steps,
                            warmup=args.warmup, seed=args.seed, timeout_s=args.timeout,
                            record=bool(args.report), progress=say, runtime=args.runtime,
-                           drift_correction=args.drift_correction, launches=args.launches)
+                           drift_correction=args.drift_correction, launches=args.launches, shared=args.shared)
     ranking = Ranking(comps)
     if args.report:
         from reports.validation import write_validation_report

@@ -457,3 +457,32 @@ def test_launch_spread_by_hand_and_noted_beyond_the_tolerance():
     assert narrow.launch_spread_pct() == pytest.approx(10.0)
     assert "apart" not in format_comparison(narrow)
     assert _comp("one", [70.0], 70.0).launch_spread_pct() is None
+
+
+def test_shared_launches_run_each_plan_as_its_own_launch_would(capsys):
+    """--shared-launches: each launch runs the plans of one process count one after another
+    in one set of processes. Every plan still gets its own record per launch (2 launches of
+    2 steps pooled: 4 steps, 2 launch medians), plans come back in the order given whatever
+    their world size, and a plan's losses are the ones it computes alone in fresh
+    processes (validate.runner.run_plan; same seed: the same numbers), so running after
+    another plan changed nothing it computes."""
+    pytest.importorskip("torch")
+    from plansim.cmd_validate import validate_plans
+    from specs.model import load_model
+    from specs.plan import resolve_plan
+    from validate.runner import run_plan
+
+    plans = ["pp=2,schedule=gpipe", "dp=4", "dp=2"]
+    comps = validate_plans("localhost-cpu", "tiny", plans, {}, steps=2, warmup=1, seed=0, timeout_s=240,
+                           record=False, launches=2, shared=True)
+    assert [c.world for c in comps] == [2, 4, 2]
+    model = load_model("tiny")
+    for text, c in zip(plans, comps):
+        rec = c.record
+        plan = resolve_plan({**with_runner_precision(text)}, model, plan_world(text))
+        assert c.plan == plan.to_string()  # the records of a launch went to their own plans
+        assert rec["launches"] == 2 and rec["steps"] == 4 and len(rec["launch_medians_s"]) == 2
+        assert len(rec["losses"]) == 3  # the first launch's: warm-up + measured steps
+        if text != "dp=4":
+            alone = run_plan(model, plan, steps=2, warmup=1, seed=0, timeout_s=240)
+            assert rec["losses"] == pytest.approx(alone.losses, rel=1e-6, abs=0)

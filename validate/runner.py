@@ -290,11 +290,13 @@ def run_workers(model: ModelSpec, plan: Plan, cfg: RunConfig, timeout_s: float) 
     return launch(_worker, plan.num_devices, (model, plan, cfg), timeout_s=timeout_s, backend=cfg.backend)
 
 
-def run_workers_many(runs: list[tuple[ModelSpec, Plan, RunConfig]], timeout_s: float) -> list[list[dict]]:
+def run_workers_many(runs: list[tuple[ModelSpec, Plan, RunConfig]], timeout_s: float) -> list[list[dict]] | None:
     """Several (model, plan, config) runs of the same world size one after another in
-    one set of processes (saves the process start-up, seconds per launch here; for
-    tests, not for timing: a later run finds warm processes). Returns, per run, every
-    rank's raw measurements."""
+    one set of processes (saves the process start-up, 2-4 s a launch of 2-4 processes
+    here). A later run finds warm processes; each run still sets its seed, builds its own
+    groups and takes its own warm-up steps and speed probes, and the measured medians of
+    plans run so stayed within the spread of separate launches (docs/validation-cpu.md
+    mechanism 31). Returns, per run, every rank's raw measurements."""
     for model, plan, cfg in runs:
         check_supported(model, plan, cfg.backend)
     worlds = {plan.num_devices for _, plan, _ in runs}
@@ -302,6 +304,8 @@ def run_workers_many(runs: list[tuple[ModelSpec, Plan, RunConfig]], timeout_s: f
     if len(worlds) != 1 or len(backends) != 1:
         raise ValueError(f"runs of one launch need one world size and backend, got {worlds}, {backends}")
     per_rank = launch(_worker_many, worlds.pop(), (runs,), timeout_s=timeout_s, backend=backends.pop())
+    if per_rank is None:  # a torchrun rank other than 0
+        return None
     return [[r[i] for r in per_rank] for i in range(len(runs))]
 
 
@@ -317,6 +321,23 @@ def run_plan(model: ModelSpec, plan: Plan, *, steps: int = 10, warmup: int = 2, 
         return None
     return RunRecord.from_workers(workers, model=model.name, plan=plan.to_string(), backend=be.name,
                                   device=be.device_name(), steps=steps, warmup=warmup, seed=seed)
+
+
+def run_plans(model: ModelSpec, plans: list[Plan], *, steps: int = 10, warmup: int = 2, seed: int = 0,
+              backend: str | None = None, timeout_s: float = 300) -> list[RunRecord] | None:
+    """Run ``plans`` (one world size) one after another in one set of processes, each for
+    ``warmup + steps`` steps with its own process groups, speed probes and warm-up; their
+    records in order. ``timeout_s`` is per plan."""
+    if steps < 1 or warmup < 0:
+        raise InputError("--steps", "steps", f"need steps >= 1 and warmup >= 0 (got {steps}, {warmup})")
+    be = pick_backend(backend)
+    cfg = RunConfig(steps=steps, warmup=warmup, seed=seed, backend=be.name)
+    per_run = run_workers_many([(model, plan, cfg) for plan in plans], timeout_s * len(plans))
+    if per_run is None:
+        return None
+    return [RunRecord.from_workers(workers, model=model.name, plan=plan.to_string(), backend=be.name,
+                                   device=be.device_name(), steps=steps, warmup=warmup, seed=seed)
+            for plan, workers in zip(plans, per_run)]
 
 
 def main(argv: list[str] | None = None) -> int:
