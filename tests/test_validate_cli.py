@@ -486,3 +486,26 @@ def test_shared_launches_run_each_plan_as_its_own_launch_would(capsys):
         if text != "dp=4":
             alone = run_plan(model, plan, steps=2, warmup=1, seed=0, timeout_s=240)
             assert rec["losses"] == pytest.approx(alone.losses, rel=1e-6, abs=0)
+
+
+def test_peak_memory_is_the_runs_own_after_a_reset():
+    """With --shared-launches a process runs several plans; each run's CPU peak must be
+    its own, not the process's since it started. After 256 MiB were written and freed,
+    the high-water mark read back is at least 240 MiB above the baseline; after
+    validate.runner._reset_peak_memory it is back within 64 MiB of the process's resident
+    size (Linux: /proc/self/clear_refs; skipped where it cannot be written)."""
+    import os
+    from validate.runner import _peak_memory_bytes, _reset_peak_memory
+    if not os.access("/proc/self/clear_refs", os.W_OK):
+        pytest.skip("no writable /proc/self/clear_refs (not Linux, or not allowed)")
+
+    def rss() -> int:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
+    _reset_peak_memory("cpu", None)
+    base = rss()
+    big = b"\x01" * (256 * 1024 * 1024)  # written: every page resident
+    del big
+    assert _peak_memory_bytes("cpu", None) >= base + 240 * 1024 * 1024
+    _reset_peak_memory("cpu", None)
+    assert _peak_memory_bytes("cpu", None) <= rss() + 64 * 1024 * 1024

@@ -128,10 +128,35 @@ def _groups(plan: Plan, rank: int, rec):
     return tp, dp, emb, ring
 
 
+def _reset_peak_memory(kind: str, device) -> None:
+    """Start this run's peak afresh (with --shared-launches a process has run other plans
+    before this one): torch's allocator on CUDA; on Linux the process's resident
+    high-water mark (writing 5 to /proc/self/clear_refs resets VmHWM, proc(5)). Elsewhere
+    the CPU figure stays the process's peak since it started."""
+    if kind == "cuda":
+        import torch
+        torch.cuda.reset_peak_memory_stats(device)
+        return
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+
+
 def _peak_memory_bytes(kind: str, device) -> int:
+    """This run's peak: torch's allocator on CUDA; on CPU the resident high-water mark
+    (VmHWM, reset by _reset_peak_memory where Linux allows), else getrusage's maxrss."""
     if kind == "cuda":
         import torch
         return int(torch.cuda.max_memory_allocated(device))
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024  # kB
+    except (OSError, ValueError, IndexError):
+        pass
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux reports KiB
 
 
@@ -185,6 +210,7 @@ def _worker(rank: int, world: int, model: ModelSpec, plan: Plan, cfg: RunConfig)
     # The host's speed right before and after the steps, every rank at once (validate/probe.py):
     # the validator compares it with the profile's calibration.
     dsync = torch.cuda.synchronize if be.kind == "cuda" else None
+    _reset_peak_memory(be.kind, device)
     probes = [probe_in_rounds(world, be.kind, device, dsync)]
     for step in range(cfg.warmup + cfg.steps):
         tokens = batch_tokens(model, step, cfg.seed).to(device)
