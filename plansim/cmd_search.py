@@ -27,8 +27,9 @@ def register(subparsers) -> None:
     from plansim.cmd_sweep import add_executor_args
     add_executor_args(p)
     p.add_argument("--validate", type=int, default=0, metavar="K",
-                   help="run the top K plans for real on this host (plansim validate, in fp32) and report "
-                        "the rank correlation of predicted and measured step times")
+                   help="run the top K plans for real on this host (plansim validate --shared-launches, in "
+                        "fp32: one set of processes runs them one after another) and report the rank "
+                        "correlation of predicted and measured step times")
     p.add_argument("--validate-steps", type=int, default=10, metavar="N", help="measured steps per validated plan")
     p.set_defaults(func=cmd_search)
 
@@ -218,5 +219,5 @@ def validate_top(args, plans: list[str], skipped: list, prepared: list):
     comps = validate_plans(args.topology, args.model or DEFAULT_MODEL, plans,
                            profile_for([args.profile] if args.profile else []),
                            steps=args.validate_steps, warmup=2, seed=0, timeout_s=300.0, record=False, progress=say,
-                           prepared=prepared)
+                           prepared=prepared, shared=True)
     return Ranking(comps), skipped

@@ -267,13 +267,18 @@ def test_search_validate_top_plans(capsys, monkeypatch):
     after the skipped ones (each named with its reason), each predicted at the runner's
     precision (fp32) exactly as `plansim simulate` of that plan gives, with a Spearman
     correlation in [-1, 1] over the two. The plans' inputs (profiles included) are checked
-    and read once, before the search's report, and reused for the runs."""
+    and read once, before the search's report, and reused for the runs; both plans (one
+    process count) run in one shared launch."""
     pytest.importorskip("torch")
     pytest.importorskip("validate.runner")
     import plansim.cmd_validate as cv
-    calls = []
+    import validate.runner as vr
+    calls, shared = [], []
     real_prepare = cv.prepare_plans
     monkeypatch.setattr(cv, "prepare_plans", lambda *a, **k: calls.append(a) or real_prepare(*a, **k))
+    real_run_plans = vr.run_plans
+    monkeypatch.setattr(vr, "run_plans", lambda model, plans, **k: shared.append(len(plans))
+                        or real_run_plans(model, plans, **k))
     from pathlib import Path
     from costmodel.profile import load_profile
     from sim.metrics import simulate
@@ -302,6 +307,7 @@ def test_search_validate_top_plans(capsys, monkeypatch):
         assert p["measured_step_time_s"] > 0
     assert -1.0 <= d["validation"]["spearman"] <= 1.0
     assert len(calls) == 1
+    assert shared == [2]
 
 
 def test_search_validate_out_of_range(capsys):
