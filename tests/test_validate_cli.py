@@ -515,3 +515,32 @@ def test_peak_memory_is_the_runs_own_after_a_reset():
     assert _peak_memory_bytes("cpu", None) >= base + 240 * 1024 * 1024
     _reset_peak_memory("cpu", None)
     assert _peak_memory_bytes("cpu", None) <= rss() + 64 * 1024 * 1024
+
+
+def test_shared_launch_error_names_the_plan(monkeypatch):
+    """In a launch several plans share, a run's own error names its plan (the launch
+    reports only the rank); a peer's failure (a gloo transport error) is passed on as it
+    is, so the launch still blames the rank that failed first; a launch of one plan is
+    unchanged."""
+    pytest.importorskip("torch")
+    import validate.runner as vr
+    from specs.model import load_model
+    from specs.plan import resolve_plan
+    model = load_model("tiny")
+    plans = [resolve_plan(p, model, 2) for p in ("dp=2", "tp=2")]
+    runs = [(model, p, vr.RunConfig(steps=1, warmup=0, seed=0, backend="gloo")) for p in plans]
+
+    def fake(rank, world, model, plan, cfg, exc):
+        if plan.tp == 2:
+            raise exc
+        return {"rank": rank}
+    monkeypatch.setattr(vr, "_worker", lambda *a: fake(*a, ValueError("boom")))
+    with pytest.raises(RuntimeError) as err:
+        vr._worker_many(0, 2, runs)
+    assert str(err.value).startswith(f"plan {plans[1].to_string()}: ValueError: boom")
+    monkeypatch.setattr(vr, "_worker", lambda *a: fake(*a, RuntimeError("[gloo] Connection closed by peer")))
+    with pytest.raises(RuntimeError, match=r"^\[gloo\] Connection closed by peer$"):
+        vr._worker_many(0, 2, runs)
+    monkeypatch.setattr(vr, "_worker", lambda *a: fake(*a, ValueError("boom")))
+    with pytest.raises(ValueError, match="^boom$"):
+        vr._worker_many(0, 2, runs[1:])

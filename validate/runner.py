@@ -307,7 +307,18 @@ def check_supported(model: ModelSpec, plan: Plan, backend: str | None = None) ->
 
 
 def _worker_many(rank: int, world: int, runs: list[tuple[ModelSpec, Plan, RunConfig]]) -> list[dict]:
-    return [_worker(rank, world, model, plan, cfg) for model, plan, cfg in runs]
+    """Every run in turn. An error of a run's own (not a peer's failure, which the launch
+    blames on the rank that failed first) names the plan, since several share the launch."""
+    from validate.launch import _is_peer_failure, _one_line
+    out = []
+    for model, plan, cfg in runs:
+        try:
+            out.append(_worker(rank, world, model, plan, cfg))
+        except Exception as err:
+            if len(runs) == 1 or _is_peer_failure(err):
+                raise
+            raise RuntimeError(f"plan {plan.to_string()}: {_one_line(err)}") from err
+    return out
 
 
 def run_workers(model: ModelSpec, plan: Plan, cfg: RunConfig, timeout_s: float) -> list[dict] | None:
