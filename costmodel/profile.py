@@ -24,7 +24,7 @@ from typing import Iterable
 from costmodel.dtypes import GRAD_REDUCE_CHOICES
 from costmodel.errors import InputError
 from costmodel.limits import LATENCY_US_MAX, number_problem
-from costmodel.yamlio import bundled_file, bundled_names, decode, load_yaml, not_a_file, parse_yaml
+from costmodel.yamlio import bundled_file, bundled_names, decode, load_yaml_mapping, not_a_file, parse_yaml
 
 
 @dataclass(frozen=True)
@@ -282,10 +282,13 @@ def _check_record(cls, data, source: str, where: str) -> None:
                 raise InputError(source, path, f"{_short(value)}: {problem}")
 
 
+PROFILE_MAPPING = "a mapping with 'gpus', 'fabrics' and/or 'runtime'"
+
+
 def _merge(base: Profile, data: dict, source: str) -> Profile:
     """``data`` (one profile file) over ``base``: entries replace the fields they name."""
     if not isinstance(data, dict):
-        raise InputError(source, None, "expected a mapping with 'gpus', 'fabrics' and/or 'runtime'")
+        raise InputError(source, None, f"expected {PROFILE_MAPPING}")
     unknown = sorted((k for k in data if k not in PROFILE_KEYS), key=str)
     if unknown:
         raise InputError(source, str(unknown[0])[:60], f"unknown field; allowed: {', '.join(PROFILE_KEYS)}")
@@ -411,7 +414,7 @@ def load_profile(path: str | None, bundled: Iterable[str] = (), runtime: str | N
         return prof
     p = Path(path)
     if p.is_file():
-        return _merge(prof, load_yaml(p, path, "profile file") or {}, path)
+        return _merge(prof, load_yaml_mapping(p, path, "profile file", PROFILE_MAPPING), path)
     if "/" not in path and not path.endswith((".yaml", ".yml")) and path in bundled_profiles():
         data, src = _bundled(path)
         return _merge(prof, data, src)

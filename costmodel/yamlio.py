@@ -162,6 +162,21 @@ def load_yaml(path: str | Path, source: str | None = None, what: str = "file"):
     return parse_yaml(read_text(path, source, what), source)
 
 
+def load_yaml_mapping(path: str | Path, source: str | None = None, what: str = "file",
+                      expected: str = "a mapping"):
+    """load_yaml for a file that must hold a mapping: an empty file (nothing but blanks or
+    comments, which YAML reads as nothing) is refused rather than read as every default,
+    since a plan or profile the user named but left empty is a mistake (a truncated
+    write, the wrong path), not a request for the defaults; so is any other top level."""
+    source = source or str(path)
+    data = load_yaml(path, source, what)
+    if data is None:
+        raise InputError(source, None, f"the {what} is empty: expected {expected}")
+    if not isinstance(data, dict):
+        raise InputError(source, None, f"expected {expected}, got {type(data).__name__}")
+    return data
+
+
 # ----------------------------------------------------------------------------- bundled files
 # Topologies (package ``topologies``), scenarios (``scenarios``) and hardware profiles
 # (``costmodel/profiles``) ship as YAML files inside the installed packages; these two

@@ -24,7 +24,7 @@ from pydantic import Field, field_validator
 from costmodel.errors import InputError
 from costmodel.limits import MAX_DEVICES, MAX_GLOBAL_BATCH, MAX_LAYERS, TOPK_FRACTION_MIN, number_problem
 from costmodel.shapes import ModelSpec
-from costmodel.yamlio import load_yaml, not_a_file
+from costmodel.yamlio import load_yaml_mapping, not_a_file
 from specs.validation import Bool, Int, Strict, short, validate
 
 Degree = Int(1, MAX_DEVICES)
@@ -250,10 +250,7 @@ def load_plan_mapping(plan: str | Path | dict) -> tuple[dict, str]:
     if text.endswith((".yaml", ".yml")) or ("=" not in text and text and path.is_file()):
         if not path.is_file():
             raise InputError(text, "--plan", "no such plan file")
-        data = load_yaml(path, text, "plan file")
-        if data is not None and not isinstance(data, dict):
-            raise InputError(text, None, f"expected a mapping of plan fields (tp: 2, ...), got {type(data).__name__}")
-        return ({} if data is None else data), text
+        return load_yaml_mapping(path, text, "plan file", "a mapping of plan fields (tp: 2, ...)"), text
     return parse_plan_string(text), "--plan"
 
 
