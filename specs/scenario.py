@@ -35,7 +35,7 @@ from pydantic import Field, model_validator
 from costmodel.errors import InputError
 from costmodel.limits import MAX_DEVICES, MAX_NODES, MAX_SCENARIO_EVENTS, MAX_SCENARIO_S, MAX_SIM_STEPS, \
     SCALE_FACTOR_RANGE
-from costmodel.yamlio import bundled_file, bundled_names, load_yaml, not_a_file
+from costmodel.yamlio import bundled_file, bundled_names, load_yaml_mapping, not_a_file
 from specs.validation import Float, Int, Strict, validate
 
 Step = Int(1, MAX_SIM_STEPS)
@@ -163,8 +163,8 @@ def scenario_path(name_or_path: str | Path) -> str:
 def load_scenario_file(path: str | Path) -> ScenarioFile:
     """Read and validate a scenario YAML (shapes and ranges; see resolve_scenario)."""
     src = scenario_path(path)
-    data = load_yaml(src, src, "scenario file")
-    return validate(ScenarioFile, {} if data is None else data, src)
+    data = load_yaml_mapping(src, src, "scenario file", "a mapping with 'events' (and 'name', 'description')")
+    return validate(ScenarioFile, data, src)
 
 
 def resolve_scenario(sf: ScenarioFile, cluster, source: str) -> Scenario:

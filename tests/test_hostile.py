@@ -529,18 +529,20 @@ def test_a_directory_or_fifo_given_as_an_input_file_is_named_as_such(tmp_path, m
         assert f"{name}: {flag}: {what}" in err and len(err.splitlines()) == 1, err
 
 
-@pytest.mark.parametrize("flag, what", [("--plan", "plan file"), ("--profile", "profile file")])
+@pytest.mark.parametrize("flag, what", [("--plan", "plan file"), ("--profile", "profile file"),
+                                        ("--scenario", "scenario file")])
 @pytest.mark.parametrize("text", ["", "\n\n", "# only a comment\n"], ids=["empty", "blank", "comment"])
-def test_an_empty_plan_or_profile_file_is_refused(capsys, tmp_path, flag, what, text):
-    """A plan or profile file with nothing in it (YAML reads empty, blank or comment-only
-    text as nothing) was read as every default, so a truncated or wrong file gave a
-    confident answer for a plan or profile the user never wrote. Now: exit 2, one line
-    naming the file and what it should hold. An explicit empty mapping ({}) still means
-    the defaults."""
+def test_an_empty_plan_profile_or_scenario_file_is_refused(capsys, tmp_path, flag, what, text):
+    """A plan, profile or scenario file with nothing in it (YAML reads empty, blank or
+    comment-only text as nothing) was read as every default (no events), so a truncated
+    or wrong file gave a confident answer for an input the user never wrote. Now: exit 2,
+    one line naming the file and what it should hold. An explicit empty mapping ({})
+    still means the defaults."""
     f = tmp_path / "x.yaml"
     f.write_text(text)
-    assert main(["simulate", "dgx-a100", flag, str(f)]) == 2
+    steps = ["--steps", "2"] if flag == "--scenario" else []
+    assert main(["simulate", "dgx-a100", flag, str(f), *steps]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and str(f) in err and f"the {what} is empty" in err
     f.write_text("{}\n")
-    assert main(["simulate", "dgx-a100", flag, str(f), "--json"]) == 0
+    assert main(["simulate", "dgx-a100", flag, str(f), *steps, "--json"]) == 0
