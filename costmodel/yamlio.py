@@ -166,8 +166,9 @@ def load_yaml_mapping(path: str | Path, source: str | None = None, what: str = "
                       expected: str = "a mapping"):
     """load_yaml for a file that must hold a mapping: an empty file (nothing but blanks or
     comments, which YAML reads as nothing) is refused rather than read as every default,
-    since a plan or profile the user named but left empty is a mistake (a truncated
-    write, the wrong path), not a request for the defaults; so is any other top level."""
+    since a plan, profile or scenario the user named but left empty is a mistake (a
+    truncated write, the wrong path), not a request for the defaults ({} asks for them);
+    so is any other top level than a mapping."""
     source = source or str(path)
     data = load_yaml(path, source, what)
     if data is None:
