@@ -485,7 +485,7 @@ def test_shared_launches_run_each_plan_as_its_own_launch_would(capsys):
     model = load_model("tiny")
     for text, c in zip(plans, comps):
         rec = c.record
-        plan = resolve_plan({**with_runner_precision(text)}, model, plan_world(text))
+        plan = resolve_plan(with_runner_precision(text), model, plan_world(text))
         assert c.plan == plan.to_string()  # the records of a launch went to their own plans
         assert rec["launches"] == 2 and rec["steps"] == 4 and len(rec["launch_medians_s"]) == 2
         assert len(rec["losses"]) == 3  # the first launch's: warm-up + measured steps

@@ -37,7 +37,7 @@ import yaml
 
 from costmodel.errors import InputError
 from costmodel.limits import number_problem
-from costmodel.profile import Profile, default_profile
+from costmodel.profile import PROFILE_MAPPING, Profile, default_profile
 from costmodel.yamlio import bundled_file, bundled_names, decode, load_yaml_mapping, parse_yaml
 from validate.accuracy import (RunRow, load_rows, mape, row_cluster, row_profile,
                                simulate_row)
@@ -301,7 +301,6 @@ def _finite_or_none(v: float) -> float | None:
 def _overlay(base_profile: str) -> dict:
     """The raw mapping of a base profile file or bundled profile (what it sets, not merged)."""
     if Path(base_profile).is_file():
-        from costmodel.profile import PROFILE_MAPPING
         data = load_yaml_mapping(base_profile, base_profile, "profile file", PROFILE_MAPPING)
     else:
         res = bundled_file("costmodel", base_profile, "profiles")

@@ -321,12 +321,6 @@ def _worker_many(rank: int, world: int, runs: list[tuple[ModelSpec, Plan, RunCon
     return out
 
 
-def run_workers(model: ModelSpec, plan: Plan, cfg: RunConfig, timeout_s: float) -> list[dict] | None:
-    """Every rank's raw measurements (None on torchrun ranks other than 0)."""
-    check_supported(model, plan, cfg.backend)
-    return launch(_worker, plan.num_devices, (model, plan, cfg), timeout_s=timeout_s, backend=cfg.backend)
-
-
 def run_workers_many(runs: list[tuple[ModelSpec, Plan, RunConfig]], timeout_s: float) -> list[list[dict]] | None:
     """Several (model, plan, config) runs of the same world size one after another in
     one set of processes (saves the process start-up, 2-4 s a launch of 2-4 processes
@@ -346,20 +340,6 @@ def run_workers_many(runs: list[tuple[ModelSpec, Plan, RunConfig]], timeout_s: f
     return [[r[i] for r in per_rank] for i in range(len(runs))]
 
 
-def run_plan(model: ModelSpec, plan: Plan, *, steps: int = 10, warmup: int = 2, seed: int = 0,
-             backend: str | None = None, timeout_s: float = 300) -> RunRecord | None:
-    """Run ``plan`` for ``warmup + steps`` steps; the record of the measured ones."""
-    if steps < 1 or warmup < 0:
-        raise InputError("--steps", "steps", f"need steps >= 1 and warmup >= 0 (got {steps}, {warmup})")
-    be = pick_backend(backend)
-    cfg = RunConfig(steps=steps, warmup=warmup, seed=seed, backend=be.name)
-    workers = run_workers(model, plan, cfg, timeout_s)
-    if workers is None:
-        return None
-    return RunRecord.from_workers(workers, model=model.name, plan=plan.to_string(), backend=be.name,
-                                  device=be.device_name(), steps=steps, warmup=warmup, seed=seed)
-
-
 def run_plans(model: ModelSpec, plans: list[Plan], *, steps: int = 10, warmup: int = 2, seed: int = 0,
               backend: str | None = None, timeout_s: float = 300) -> list[RunRecord] | None:
     """Run ``plans`` (one world size) one after another in one set of processes, each for
@@ -375,6 +355,14 @@ def run_plans(model: ModelSpec, plans: list[Plan], *, steps: int = 10, warmup: i
     return [RunRecord.from_workers(workers, model=model.name, plan=plan.to_string(), backend=be.name,
                                    device=be.device_name(), steps=steps, warmup=warmup, seed=seed)
             for plan, workers in zip(plans, per_run)]
+
+
+def run_plan(model: ModelSpec, plan: Plan, *, steps: int = 10, warmup: int = 2, seed: int = 0,
+             backend: str | None = None, timeout_s: float = 300) -> RunRecord | None:
+    """Run ``plan`` for ``warmup + steps`` steps in fresh processes; the record of the
+    measured ones (None on torchrun ranks other than 0)."""
+    recs = run_plans(model, [plan], steps=steps, warmup=warmup, seed=seed, backend=backend, timeout_s=timeout_s)
+    return None if recs is None else recs[0]
 
 
 def main(argv: list[str] | None = None) -> int:
