@@ -409,9 +409,9 @@ def test_eager_adam_by_hand():
     assert optimizer_time_s(1e6, CPU, eff, "fp32", RuntimeSettings()) == pytest.approx(1.83e-3)
 
 
-def test_after_compute_rows_take_the_mean_over_launches():
-    """Rows timed in further launches replace the first launch's by the mean over all of
-    them (by hand: all-reduce 32 KiB at 0.47, 1.90 and 1.30 ms -> 1.2233 ms), and every
+def test_after_compute_rows_take_the_median_over_launches():
+    """Rows timed in further launches replace the first launch's by the median over all of
+    them (by hand: all-reduce 32 KiB at 0.47, 1.90 and 1.30 ms -> 1.30 ms), and every
     launch's figure is kept in order; a row the further launches lack (the back-to-back
     sweep, measured once) keeps its figure and has no samples."""
     from validate.microbench import _over_launches
@@ -419,17 +419,32 @@ def test_after_compute_rows_take_the_mean_over_launches():
     more = [[["all_reduce_after_compute", 2, 32768, 1.90e-3]], [["all_reduce_after_compute", 2, 32768, 1.30e-3]]]
     got, samples = _over_launches(first, more)
     assert got[0] == ["all_reduce", 2, 4096, 1e-3]
-    assert got[1][3] == pytest.approx(1.2233e-3, rel=1e-4)
+    assert got[1][3] == pytest.approx(1.30e-3)
     assert samples == [["all_reduce_after_compute", 2, 32768, [0.47e-3, 1.90e-3, 1.30e-3]]]
 
 
+def test_after_compute_stream_rounds_fill_the_time_budget():
+    """stream_calls by hand, defaults (at most 100 rounds, 0.4 s a stream, at least 40):
+    a pair's 3 ms rounds keep 100 (0.4 / 3e-3 = 133 > 100); 8 ms rounds take 50; 15 ms
+    rounds take the floor of 40 (0.4 / 15e-3 = 26); a cap below the floor wins over it;
+    an unmeasured round (0 s) keeps the cap."""
+    from dataclasses import replace as _replace
+    from validate.collective_bench import CollectiveConfig, stream_calls
+    cfg = CollectiveConfig(sizes=())
+    assert stream_calls(3e-3, cfg) == 100
+    assert stream_calls(8e-3, cfg) == 50
+    assert stream_calls(15e-3, cfg) == 40
+    assert stream_calls(15e-3, _replace(cfg, after_compute_calls=20)) == 20
+    assert stream_calls(0.0, cfg) == 100
+
+
 def test_launch_aggregate_remerges_the_same_measurements():
-    """with_launch_aggregate(res, mean) gives back the rows run_microbenchmarks merged
-    (the mean of each row's launches); with the median instead, by hand: the after-compute
-    all-reduce (0.47, 1.90, 1.30 ms) -> 1.30 ms, the straggler rows (1.0, 2.0, 6.0 ms at
-    n=2 and 3.0, 3.0, 9.0 ms at n=4) -> straggler_s = mean(2.0, 3.0) = 2.5 ms, the posted
-    busy receive (0.3, 0.5, 1.6 ms) -> 0.5 ms; the once-measured sweep row and the busy
-    fraction stay."""
+    """with_launch_aggregate(res, median) gives back the rows run_microbenchmarks merged
+    (the median of each row's launches, by hand: the after-compute all-reduce (0.47, 1.90,
+    1.30 ms) -> 1.30 ms, the straggler rows (1.0, 2.0, 6.0 ms at n=2 and 3.0, 3.0, 9.0 ms
+    at n=4) -> straggler_s = mean(2.0, 3.0) = 2.5 ms, the posted busy receive (0.3, 0.5,
+    1.6 ms) -> 0.5 ms); with the mean instead: 1.2233 ms, mean(3.0, 5.0) = 4.0 ms and
+    0.8 ms; the once-measured sweep row and the busy fraction stay."""
     import statistics
     from validate.microbench import (POSTED_BUSY_OP, STRAGGLER_OP, MicrobenchResult, _apply_collective_rows,
                                      _over_launches, with_launch_aggregate)
@@ -445,18 +460,22 @@ def test_launch_aggregate_remerges_the_same_measurements():
     res = MicrobenchResult(world=4, backend="gloo", threads=1)
     rows, res.launch_samples = _over_launches(first, more)
     _apply_collective_rows(res, rows)
-    assert res.straggler_s == pytest.approx(4.0 * ms)
-    same = with_launch_aggregate(res, statistics.fmean)
+    assert res.straggler_s == pytest.approx(2.5 * ms)
+    same = with_launch_aggregate(res, statistics.median)
     assert same.collectives == res.collectives
     assert (same.straggler_s, same.posted_busy_s, same.comm_busy_fraction) == pytest.approx(
         (res.straggler_s, res.posted_busy_s, res.comm_busy_fraction))
-    med = with_launch_aggregate(res, statistics.median)
-    got = {(c.op, c.n, c.nbytes): c.seconds for c in med.collectives}
+    got = {(c.op, c.n, c.nbytes): c.seconds for c in res.collectives}
     assert got[("all_reduce", 2, 4096)] == pytest.approx(1 * ms)
     assert got[("all_reduce_after_compute", 2, 32768)] == pytest.approx(1.30 * ms)
-    assert med.straggler_s == pytest.approx(2.5 * ms)
-    assert med.posted_busy_s == pytest.approx(0.5 * ms)
-    assert med.comm_busy_fraction == pytest.approx(0.6)
+    assert res.posted_busy_s == pytest.approx(0.5 * ms)
+    mean = with_launch_aggregate(res, statistics.fmean)
+    got = {(c.op, c.n, c.nbytes): c.seconds for c in mean.collectives}
+    assert got[("all_reduce", 2, 4096)] == pytest.approx(1 * ms)
+    assert got[("all_reduce_after_compute", 2, 32768)] == pytest.approx(1.2233 * ms, rel=1e-4)
+    assert mean.straggler_s == pytest.approx(4.0 * ms)
+    assert mean.posted_busy_s == pytest.approx(0.8 * ms)
+    assert mean.comm_busy_fraction == pytest.approx(0.6)
     assert MicrobenchResult.from_dict(res.to_dict()).launch_samples == res.launch_samples
 
 

@@ -79,10 +79,17 @@ class CollectiveConfig:
     # collective of a plan is: see after_compute_rows.
     after_compute_sizes: tuple = ()
     compute_gap_s: float = 1e-3
-    after_compute_calls: int = 100  # rounds per mean (after_compute_rows)
+    after_compute_calls: int = 100  # rounds per mean at most (after_compute_rows)
+    # ... and fewer where a round is long, so that a stream with its call lasts about this
+    # long, but never fewer than after_compute_min_calls rounds (after_compute_rows).
+    after_compute_stream_s: float = 0.4
+    after_compute_min_calls: int = 40
     busy_calls: int = 0  # calls of the busy-fraction stream (busy_fraction_row); 0: not measured
     straggler_reps: int = 0  # long compute phases per group size (straggler_row); 0: not measured
     posted: bool = False  # time the pipeline handoff streams in pairs (posted_rows)
+    # ... the busy- and idle-sender receive streams among them too (posted_rows); else only the
+    # pre-posted ping-pong that the validator's handoffs cost.
+    posted_busy_idle: bool = True
     probe: bool = False  # first, validate/probe.py's probe (a PROBE_OP row): one more draw of the host's speed
 
 
@@ -309,15 +316,22 @@ def after_compute_rows(cfg: CollectiveConfig, n: int, group, first: int, nxt: in
     calls are most of the mean (measured here: 32 KiB 2-rank all-reduce after 0.9 ms of
     GEMMs, median 1.2 ms, mean 1.7-1.9 ms). Measuring the whole round also counts what a
     call does to the compute around it (a peer's late start, a descheduled main thread),
-    which a per-call timer misses."""
+    which a per-call timer misses.
+
+    A stream has cfg.after_compute_calls rounds, or fewer where its rounds are long (groups
+    of 4 processes on 2 cores: 10-20 ms a round here on 2026-12-03, against 2-4 ms for a
+    pair), so that it lasts about cfg.after_compute_stream_s, never fewer than
+    cfg.after_compute_min_calls rounds: those streams were 60 % of a 4-process calibration's
+    after-compute launches (24 of 41 s), and what they fit (the per-rank call cost, a few
+    bucket all-reduces a step for dp=4) needs no more draws than a pair's 32 KiB calls do,
+    whose rounds stay at 100. The round count is agreed by all ranks from 3 timed rounds."""
     import torch
     import torch.distributed as dist
 
     compute = gap_layers(cfg.compute_gap_s, dev, dsync)
-    calls = cfg.after_compute_calls
     mx = torch.zeros(1, dtype=torch.float64, device=dev)
 
-    def mean_round(call) -> float:
+    def mean_round(call, calls: int) -> float:
         """The slowest rank's mean time of one round (the layers, then ``call``)."""
         dist.barrier()
         t0 = time.perf_counter()
@@ -336,10 +350,21 @@ def after_compute_rows(cfg: CollectiveConfig, n: int, group, first: int, nxt: in
             count = nbytes // 4 // n * n
             call = _collective_call(op, count, n, group, first, nxt, prv, dev)
             call()
-            alone = mean_round(lambda: None)
-            with_call = mean_round(call)
+            calls = stream_calls(mean_round(call, 3), cfg)
+            alone = mean_round(lambda: None, calls)
+            with_call = mean_round(call, calls)
             rows.append([op + AFTER_COMPUTE_SUFFIX, n, count * 4, max(with_call - alone, 1e-7)])
     return rows
+
+
+def stream_calls(round_s: float, cfg: CollectiveConfig) -> int:
+    """Rounds of an after-compute stream whose rounds (compute and call) take ``round_s``:
+    cfg.after_compute_calls, or as many as fill cfg.after_compute_stream_s when that is
+    fewer, never fewer than cfg.after_compute_min_calls."""
+    if round_s <= 0:
+        return cfg.after_compute_calls
+    fill = int(cfg.after_compute_stream_s / round_s)
+    return max(min(cfg.after_compute_min_calls, cfg.after_compute_calls), min(cfg.after_compute_calls, fill))
 
 
 POSTED_BUSY_OP = "send_recv_posted_busy"  # rows' 'seconds': a posted-first message's receive,
@@ -370,7 +395,13 @@ def posted_rows(cfg: CollectiveConfig, dev, dsync, world: int) -> list:
       blocking receive of the next message;
     - idle: the sender posts every send at once and blocks until they are taken; the
       receiver runs the same rounds.
-    Each is the receiver's mean round less its mean round of the compute alone."""
+    Each is the receiver's mean round less its mean round of the compute alone.
+    Without cfg.posted_busy_idle only the pre-posted rows are returned: the busy and idle
+    streams (1.2-1.4 s of the 1.9 s here on 2026-12-03, the busy sender computing on for
+    POSTED_BUSY_MARGIN times the stream) price a rendezvous runtime's receives
+    (runtime.p2p_rendezvous), which the validator's runtime is not, so calibration times
+    them in its first launch only, where the pre-posted ping-pong is averaged over
+    POSTED_LAUNCHES launches (validate/microbench.py)."""
     import torch
     import torch.distributed as dist
 
@@ -389,9 +420,9 @@ def posted_rows(cfg: CollectiveConfig, dev, dsync, world: int) -> list:
         return (time.perf_counter() - t0) / rounds
 
     dist.barrier()
-    base = mean_round(lambda r: None)
+    base = mean_round(lambda r: None) if cfg.posted_busy_idle else 0.0
     got = torch.zeros(2, dtype=torch.float64)
-    for i, busy in enumerate((True, False)):
+    for i, busy in enumerate((True, False) if cfg.posted_busy_idle else ()):
         tag0 = i * rounds
         dist.barrier()
         if sender:
@@ -417,10 +448,11 @@ def posted_rows(cfg: CollectiveConfig, dev, dsync, world: int) -> list:
     dist.all_reduce(got2)
     pairs = world // 2
     pre_s = max(0.0, float(got2[2]) / pairs)
-    return [[POSTED_BUSY_OP, 2, POSTED_BYTES, max(0.0, float(got2[0]) / pairs)],
-            [POSTED_IDLE_OP, 2, POSTED_BYTES, max(0.0, float(got2[1]) / pairs)],
-            [PREPOSTED_OP, 2, POSTED_BYTES, pre_s],
-            [PREPOSTED_CALL_OP, 2, POSTED_BYTES, min(pre_s, max(0.0, float(got2[3]) / pairs))]]
+    busy_idle = ([[POSTED_BUSY_OP, 2, POSTED_BYTES, max(0.0, float(got2[0]) / pairs)],
+                  [POSTED_IDLE_OP, 2, POSTED_BYTES, max(0.0, float(got2[1]) / pairs)]]
+                 if cfg.posted_busy_idle else [])
+    return busy_idle + [[PREPOSTED_OP, 2, POSTED_BYTES, pre_s],
+                        [PREPOSTED_CALL_OP, 2, POSTED_BYTES, min(pre_s, max(0.0, float(got2[3]) / pairs))]]
 
 
 def preposted_handoff_s(compute, rounds: int, first: bool, peer: int, tag0: int) -> tuple[float, float]:

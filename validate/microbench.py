@@ -283,16 +283,18 @@ def compute_processes(world: int, kind: str) -> int:
 # Sizes of the collectives timed right after compute (collective_bench.after_compute_rows):
 # from a small tensor-parallel activation to a gradient bucket of a small model.
 AFTER_COMPUTE_SIZES = (4 * KIB, 32 * KIB, 256 * KIB, 2 * MIB)
-# Separate launches the after-compute calls are timed in, averaged. Within one launch a
-# call's cost is steady; between launches it is not (measured here, quiet: a 32 KiB 2-rank
-# all-reduce in a stream of rounds with 1 ms of GEMMs cost 0.47, 0.99, 1.03, 1.30 and
+# Separate launches the after-compute calls are timed in, merged by their median. Within one
+# launch a call's cost is steady; between launches it is not (measured here, quiet: a 32 KiB
+# 2-rank all-reduce in a stream of rounds with 1 ms of GEMMs cost 0.47, 0.99, 1.03, 1.30 and
 # 1.90 ms in five launches), so one launch is one draw of where the processes and their
-# threads landed, and a plan's own launch is another: the mean over launches is the
-# expected cost. Every launch's figure is kept in the .bench.json (launch_samples). The
-# median of five launches (tried 2026-12-01, docs/validation-cpu.md mechanism 19) cost
-# 47 s more and did not do better in four runs.
+# threads landed, and a plan's own launch is another. The validator reports a plan's median
+# step over its launches, the typical draw, so calibration takes the typical launch too: the
+# median (docs/validation-cpu.md mechanism 32; the mean until 2026-12-03, when one launch of
+# a calibration ran every call 2.5-3.5x slower than the other two and the mean priced tp=2
+# at +48 %). Every launch's figure is kept in the .bench.json (launch_samples). Five launches
+# (tried 2026-12-01, mechanism 19) cost 47 s more and did not do better in four runs.
 AFTER_COMPUTE_LAUNCHES = 3
-# Launches the pipeline handoff streams are timed in (collective_bench.posted_rows), averaged:
+# Launches the pipeline handoff streams are timed in (collective_bench.posted_rows), merged by their median:
 # the after-compute launches and more of their own (about 3 s each here). A receive from a
 # computing sender moved 0.4-2.6 ms between single launches; the mean over three
 # launches still moved 0.61-1.65 ms between calibrations (2026-11-30).
@@ -344,7 +346,7 @@ def worker_threads_env(world: int):
 
 def _over_launches(rows: list, more: list[list]) -> tuple[list, list]:
     """(``rows`` ([op, n, nbytes, seconds]) with each row that ``more`` (rows of further
-    launches) also has replaced by its mean over all launches, [[op, n, nbytes,
+    launches) also has replaced by its median over all launches, [[op, n, nbytes,
     [seconds of each launch]]] of those rows)."""
     extra: dict[tuple, list[float]] = {}
     for launch_rows in more:
@@ -353,7 +355,7 @@ def _over_launches(rows: list, more: list[list]) -> tuple[list, list]:
     merged, samples = [], []
     for op, n, nbytes, s in rows:
         got = [s] + extra.get((op, n, nbytes), [])
-        merged.append([op, n, nbytes, statistics.fmean(got)])
+        merged.append([op, n, nbytes, statistics.median(got)])
         if len(got) > 1:
             samples.append([op, n, nbytes, got])
     return merged, samples
@@ -531,11 +533,15 @@ def _measure_collectives(res: MicrobenchResult, world: int, coll_sizes, repeats:
         with worker_threads_env(world):
             rows = launch(collective_worker, world, (kcfg,), timeout_s=timeout_s, backend=be_name)[0]
             if after:
+                # The busy- and idle-sender streams in the first launch only (collective_bench.
+                # posted_rows): the validator's runtime has no rendezvous to price with them.
                 rows, res.launch_samples = _over_launches(rows, [
-                    launch(collective_worker, world, (replace(kcfg, sizes=(), ops=(), busy_calls=0),),
+                    launch(collective_worker, world, (replace(kcfg, sizes=(), ops=(), busy_calls=0,
+                                                              posted_busy_idle=False),),
                            timeout_s=timeout_s, backend=be_name)[0] for _ in range(AFTER_COMPUTE_LAUNCHES - 1)]
                     + ([launch(collective_worker, world, (replace(kcfg, sizes=(), ops=(), busy_calls=0, group_sizes=(2,),
-                                                                  after_compute_sizes=(), straggler_reps=0),),
+                                                                  after_compute_sizes=(), straggler_reps=0,
+                                                                  posted_busy_idle=False),),
                                timeout_s=timeout_s, backend=be_name)[0]
                         for _ in range(POSTED_LAUNCHES - AFTER_COMPUTE_LAUNCHES)] if kcfg.posted else []))
         _apply_collective_rows(res, rows)
@@ -582,8 +588,8 @@ def _apply_collective_rows(res: MicrobenchResult, rows: list) -> None:
 
 def with_launch_aggregate(res: MicrobenchResult, aggregate) -> MicrobenchResult:
     """A copy of ``res`` whose rows timed in several launches take ``aggregate`` (a
-    function of the list of each launch's seconds, e.g. statistics.median) of their
-    launch_samples instead of the mean: the same measurements, merged another way
+    function of the list of each launch's seconds, e.g. statistics.fmean) of their
+    launch_samples instead of the median: the same measurements, merged another way
     (benchmarks/repredict.py --launch-aggregate). Rows measured once are unchanged."""
     agg = {(op, n, nbytes): float(aggregate(ss)) for op, n, nbytes, ss in res.launch_samples}
     rows = [[c.op, c.n, c.nbytes, agg.get((c.op, c.n, c.nbytes), c.seconds)] for c in res.collectives]
