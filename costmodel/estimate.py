@@ -44,7 +44,9 @@ def closing_straggler_s(straggler_us: float, grad_degree: int, zero: int) -> flo
     ended it last (runtime.straggler_us): only where gradients are reduced across replicas
     in buckets after the backward (grad_degree > 1); not under ZeRO-3, which
     reduce-scatters each layer's gradients as its backward ends. The simulator
-    (sim/gradient_reducer.py) and the analytic estimate (search/costs.py) both use it."""
+    (sim/gradient_reducer.py) and the analytic estimate (search/costs.py) both use it;
+    the simulator's tied-embedding all-reduce between first and last stage, which closes
+    their backward too, calls it with its group of two (sim/pipeline_executor.py)."""
     return straggler_us * 1e-6 if grad_degree > 1 and zero < 3 else 0.0
 
 

@@ -20,6 +20,7 @@ from sim import collective_flows as cf
 from sim.accountant import RankKey, StepAccountant
 from sim.calls import EnginePart
 from sim.context_parallel import ContextParallelExchange
+from costmodel.estimate import closing_straggler_s
 from costmodel.profile import reshard_after_forward
 from sim.program import group_kind
 from sim.flownet import FlowNetwork
@@ -287,11 +288,18 @@ class PipelineExecutor(EnginePart):
     def _embedding_sync(self, key: RankKey, pi: int, s: int, dt: float):
         """The tied embedding's gradient all-reduce between the first and the last stage
         (sim/program.embedding_grad_sync_s): it starts once both have finished backward;
-        waiting for the other is idle, the call 'dp'."""
+        waiting for the other is idle, the call 'dp'. Like the gradient reduction that
+        closes a backward (sim/gradient_reducer.py), it also waits for the stage that
+        drifted behind over it where processes share cores (runtime.straggler_us,
+        costmodel/estimate.closing_straggler_s over its group of two), booked as 'dp': the
+        runner times that wait inside the all-reduce (docs/validation-cpu.md mechanism 33)."""
         ev = self._emb_done.setdefault((pi, s), self.env.event())
         ev.succeed()
         other = self._emb_done.setdefault((pi, self.p - 1 if s == 0 else 0), self.env.event())
         yield from self._wait(key, other, "idle", "wait embedding peer")
+        lag = closing_straggler_s(self.prog.profile.runtime.straggler_us, 2, 0)
+        if lag > 0:
+            yield from self._busy(key, "dp", lag, "embedding grads: the stage that drifted")
         yield from self._busy(key, "dp", dt, "embedding grads all-reduce")
 
     # ------------------------------------------------------------ the compute stream

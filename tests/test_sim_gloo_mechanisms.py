@@ -166,6 +166,28 @@ def test_tied_embedding_allreduce_on_first_and_last_stage():
     assert res.exposed_comm_s["dp"] >= e * (1 - 1e-9)
 
 
+def test_embedding_allreduce_waits_for_the_drifted_stage():
+    """The tied embedding's all-reduce closes both stages' backward, so, like the bucket
+    reduction that closes a replica's, it waits runtime.straggler_us for the stage that
+    drifted behind (costmodel/estimate.closing_straggler_s over a group of 2). Fixed
+    compute, GPipe p=2 m=1, a 3 ms sync by hand, dp=1 (no gradient reduction to carry
+    it): 2 ms of straggle adds exactly 2 ms to the step, all of it exposed 'dp'; with
+    no embedding sync (pp=1's case) the straggle adds nothing."""
+    from dataclasses import replace as _replace
+    fixed, _ = _prog(1, False)
+    fixed.pipelines[0].embedding_sync_s = 0.003
+    step0, res0 = run_engine(fixed)
+    fixed.profile = _replace(fixed.profile, runtime=_replace(fixed.profile.runtime, straggler_us=2000.0))
+    step1, res1 = run_engine(fixed)
+    assert step1 - step0 == pytest.approx(0.002, rel=1e-9)
+    assert res1.exposed_comm_s["dp"] - res0.exposed_comm_s["dp"] == pytest.approx(0.002, rel=1e-6)
+    fixed.pipelines[0].embedding_sync_s = 0.0
+    step2, _ = run_engine(fixed)
+    fixed.profile = _replace(fixed.profile, runtime=_replace(fixed.profile.runtime, straggler_us=0.0))
+    step3, _ = run_engine(fixed)
+    assert step2 == pytest.approx(step3, rel=1e-12)
+
+
 def test_each_collective_pays_its_own_call_cost():
     """A fabric's per-collective call cost replaces the generic one for that collective
     only. tiny at tp=2 on localhost-cpu without SP and without the backward overlap: a
