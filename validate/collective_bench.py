@@ -324,12 +324,14 @@ def after_compute_rows(cfg: CollectiveConfig, n: int, group, first: int, nxt: in
     cfg.after_compute_min_calls rounds: those streams were 60 % of a 4-process calibration's
     after-compute launches (24 of 41 s), and what they fit (the per-rank call cost, a few
     bucket all-reduces a step for dp=4) needs no more draws than a pair's 32 KiB calls do,
-    whose rounds stay at 100. The round count is agreed by all ranks from 3 timed rounds."""
+    whose rounds stay at 100. The round count comes from 3 timed rounds, the fewest any
+    group asked for."""
     import torch
     import torch.distributed as dist
 
     compute = gap_layers(cfg.compute_gap_s, dev, dsync)
     mx = torch.zeros(1, dtype=torch.float64, device=dev)
+    agreed = torch.zeros(1, dtype=torch.float64, device=dev)
 
     def mean_round(call, calls: int) -> float:
         """The slowest rank's mean time of one round (the layers, then ``call``)."""
@@ -350,7 +352,11 @@ def after_compute_rows(cfg: CollectiveConfig, n: int, group, first: int, nxt: in
             count = nbytes // 4 // n * n
             call = _collective_call(op, count, n, group, first, nxt, prv, dev)
             call()
-            calls = stream_calls(mean_round(call, 3), cfg)
+            agreed[0] = stream_calls(mean_round(call, 3), cfg)
+            # Every group runs as many rounds (the fewest any asked for), so that no group
+            # ends its stream early and times the rest of another's on freer cores.
+            dist.all_reduce(agreed, op=dist.ReduceOp.MIN)
+            calls = int(agreed[0])
             alone = mean_round(lambda: None, calls)
             with_call = mean_round(call, calls)
             rows.append([op + AFTER_COMPUTE_SUFFIX, n, count * 4, max(with_call - alone, 1e-7)])
@@ -400,7 +406,7 @@ def posted_rows(cfg: CollectiveConfig, dev, dsync, world: int) -> list:
     streams (1.2-1.4 s of the 1.9 s here on 2026-12-03, the busy sender computing on for
     POSTED_BUSY_MARGIN times the stream) price a rendezvous runtime's receives
     (runtime.p2p_rendezvous), which the validator's runtime is not, so calibration times
-    them in its first launch only, where the pre-posted ping-pong is averaged over
+    them in its first launch only, where the pre-posted ping-pong takes the median over
     POSTED_LAUNCHES launches (validate/microbench.py)."""
     import torch
     import torch.distributed as dist
