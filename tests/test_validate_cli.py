@@ -144,6 +144,11 @@ def test_calibrate_and_validate_smoke(tmp_path, capsys):
     assert len(bench.probe_draws_s) == 1 + POSTED_LAUNCHES and min(bench.probe_draws_s) > 0
     assert _load(str(prof)).runtime.speed_probe_us == pytest.approx(statistics.median(bench.probe_draws_s) * 1e6,
                                                                      abs=0.01)
+    # The overhead chain's four draws spread over the compute worker, each positive; each
+    # figure is the median of its draws.
+    assert len(bench.overhead_draws) == 4 and min(min(d) for d in bench.overhead_draws) > 0
+    for i, o in enumerate(bench.overhead):
+        assert o.seconds == pytest.approx(statistics.median(d[i] for d in bench.overhead_draws), rel=1e-12)
     rep = tmp_path / "report"
     assert main(["validate", "localhost-cpu", "--model", "tiny", "--plan", "dp=2",
                  "--profile", str(prof), "--steps", "3", "--warmup", "1", "--launches", "2", "--json",

@@ -135,23 +135,28 @@ class MicrobenchResult:
     # CPU time per wall second in a stream of small all-reduces (collective_bench.busy_fraction_row); 0: not measured
     comm_busy_fraction: float = 0.0
     # Extra wait of a collective closing a long compute phase (collective_bench.straggler_row),
-    # seconds, mean over the group sizes and launches; 0: not measured
+    # seconds, mean over the group sizes of the median over launches; 0: not measured
     straggler_s: float = 0.0
     # What receiving a message its sender posted earlier adds to a round of compute while
     # the sender computes, and while it is blocked (collective_bench.posted_rows), seconds,
-    # mean over the pairs and launches; 0: not measured
+    # mean over the pairs, first launch only (collective_bench.posted_rows); 0: not measured
     posted_busy_s: float = 0.0
     posted_idle_s: float = 0.0
     # What one pipeline handoff into a receive posted before its send adds to a ping-pong
     # of compute rounds (collective_bench.preposted_handoff_s), seconds, mean over the
-    # pairs and launches; 0: not measured
+    # pairs, median over the launches; 0: not measured
     preposted_s: float = 0.0
     # Of that, the sender's own isend call (collective_bench.preposted_handoff_s), seconds,
-    # mean over the pairs and launches; 0: not measured
+    # mean over the pairs, median over the launches; 0: not measured
     preposted_call_s: float = 0.0
     # Every launch's figure of the rows timed in several launches: [op, n, nbytes,
-    # [seconds, launch by launch]]; the rows themselves hold the mean. [] in older records.
+    # [seconds, launch by launch]]; the rows themselves hold the median (the mean in
+    # records written before 2026-12-03). [] in older records.
     launch_samples: list = field(default_factory=list)
+    # Each draw of the overhead chain, [plain s, train s] (median over the compute
+    # processes), in the order taken; ``overhead`` holds their median. [] in records
+    # written before 2026-12-03 (one draw, which ``overhead`` holds).
+    overhead_draws: list = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -171,7 +176,8 @@ class MicrobenchResult:
                    harness=dict(d.get("harness", {})), comm_busy_fraction=d.get("comm_busy_fraction", 0.0),
                    straggler_s=d.get("straggler_s", 0.0), posted_busy_s=d.get("posted_busy_s", 0.0),
                    posted_idle_s=d.get("posted_idle_s", 0.0), preposted_s=d.get("preposted_s", 0.0),
-                   preposted_call_s=d.get("preposted_call_s", 0.0), launch_samples=list(d.get("launch_samples", [])))
+                   preposted_call_s=d.get("preposted_call_s", 0.0), launch_samples=list(d.get("launch_samples", [])),
+                   overhead_draws=list(d.get("overhead_draws", [])))
 
 
 # ------------------------------------------------------------------------ shapes
@@ -407,7 +413,8 @@ def reused_compute(src: MicrobenchResult, source: str, world: int, backend: str,
                             gemm=[gemm[tuple(sh)] for sh in gemm_shapes],
                             memory=[mem[(op, n)] for op in MEMORY_OPS for n in mem_sizes],
                             attention=[attn[tuple(sh)] for sh in attn_shapes], topk=[tk[k] for k in topk],
-                            overhead=list(src.overhead), probe_s=compute_draw, probe_draws_s=[compute_draw],
+                            overhead=list(src.overhead), overhead_draws=list(src.overhead_draws),
+                            probe_s=compute_draw, probe_draws_s=[compute_draw],
                             harness=dict(src.harness))
 
 
@@ -506,10 +513,14 @@ def _measure_compute(world: int, gemm_shapes, mem_sizes, attn_shapes, topk, runt
     res.harness = {kind: statistics.median(r["harness"][i][1] for r in per_rank)
                    for i, (kind, _) in enumerate(per_rank[0]["harness"])}
     n_fwd, n_train = chain_op_counts(runtime or RuntimeSettings())
+    # Each draw of the overhead chain the median over the processes, and the figure the
+    # median over the draws (compute_bench.compute_worker).
+    res.overhead_draws = [[statistics.median(r["overhead_draws"][j][i] for r in per_rank) for i in range(2)]
+                          for j in range(len(per_rank[0]["overhead_draws"]))]
     for i, row in enumerate(per_rank[0]["overhead"]):
         what = row[0]
         res.overhead.append(OverheadSample(what, n_fwd if what == "plain" else n_train,
-                                           statistics.median(r["overhead"][i][2] for r in per_rank)))
+                                           statistics.median(d[i] for d in res.overhead_draws)))
     return res
 
 
@@ -621,8 +632,10 @@ def format_compute(res: MicrobenchResult) -> str:
         lines.append("# timing harness per call (smallest call of each family; taken out before fitting rates)")
         lines.append("  " + ", ".join(f"{k} {v * 1e6:.2f} us" for k, v in res.harness.items()))
     lines.append("# per-op overhead (GPT layer chain at width 8, per op as the cost model counts them)")
-    for o in res.overhead:
-        lines.append(f"{o.what:>10} {o.model_ops:>4} ops {o.per_op_s * 1e6:>8.2f} us/op")
+    for i, o in enumerate(res.overhead):
+        draws = [d[i] / o.model_ops * 1e6 for d in res.overhead_draws] if len(res.overhead) == 2 else []
+        each = f"  (median of {len(draws)} draws: {', '.join(f'{x:.2f}' for x in draws)})" if len(draws) > 1 else ""
+        lines.append(f"{o.what:>10} {o.model_ops:>4} ops {o.per_op_s * 1e6:>8.2f} us/op{each}")
     if res.comm_busy_fraction or res.straggler_s:
         lines.append(f"# waits: busy fraction in collectives {res.comm_busy_fraction:.3f}; a collective closing "
                      f"50 ms of compute waits {res.straggler_s * 1e6:.0f} us more than one closing 1 ms")
