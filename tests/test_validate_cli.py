@@ -144,6 +144,12 @@ def test_calibrate_and_validate_smoke(tmp_path, capsys):
     assert len(bench.probe_draws_s) == 1 + POSTED_LAUNCHES and min(bench.probe_draws_s) > 0
     assert _load(str(prof)).runtime.speed_probe_us == pytest.approx(statistics.median(bench.probe_draws_s) * 1e6,
                                                                      abs=0.01)
+    # The 2-rank all-reduce after compute is timed in every handoff launch too, the other
+    # collectives' calls in the after-compute launches only (microbench.HANDOFF_LAUNCH_OPS).
+    from validate.microbench import AFTER_COMPUTE_LAUNCHES
+    draws = {(op, nb): len(ss) for op, n, nb, ss in bench.launch_samples if op.endswith("_after_compute")}
+    assert draws and all(v == (POSTED_LAUNCHES if op == "all_reduce_after_compute" else AFTER_COMPUTE_LAUNCHES)
+                         for (op, _), v in draws.items())
     # The overhead chain's four draws spread over the compute worker, each positive; each
     # figure is the median of its draws.
     assert len(bench.overhead_draws) == 4 and min(min(d) for d in bench.overhead_draws) > 0

@@ -78,6 +78,7 @@ class CollectiveConfig:
     # Collectives issued right after compute (AFTER_COMPUTE_OPS at these sizes), as every
     # collective of a plan is: see after_compute_rows.
     after_compute_sizes: tuple = ()
+    after_compute_ops: tuple = ()  # () = AFTER_COMPUTE_OPS
     compute_gap_s: float = 1e-3
     after_compute_calls: int = 100  # rounds per mean at most (after_compute_rows)
     # ... and fewer where a round is long, so that a stream with its call lasts about this
@@ -347,7 +348,7 @@ def after_compute_rows(cfg: CollectiveConfig, n: int, group, first: int, nxt: in
         return float(mx[0])
 
     rows = []
-    for op in AFTER_COMPUTE_OPS:
+    for op in cfg.after_compute_ops or AFTER_COMPUTE_OPS:
         for nbytes in cfg.after_compute_sizes:
             count = nbytes // 4 // n * n
             call = _collective_call(op, count, n, group, first, nxt, prv, dev)

@@ -305,6 +305,18 @@ AFTER_COMPUTE_LAUNCHES = 3
 # computing sender moved 0.4-2.6 ms between single launches; the mean over three
 # launches still moved 0.61-1.65 ms between calibrations (2026-11-30).
 POSTED_LAUNCHES = 8
+# The handoff launches beyond the after-compute ones also time the 2-rank all-reduce after
+# compute, at every size, in streams of HANDOFF_LAUNCH_CALLS rounds (within a launch a
+# call's cost is steady; between launches it is not): its median then runs over
+# POSTED_LAUNCHES launches, not three. On the fourth host type (2026-12-03) that call was
+# two-moded between launches, about 2 ms in some and 5 ms in others (32 KiB: 2.05, 4.80,
+# 5.34 ms in `g-5`'s three), as were tp=2's own launches (launch medians 597-634 ms and
+# 976 ms in the same run); the median of three drew the slow mode and predicted tp=2
+# +97 %. All-reduce only: it is what tp=2, the DP buckets and the tied embedding pay; the
+# other collectives' call costs keep their three launches. About 1.2 s a launch at 2
+# processes, 2 s at 4.
+HANDOFF_LAUNCH_OPS = ("all_reduce",)
+HANDOFF_LAUNCH_CALLS = 50
 # Calls of the busy-fraction stream (collective_bench.busy_fraction_row): about 0.3-1 s here.
 BUSY_CALLS = 300
 # Long compute phases per group size and launch (collective_bench.straggler_row): about 0.6 s.
@@ -551,8 +563,9 @@ def _measure_collectives(res: MicrobenchResult, world: int, coll_sizes, repeats:
                                                               posted_busy_idle=False),),
                            timeout_s=timeout_s, backend=be_name)[0] for _ in range(AFTER_COMPUTE_LAUNCHES - 1)]
                     + ([launch(collective_worker, world, (replace(kcfg, sizes=(), ops=(), busy_calls=0, group_sizes=(2,),
-                                                                  after_compute_sizes=(), straggler_reps=0,
-                                                                  posted_busy_idle=False),),
+                                                                  after_compute_ops=HANDOFF_LAUNCH_OPS,
+                                                                  after_compute_calls=HANDOFF_LAUNCH_CALLS,
+                                                                  straggler_reps=0, posted_busy_idle=False),),
                                timeout_s=timeout_s, backend=be_name)[0]
                         for _ in range(POSTED_LAUNCHES - AFTER_COMPUTE_LAUNCHES)] if kcfg.posted else []))
         _apply_collective_rows(res, rows)
