@@ -546,11 +546,16 @@ def test_probe_draws_pool_into_their_median():
     (dict(probe_draws_s=["x"]), "probe_draws_s[0]: 'x': a measured time"),
     (dict(probe_draws_s=[-1.0]), "probe_draws_s[0]: -1.0: a measured time"),
     (dict(overhead=[]), "overhead: absent"),
+    (dict(overhead_draws=[["x", 1e-3]]), "overhead_draws[0][0]: 'x': a measured time"),
+    (dict(overhead_draws=[[1e-3, float("inf")]]), "overhead_draws[0][1]: inf: a measured time"),
+    (dict(overhead_draws=[[1e-3]]), "overhead_draws: expected a list of [plain seconds, train seconds] pairs"),
+    (dict(overhead_draws="xy"), "overhead_draws: expected a list of [plain seconds, train seconds] pairs"),
 ])
 def test_reused_compute_refuses_other_conditions(monkeypatch, change, needle):
     """A record measured under other conditions (threads, processes at once, cores,
-    backend) or with a non-finite figure is refused with one line naming the file and
-    what differs, rather than silently calibrating with compute from another setting."""
+    backend) or with a non-finite figure (the overhead chain's draws among them, which the
+    calibration prints) is refused with one line naming the file and what differs, rather
+    than silently calibrating with compute from another setting."""
     import validate.microbench as mb
     monkeypatch.setattr(mb, "host_cores", lambda: 2)
     src = replace(_compute_record(), **change)

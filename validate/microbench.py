@@ -404,6 +404,10 @@ def reused_compute(src: MicrobenchResult, source: str, world: int, backend: str,
                + [(f"attention.{i}", a.seconds) for i, a in enumerate(src.attention)]
                + [(f"topk.{i}", t.seconds) for i, t in enumerate(src.topk)]
                + [(f"harness.{k}", v) for k, v in src.harness.items()])
+    draws = src.overhead_draws
+    if not isinstance(draws, list) or any(not isinstance(d, list) or len(d) != 2 for d in draws):
+        raise InputError(source, "overhead_draws", "expected a list of [plain seconds, train seconds] pairs")
+    figures += [(f"overhead_draws[{j}][{i}]", d[i]) for j, d in enumerate(draws) for i in range(2)]
     for where, v in figures:
         if number_problem(v, 0.0, 60.0, lo_open=True, hi_open=True):
             raise InputError(source, where, f"{v!r}: a measured time must be a number of seconds in (0, 60)")
