@@ -404,8 +404,8 @@ def posted_rows(cfg: CollectiveConfig, dev, dsync, world: int) -> list:
       receiver runs the same rounds.
     Each is the receiver's mean round less its mean round of the compute alone.
     Without cfg.posted_busy_idle only the pre-posted rows are returned: the busy and idle
-    streams (1.2-1.4 s of the 1.9 s here on 2026-12-03, the busy sender computing on for
-    POSTED_BUSY_MARGIN times the stream) price a rendezvous runtime's receives
+    streams (most of the 1.9 s the whole of posted_rows took here on 2026-12-03: the busy
+    sender alone computes on for POSTED_BUSY_MARGIN times the stream) price a rendezvous runtime's receives
     (runtime.p2p_rendezvous), which the validator's runtime is not, so calibration times
     them in its first launch only, where the pre-posted ping-pong takes the median over
     POSTED_LAUNCHES launches (validate/microbench.py)."""

@@ -198,7 +198,7 @@ def compute_worker(rank: int, world: int, cfg: ComputeConfig) -> dict:
                     times[i].append(_median_time(f, 1, chain_inner[i], dsync))
         draws.append([statistics.median(times[0]), statistics.median(times[1])])
 
-    out = {"gemm": [], "memory": [], "attention": [], "overhead": [], "topk": [], "harness": []}
+    out = {"gemm": [], "memory": [], "attention": [], "topk": [], "harness": []}
     # The speed probe (validate/probe.py), every rank at once, first: the runner probes its
     # ranks fresh, before their steps, and a process that has computed for a while probes
     # slower (here, 2026-12-02, two calibrations of 2 processes: 8.5-8.9 ms at the start of
@@ -274,14 +274,13 @@ def compute_worker(rank: int, world: int, cfg: ComputeConfig) -> dict:
             out["topk"].append([elems, frac, times])
         chain_draw()
     chain_draw()
-    # The median over the four draws (after the GEMMs, the memory ops, attention and
-    # top-k, and once more at the end): one draw moved with the host
+    # Four draws (after the GEMMs, the memory ops, attention and top-k, and once more at
+    # the end), [plain s, train s] each; validate/microbench.py takes each draw's median
+    # over the ranks and the figure's median over the draws: one draw moved with the host
     # (4 calibrations of 2026-12-03: kernel_overhead_us 17.5-22.7, host_overhead_us
     # 7.2-14.5 at 2 processes, the plans' predicted dp=2 step 120-145 ms against 125-138
     # measured, the two moving together), where the probe's median of nine was steady.
-    for i, what in enumerate(("plain", "train")):
-        out["overhead"].append([what, 0, statistics.median(d[i] for d in draws)])
-    out["overhead_draws"] = draws  # validate/microbench.py takes each draw's median over the ranks
+    out["overhead_draws"] = draws
     return out
 
 

@@ -313,8 +313,8 @@ POSTED_LAUNCHES = 8
 # 5.34 ms in `g-5`'s three), as were tp=2's own launches (launch medians 597-634 ms and
 # 976 ms in the same run); the median of three drew the slow mode and predicted tp=2
 # +97 %. All-reduce only: it is what tp=2, the DP buckets and the tied embedding pay; the
-# other collectives' call costs keep their three launches. About 1.2 s a launch at 2
-# processes, 2 s at 4.
+# other collectives' call costs keep their three launches. (Not timed apart: 4 sizes x
+# 2 streams of 40-50 rounds of 2-8 ms, about 1-3 s a launch by that count.)
 HANDOFF_LAUNCH_OPS = ("all_reduce",)
 HANDOFF_LAUNCH_CALLS = 50
 # Calls of the busy-fraction stream (collective_bench.busy_fraction_row): about 0.3-1 s here.
@@ -533,10 +533,8 @@ def _measure_compute(world: int, gemm_shapes, mem_sizes, attn_shapes, topk, runt
     # median over the draws (compute_bench.compute_worker).
     res.overhead_draws = [[statistics.median(r["overhead_draws"][j][i] for r in per_rank) for i in range(2)]
                           for j in range(len(per_rank[0]["overhead_draws"]))]
-    for i, row in enumerate(per_rank[0]["overhead"]):
-        what = row[0]
-        res.overhead.append(OverheadSample(what, n_fwd if what == "plain" else n_train,
-                                           statistics.median(d[i] for d in res.overhead_draws)))
+    for i, (what, ops) in enumerate((("plain", n_fwd), ("train", n_train))):
+        res.overhead.append(OverheadSample(what, ops, statistics.median(d[i] for d in res.overhead_draws)))
     return res
 
 
@@ -649,8 +647,8 @@ def format_compute(res: MicrobenchResult) -> str:
         lines.append("# timing harness per call (smallest call of each family; taken out before fitting rates)")
         lines.append("  " + ", ".join(f"{k} {v * 1e6:.2f} us" for k, v in res.harness.items()))
     lines.append("# per-op overhead (GPT layer chain at width 8, per op as the cost model counts them)")
-    for i, o in enumerate(res.overhead):
-        draws = [d[i] / o.model_ops * 1e6 for d in res.overhead_draws] if len(res.overhead) == 2 else []
+    for i, o in enumerate(res.overhead):  # ("plain", "train"), as each draw's pair
+        draws = [d[i] / o.model_ops * 1e6 for d in res.overhead_draws]
         each = f"  (median of {len(draws)} draws: {', '.join(f'{x:.2f}' for x in draws)})" if len(draws) > 1 else ""
         lines.append(f"{o.what:>10} {o.model_ops:>4} ops {o.per_op_s * 1e6:>8.2f} us/op{each}")
     if res.comm_busy_fraction or res.straggler_s:
