@@ -157,6 +157,10 @@ class RuntimeSettings:
     # TCP transport (gloo/transport/tcp/pair.cc, Pair::send waits for NOTIFY_RECV_READY).
     p2p_rendezvous: bool = False
     tp_bwd_overlap: bool = True  # backward TP collective overlaps the weight-gradient GEMM
+    # With SP a column-parallel GEMM saves only its s/t input slice and all-gathers it again in
+    # backward for the weight gradient (Megatron-Core tensor_parallel/layers.py,
+    # LinearWithGradAccumulationAndAsyncCommunication.backward); false: the gathered input was saved.
+    sp_regather_input: bool = True
     fused_bias_dropout_add: bool = True  # bias + dropout + residual add in one kernel
     grad_accumulation_fusion: bool = True  # weight-gradient GEMMs accumulate into the grad buffer
     flash_attention: bool = False  # fused attention: no s x s scores in HBM

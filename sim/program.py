@@ -118,11 +118,6 @@ def _tp_call_s(cluster: Cluster, profile: Profile, ranks: list[int], nbytes: flo
             + call_latency_s(cluster, profile, ranks, "all_reduce"))
 
 
-def _tp_comm_s(cluster: Cluster, profile: Profile, ranks: list[int], nbytes: float, calls: int) -> float:
-    """Time of `calls` all-reduces of `nbytes` over the TP group."""
-    return calls * _tp_call_s(cluster, profile, ranks, nbytes) if calls else 0.0
-
-
 def _overlapped_s(comm_s: float, compute_s: float, slowdown: float) -> float:
     """Exposed cost of a collective run beside a GEMM: what outlasts the GEMM, plus the
     GEMM's slowdown while both run (the collective's kernels take SMs and HBM bandwidth)."""
@@ -206,12 +201,51 @@ def tp_layer_comm_s(cluster: Cluster, profile: Profile, ranks: list[int], act_by
             bwd = 2 * ar
     else:
         fwd = 2 * (ag + rs)
+        # The re-gather of QKV's and MLP-up's s/t input for their weight gradients
+        # (runtime.sp_regather_input), beside the input-gradient GEMM when overlapped.
+        regather = profile.runtime.sp_regather_input
         if overlap:
             bwd = 2 * ag + sum(_overlapped_s(rs, gemm.get(f"{g}_wgrad", 0.0), slow)
-                               + _overlapped_s(ag, gemm.get(f"{g}_dgrad", 0.0), slow) for g in ("qkv", "mlp_up"))
+                               + (_overlapped_s(ag, gemm.get(f"{g}_dgrad", 0.0), slow) if regather else 0.0)
+                               for g in ("qkv", "mlp_up"))
         else:
-            bwd = 2 * (ag + rs + ag)
+            bwd = 2 * (ag + rs + (ag if regather else 0.0))
     return fwd, bwd + (fwd if full else 0.0)
+
+
+def tp_ends_comm_s(cluster: Cluster, profile: Profile, ranks: list[int], act_bytes: float, sp: bool,
+                   first: bool, last: bool, tokens: int) -> tuple[float, float]:
+    """Tensor-parallel collectives at the ends of the layer stack, one microbatch of
+    ``tokens`` tokens, (forward, backward), on the critical path. The token embedding and
+    the logits are split along the vocabulary (Megatron-Core tensor_parallel/layers.py
+    VocabParallelEmbedding, cross_entropy.py VocabParallelCrossEntropy; costmodel/flops.py
+    counts their compute so; validate/tp.py runs them so):
+    - first stage: the word embedding's all-reduce forward (Megatron reduces it before
+      adding learned positions); with SP the split along the sequence after it all-gathers
+      the gradient backward;
+    - last stage: the logits GEMM is column-parallel: without SP an all-reduce of its input
+      gradient backward, with SP an all-gather of its input forward and a reduce-scatter
+      backward; the loss adds two all-reduces of per-token fp32 scalars forward (the
+      maximum logit, then the target logit and the sum of exponentials together)."""
+    if len(ranks) == 1:
+        return 0.0, 0.0
+    n = len(ranks)
+    bw, lat, kind = group_link(cluster, ranks, profile)
+    fab = profile.fabric(kind)
+    bw_eff = bw * fab.bw_eff
+    ag = cc.allgather_s(act_bytes, n, bw_eff, lat) + fab.call_s("all_gather", n)
+    fwd = bwd = 0.0
+    if first:
+        fwd += _tp_call_s(cluster, profile, ranks, act_bytes)
+        bwd += ag if sp else 0.0
+    if last:
+        if sp:
+            fwd += ag
+            bwd += cc.reduce_scatter_s(act_bytes, n, bw_eff, lat) + fab.call_s("reduce_scatter", n)
+        else:
+            bwd += _tp_call_s(cluster, profile, ranks, act_bytes)
+        fwd += _tp_call_s(cluster, profile, ranks, tokens * 4) + _tp_call_s(cluster, profile, ranks, 2 * tokens * 4)
+    return fwd, bwd
 
 
 def group_kind(cluster: Cluster, ranks: list[int]) -> str:
@@ -299,11 +333,8 @@ def chunk_work(model: ModelSpec, plan: Plan, cluster: Cluster, profile: Profile,
     act = b * local.seq_length * model.hidden_size * width
     tp_fwd1, tp_bwd1 = tp_layer_comm_s(cluster, profile, ranks, act, sp, plan.recompute, b_ops, gpu, eff, prec,
                                        f_ops=f_ops)
-    fwd_tp, bwd_tp = layers * tp_fwd1, layers * tp_bwd1
-    if last and tp > 1:
-        # Cross-entropy over vocab-parallel logits: all-reduces of b*s floats (max, sum).
-        small = b * local.seq_length * 4
-        fwd_tp += _tp_comm_s(cluster, profile, ranks, small, 2)
+    ends_fwd, ends_bwd = tp_ends_comm_s(cluster, profile, ranks, act, sp, first, last, b * local.seq_length)
+    fwd_tp, bwd_tp = layers * tp_fwd1 + ends_fwd, layers * tp_bwd1 + ends_bwd
 
     params = mem.stage_params(model, layers, tp, first, last)
     grad_bytes = params * grad_reduce_bytes(prec, rt) if plan.grad_degree > 1 else 0.0

@@ -22,7 +22,7 @@ from costmodel.profile import (GpuEfficiency, RuntimeSettings, bundled_profiles,
                                profile_to_dict)
 from costmodel.shapes import ModelSpec
 from specs.plan import resolve_plan
-from sim.program import chunk_work, grad_accumulation_ops, tp_layer_comm_s
+from sim.program import chunk_work, grad_accumulation_ops, tp_ends_comm_s, tp_layer_comm_s
 from specs.topology import load_topology
 
 A100 = get_gpu("A100-SXM4-80GB")
@@ -174,6 +174,52 @@ def test_tp_comm_sequence_parallel_same_volume_and_overlap():
     no_overlap = replace(prof, runtime=replace(prof.runtime, tp_bwd_overlap=False))
     _, b_no = tp_layer_comm_s(cluster, no_overlap, ranks, act, False, "full", b_ops, A100, eff, "fp16")
     assert b_no == pytest.approx(4 * c)  # two backward + the recomputed forward's two
+
+
+def test_sp_backward_regather_is_a_runtime_fact():
+    """With SP and no backward overlap, a layer's backward is 2 x (all-gather + reduce-
+    scatter + the re-gather of the GEMM input) under Megatron (sp_regather_input) and one
+    all-gather less per block where the gathered input was saved (the validator's runner):
+    the difference is exactly 2 all-gathers of the activation, (n-1)/n S/B + (n-1) alpha
+    each, at tp=8 on NVSwitch with no call cost."""
+    cluster = load_topology("dgx-a100", nodes=1)
+    prof = load_profile(None)
+    prof = replace(prof, fabrics={**prof.fabrics, "nvswitch": replace(prof.fabrics["nvswitch"], call_latency_us=0.0)},
+                   runtime=replace(prof.runtime, tp_bwd_overlap=False))
+    ranks, act = list(range(8)), 4 * 2048 * 6144 * 2
+    eff = prof.gpu(A100.name)
+    b_ops = fl.layer_backward_ops(M22, 4, 8, True)
+    _, regather = tp_layer_comm_s(cluster, prof, ranks, act, True, "none", b_ops, A100, eff, "fp16")
+    saved = replace(prof, runtime=replace(prof.runtime, sp_regather_input=False))
+    _, kept = tp_layer_comm_s(cluster, saved, ranks, act, True, "none", b_ops, A100, eff, "fp16")
+    assert regather - kept == pytest.approx(2 * (7 / 8 * act / (300e9 * 0.77) + 7 * 1e-6))
+
+
+def test_tp_ends_of_the_stack_hand_worked():
+    """The vocabulary-parallel embedding and loss at tp=8 on one DGX A100 (NVSwitch 300 GB/s
+    x bw_eff 0.77, 1 us a ring step, call cost 7 us here), per microbatch of 2048 tokens:
+    first stage forward one all-reduce of the b*s*h activation; last stage backward one
+    (the logits' input gradient), forward the loss's two all-reduces of 2048 and 2 x 2048
+    fp32 values; with SP the activation's all-reduces become an all-gather (first stage
+    backward, last stage forward) and a reduce-scatter (last stage backward). One rank: none."""
+    cluster = load_topology("dgx-a100", nodes=1)
+    prof = load_profile(None)
+    prof = replace(prof, fabrics={**prof.fabrics, "nvswitch": replace(prof.fabrics["nvswitch"], call_latency_us=7.0,
+                                                                      all_reduce_call_us=None,
+                                                                      all_gather_call_us=None,
+                                                                      reduce_scatter_call_us=None)})
+    ranks, act, tokens = list(range(8)), 2048 * 6144 * 2, 2048
+    bw, steps, call = 300e9 * 0.77, 14 * 1e-6, 7e-6
+
+    def ar(nbytes):  # 2(n-1)/n S/B + 2(n-1) alpha + the call
+        return 2 * 7 / 8 * nbytes / bw + steps + call
+    half = 7 / 8 * act / bw + 7 * 1e-6 + call  # all-gather or reduce-scatter: (n-1)/n S/B + (n-1) alpha
+    loss = ar(4 * tokens) + ar(8 * tokens)
+    assert tp_ends_comm_s(cluster, prof, ranks, act, False, True, False, tokens) == pytest.approx((ar(act), 0.0))
+    assert tp_ends_comm_s(cluster, prof, ranks, act, False, False, True, tokens) == pytest.approx((loss, ar(act)))
+    assert tp_ends_comm_s(cluster, prof, ranks, act, True, True, True, tokens) == pytest.approx(
+        (ar(act) + half + loss, half + half))
+    assert tp_ends_comm_s(cluster, prof, [0], act, True, True, True, tokens) == (0.0, 0.0)
 
 
 # ------------------------------------------------------------------ published per-layer times

@@ -221,6 +221,20 @@ def test_measurements_are_consistent(runs_2):
     assert all(w["steps"][-1]["bytes_sent"]["tp"] > 0 for w in runs_2["tp=2"])
 
 
+def test_tp_bytes_per_step_hand_worked(runs_2):
+    """tp=2 of tiny (4 layers, h 128, s 64, vocab 512, 16 microbatches of 1 sequence) sends,
+    per microbatch, the activation (64 x 128 fp32 = 32,768 B) in 4 all-reduces per layer
+    (2 forward, 2 backward: Megatron's f and g) plus 2 at the ends of the stack (the
+    vocabulary-parallel embedding's, forward; the logits input gradient's, backward), and
+    the loss's two all-reduces of 64 and 2 x 64 fp32 values: with a 2-rank all-reduce's
+    bus factor 2(n-1)/n = 1, 16 x (18 x 32,768 + 256 + 512) = 9,449,472 B a step, on each
+    rank. The simulator prices the same calls (sim/program.tp_layer_comm_s and
+    tp_ends_comm_s)."""
+    assert (MODEL.num_layers, MODEL.hidden_size, MODEL.seq_length, MODEL.global_batch_size) == (4, 128, 64, 16)
+    for w in runs_2["tp=2"]:
+        assert w["steps"][-1]["bytes_sent"]["tp"] == 16 * (18 * 32768 + 256 + 512)
+
+
 def test_torchrun_standalone_two_processes(tmp_path, one_thread):
     """The torchrun path (the one used across nodes) runs: `torchrun --standalone
     --nproc-per-node 2 -m validate.runner` exits 0, prints the summary once (rank 0) and

@@ -31,13 +31,15 @@ class Comm:
     def count(self, op: str, total_bytes: float) -> None:
         self.rec.sent(self.kind, busbw_factor(op, self.size) * total_bytes)
 
-    def all_reduce(self, t, label: str = "all-reduce"):
-        """Sum ``t`` in place over the group; returns ``t``."""
+    def all_reduce(self, t, label: str = "all-reduce", maximum: bool = False):
+        """Sum ``t`` in place over the group (the element-wise maximum when ``maximum``);
+        returns ``t``."""
         if self.size == 1:
             return t
         import torch.distributed as dist
+        op = dist.ReduceOp.MAX if maximum else dist.ReduceOp.SUM
         with self.rec.span(self.kind, f"{self.name}_all_reduce", f"{self.name} {label}"):
-            dist.all_reduce(t, group=self.group)
+            dist.all_reduce(t, op=op, group=self.group)
         self.count("all_reduce", t.numel() * t.element_size())
         return t
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from costmodel.errors import InputError
 from costmodel.shapes import ModelSpec
 from validate.comm import Comm
-from validate.tp import enter, gather_seq, leave, scatter_seq
+from validate.tp import enter, leave, scatter_seq, vocab_cross_entropy, vocab_embedding
 
 INIT_STD = 0.02  # GPT-2/GPT-3 initialisation (Radford et al. 2019, Sec. 2.3)
 LN_EPS = 1e-5
@@ -70,7 +70,7 @@ def layer_params(model: ModelSpec, i: int) -> list[ParamSpec]:
 def all_params(model: ModelSpec) -> list[ParamSpec]:
     """Every full weight in the fixed order the seed fills them."""
     h = model.hidden_size
-    out = [ParamSpec("wte", (model.vocab_size, h), "normal"),
+    out = [ParamSpec("wte", (model.vocab_size, h), "normal", 0),  # rows split along the vocabulary
            ParamSpec("wpe", (model.seq_length, h), "normal")]
     for i in range(model.num_layers):
         out += layer_params(model, i)
@@ -105,10 +105,14 @@ def local_weight(full, spec: ParamSpec, tp: int, tp_index: int):
 
 
 def check_tp(model: ModelSpec, tp: int) -> None:
-    """The runner splits whole query heads and whole K/V groups across TP ranks."""
+    """The runner splits whole query heads, whole K/V groups and equal vocabulary shares
+    across TP ranks."""
     if model.kv_groups % tp:
         raise InputError("--plan", "tp", f"the runner needs tp={tp} to divide num_query_groups="
                          f"{model.kv_groups} (it does not replicate K/V heads)")
+    if model.vocab_size % tp:
+        raise InputError("--plan", "tp", f"the runner needs tp={tp} to divide vocab_size={model.vocab_size} "
+                         "(it splits the token embedding into equal shares and does not pad it)")
 
 
 class GPTChunk:
@@ -145,7 +149,7 @@ class GPTChunk:
         if self.first:
             pos = (self.ring.positions(self.model.seq_length).to(inp.device) if self.ring
                    else slice(0, inp.shape[1]))
-            x = F.embedding(inp, P["wte"]) + P["wpe"][pos]
+            x = vocab_embedding(inp, P["wte"], self.comm) + P["wpe"][pos]
             x = scatter_seq(x, self.comm, self.sp)
         for i in self.layers:
             if self.recompute == "full":
@@ -155,10 +159,10 @@ class GPTChunk:
         if not self.last:
             return x
         x = F.layer_norm(x, x.shape[-1:], P["lnf.w"], P["lnf.b"], LN_EPS)
-        x = gather_seq(x, self.comm, self.sp)
-        logits = x @ P["wte"].t()
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
-        return loss * loss_scale
+        # Logits over this rank's vocabulary rows (a column-parallel GEMM: with sp its input
+        # is gathered along the sequence first), then the vocabulary-parallel loss.
+        logits = enter(x, self.comm, self.sp) @ P["wte"].t()
+        return vocab_cross_entropy(logits, targets, self.comm) * loss_scale
 
     def _layer(self, i: int, x):
         import torch.nn.functional as F

@@ -10,11 +10,19 @@ sums that must be added up. Without sequence parallelism:
 With sequence parallelism (activations between blocks split along the sequence):
 - ``enter``: forward all-gather along the sequence, backward reduce-scatter;
 - ``leave``: forward reduce-scatter along the sequence, backward all-gather.
-And at the ends of the stack, where the replicated embedding output enters the
-sequence-split region and the split output returns to the replicated logits:
-- ``scatter_seq``: forward keep my slice, backward all-gather;
-- ``gather_seq``: forward all-gather, backward keep my slice (every rank computes the
-  same replicated loss, so each already holds the whole, identical gradient).
+And at the ends of the stack, Megatron's vocabulary-parallel embedding and loss
+(Shoeybi et al. 2019, Sec. 3, "Input embedding" and the fused cross entropy; Megatron-Core
+tensor_parallel/layers.py VocabParallelEmbedding and cross_entropy.py
+VocabParallelCrossEntropy): the token embedding is split along the vocabulary, rows
+[index*V/t, (index+1)*V/t) on TP rank index, and
+- ``vocab_embedding``: each rank looks up the tokens in its rows (zeros for the others),
+  then ``leave`` without sequence parallelism: an all-reduce forward (Megatron reduces
+  the word embedding before adding learned positions, and with sp splits the sum along
+  the sequence only after that, ``scatter_seq``: keep my slice, backward all-gather);
+- the logits are the column-parallel GEMM of ``enter``'s output with the rank's rows;
+- ``vocab_cross_entropy``: the loss from the split logits with two small all-reduces
+  forward, the maximum per token (for a stable exponential) and one sum of each token's
+  [target logit, sum of exponentials] pair; backward needs no communication.
 Activations are [batch, sequence, hidden]; the sequence is dim 1.
 """
 from __future__ import annotations
@@ -64,17 +72,7 @@ def _fn_classes():
         def backward(ctx, g):
             return ctx.comm.all_gather(g, SEQ_DIM, "all-gather (sp scatter, bwd)"), None
 
-    class _GatherSeq(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, x, comm: Comm):
-            ctx.comm = comm
-            return comm.all_gather(x, SEQ_DIM, "all-gather (sp gather)")
-
-        @staticmethod
-        def backward(ctx, g):
-            return ctx.comm.split(g, SEQ_DIM), None
-
-    return _Enter, _Leave, _ScatterSeq, _GatherSeq
+    return _Enter, _Leave, _ScatterSeq
 
 
 _CLASSES = None
@@ -102,14 +100,41 @@ def leave(x, comm: Comm | None, sp: bool):
 
 
 def scatter_seq(x, comm: Comm | None, sp: bool):
-    """Replicated embedding output -> this rank's sequence slice (only with sp)."""
+    """Embedding output (the same on every TP rank) -> this rank's sequence slice (only
+    with sp)."""
     if not sp or comm is None or comm.size == 1:
         return x
     return _classes()[2].apply(x, comm)
 
 
-def gather_seq(x, comm: Comm | None, sp: bool):
-    """Sequence slice -> the whole sequence on every rank (only with sp)."""
-    if not sp or comm is None or comm.size == 1:
-        return x
-    return _classes()[3].apply(x, comm)
+def vocab_embedding(ids, weight, comm: Comm | None):
+    """Token embedding from this rank's rows ``weight`` [V/t, h] of the vocabulary-split
+    table: each rank's lookup of the tokens in its rows, summed over the TP group."""
+    import torch.nn.functional as F
+    if comm is None or comm.size == 1:
+        return F.embedding(ids, weight)
+    lo = comm.index * weight.shape[0]
+    mine = (ids >= lo) & (ids < lo + weight.shape[0])
+    part = F.embedding((ids - lo).masked_fill(~mine, 0), weight) * mine.unsqueeze(-1).to(weight.dtype)
+    return leave(part, comm, False)
+
+
+def vocab_cross_entropy(logits, targets, comm: Comm | None):
+    """Mean cross entropy of the tokens whose logits [.., V/t] over this rank's vocabulary
+    rows are ``logits`` (targets: global token ids), the same value on every TP rank.
+    Loss of a token = log(sum_v exp(z_v - m)) - (z_target - m) with m the token's
+    maximum logit over the whole vocabulary (the shift cancels in the value and, m being
+    a constant to autograd, in the gradient)."""
+    import torch
+    import torch.nn.functional as F
+    if comm is None or comm.size == 1:
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+    z = logits.reshape(-1, logits.shape[-1])
+    t = targets.reshape(-1)
+    m = comm.all_reduce(z.detach().amax(dim=-1), "all-reduce (logits max)", maximum=True)
+    z = z - m.unsqueeze(-1)
+    lo = comm.index * z.shape[-1]
+    mine = (t >= lo) & (t < lo + z.shape[-1])
+    picked = z.gather(1, (t - lo).masked_fill(~mine, 0).unsqueeze(1)).squeeze(1) * mine.to(z.dtype)
+    both = leave(torch.stack((picked, z.exp().sum(dim=-1))), comm, False)
+    return (both[1].log() - both[0]).mean()
