@@ -145,8 +145,11 @@ def test_calibrate_and_validate_smoke(tmp_path, capsys):
     from validate.microbench import POSTED_LAUNCHES, bench_record_path, load_bench
     bench = load_bench(bench_record_path(prof), "bench")
     assert len(bench.probe_draws_s) == 1 + POSTED_LAUNCHES and min(bench.probe_draws_s) > 0
-    assert _load(str(prof)).runtime.speed_probe_us == pytest.approx(statistics.median(bench.probe_draws_s) * 1e6,
-                                                                     abs=0.01)
+    rt = _load(str(prof)).runtime
+    assert rt.speed_probe_us == pytest.approx(statistics.median(bench.probe_draws_s) * 1e6, abs=0.01)
+    # ... and its range the draws' lowest and highest (validate/probe.drift_factor's band).
+    assert rt.speed_probe_lo_us == pytest.approx(min(bench.probe_draws_s) * 1e6, abs=0.01)
+    assert rt.speed_probe_hi_us == pytest.approx(max(bench.probe_draws_s) * 1e6, abs=0.01)
     # The 2-rank all-reduce after compute is timed in every handoff launch too, the other
     # collectives' calls in the after-compute launches only (microbench.HANDOFF_LAUNCH_OPS).
     from validate.microbench import AFTER_COMPUTE_LAUNCHES
