@@ -19,7 +19,8 @@
 #    Chrome traces).
 # Ends with the table (plan, processes, measured and predicted median step time, error,
 # the measured spread p10..p90 around the median, each launch's median), the Spearman rank correlation, and the
-# wall time of the whole; the target is at most 5 minutes on a 2-core host (254-267 s on the
+# wall time of the whole; the target is at most 5 minutes on a 2-core host (259-296 s forked
+# on the fourth host type, 2026-12-03; spawned: 254-267 s on the
 # first host of 2026-12-01, 315-346 s on a second whose steps, tp=2's apart, ran 1.5-1.8x slower;
 # 282-304 s on that second host on 2026-12-02, its steps faster again and the runner's QKV fused).
 # STEPS (default 21) measured steps per plan, in LAUNCHES (default 3) launches of fresh
@@ -37,8 +38,9 @@
 # here). Validation alone 73 and 77 s against 114 and 121 s, the plans' measured medians
 # within the spread of the separate launches (docs/validation-cpu.md mechanism 31).
 # SHARED=0: a launch per plan, as before.
-# PLANSIM_START_METHOD=forkserver makes launches cheap enough for LAUNCHES=4 STEPS=24
-# within the 5 minutes, but moved the results (validate/launch.py).
+# Workers are forked from a server that imported torch once (validate/launch.py; since
+# 2026-12-03): 259-296 s on the fourth host type against 352-445 s spawned.
+# PLANSIM_START_METHOD=spawn starts each worker as a fresh interpreter instead.
 set -euo pipefail
 OUT="${1:-results/validate-cpu-$(date -u +%Y%m%d-%H%M)}"
 STEPS="${STEPS:-21}"

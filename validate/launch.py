@@ -6,15 +6,22 @@ validate/backend.py) and returns their return values in rank order.
 
 Two ways to start:
 - On one machine, ``launch`` starts the processes itself and rendezvouses them over TCP
-  on 127.0.0.1 at a free port: multiprocessing "spawn", a fresh interpreter per rank (as
-  CUDA requires). $PLANSIM_START_METHOD=forkserver forks them instead from a server that
-  has imported torch once and never touched a device (CUDA allows it too): 0.4-0.8 s a
-  launch of 2 to 4 processes on this 2-core host against 1.7-4.3 s spawned (dp=2 and dp=4
-  of the tiny model, 2026-12-01; the first forked launch, which starts the server, 1.9 s).
-  It is not the default because on this host it moved the CPU validation
-  (benchmarks/validate_cpu.sh, docs/validation-cpu.md, mechanism 18): over six forked
-  runs tp=2 came out +13 % on average against -1 % over seven spawned, and the issue's six
-  plans were within 15 % in 2 of 5 clean forked runs against 5 of 7.
+  on 127.0.0.1 at a free port. By default it forks them from multiprocessing's
+  forkserver, a server process that imported torch once and never touches a device (CUDA
+  allows forkserver as it does spawn; fork would not be safe once a parent has used CUDA):
+  0.4-0.8 s a launch of 2 to 4 processes on a 2-core host against 1.7-4.3 s for
+  "spawn", a fresh interpreter per rank importing torch (2026-12-01), and on a slower
+  host the 24 launches of the CPU validation benchmark cost 80-130 s spawned
+  (benchmarks/validate_cpu.sh: 352 s spawned against 264-281 s forked, 2026-12-03).
+  Forked workers are fresh processes all the same (their own PIDs, placement, threads
+  and group); what they share with the server is torch's already-imported code, and its
+  standard streams: what a worker prints goes where this process's stdout and stderr went
+  when the server started (the first launch), not where they point now.
+  $PLANSIM_START_METHOD=spawn starts fresh interpreters instead, and is what platforms
+  without forkserver get. (Forked launches were opt-in until 2026-12-03: on the first
+  host, over six forked runs against seven spawned, tp=2 came out +13 % on average
+  against -1 %; docs/validation-cpu.md mechanisms 18 and 38 for what the fourth host
+  showed.)
 - On several machines, the processes are started by torchrun, which sets RANK,
   WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT. ``launch`` then runs ``fn`` in
   this process only and gathers every rank's result to rank 0 (other ranks get None).
@@ -25,8 +32,8 @@ Two ways to start:
           --rdzv-backend c10d --rdzv-endpoint HOST:29500 \\
           -m validate.runner --model tiny --plan tp=8,dp=2 --steps 10 --out run.json
 
-Faults (spawn mode): a rank that raises, exits, is killed, or has not returned within
-``timeout_s`` ends the whole run with one ``WorkerError`` naming the rank and the cause;
+Faults (processes started here): a rank that raises, exits, is killed, or has not
+returned within ``timeout_s`` ends the whole run with one ``WorkerError`` naming the rank and the cause;
 every worker is killed and reaped before it is raised, so no process is left behind.
 Under torchrun, torchrun's own agent does that job.
 """
@@ -155,7 +162,8 @@ def _leave() -> None:
 
 def start_method() -> str:
     """How launch starts its workers (module docstring): $PLANSIM_START_METHOD ("spawn" or
-    "forkserver" where this platform has it), else "spawn"."""
+    "forkserver" where this platform has it), else "forkserver" where the platform has it,
+    else "spawn"."""
     import multiprocessing as mp
 
     have = mp.get_all_start_methods()
@@ -165,7 +173,7 @@ def start_method() -> str:
             allowed = " or ".join(m for m in ("spawn", "forkserver") if m in have)
             raise InputError(START_METHOD_ENV, "start method", f"must be {allowed} (got {raw!r})")
         return raw
-    return "spawn"
+    return "forkserver" if "forkserver" in have else "spawn"
 
 
 def _exit_cause(code: int | None) -> str:
