@@ -537,6 +537,46 @@ def test_probe_draws_pool_into_their_median():
     assert [c.op for c in one.collectives] == ["all_reduce"]
 
 
+def test_overhead_draws_pool_into_their_median():
+    """The overhead figures are medians over every draw of the chain: the compute worker's
+    [1.0, 2.0] and [3.0, 4.0] ms (plain, train per chain) and three collective launches'
+    plain 5, 0.5, 6 and train 1, 7, 8 ms (launch_samples, in launch order) give five draws,
+    plain median 3 ms (of 1, 3, 5, 0.5, 6) and train 4 ms (of 2, 4, 1, 7, 8); with one
+    launch (its rows only) the draws are three; without those rows nothing changes; the
+    rows are not collective samples. --compute-from reuses the worker's draws only."""
+    import validate.microbench as mb
+    from validate.collective_bench import OVERHEAD_PLAIN_OP as P, OVERHEAD_TRAIN_OP as T
+
+    def fresh():
+        return mb.MicrobenchResult(world=2, backend="gloo", threads=1,
+                                   overhead=[mb.OverheadSample("plain", 10, 2e-3), mb.OverheadSample("train", 20, 3e-3)],
+                                   overhead_draws=[[1e-3, 2e-3], [3e-3, 4e-3]])
+    res = fresh()
+    res.launch_samples = [[P, 2, 0, [5e-3, 0.5e-3, 6e-3]], [T, 2, 0, [1e-3, 7e-3, 8e-3]]]
+    mb._pool_overhead_draws(res, [[P, 2, 0, 5e-3], [T, 2, 0, 7e-3]])
+    assert len(res.overhead_draws) == 5
+    assert [o.seconds for o in res.overhead] == pytest.approx([3e-3, 4e-3])
+    assert res.overhead[0].per_op_s == pytest.approx(0.3e-3)
+    one = fresh()
+    mb._pool_overhead_draws(one, [["all_reduce", 2, 4096, 1.0], [P, 2, 0, 5e-3], [T, 2, 0, 9e-3]])
+    assert one.overhead_draws == [[1e-3, 2e-3], [3e-3, 4e-3], [5e-3, 9e-3]]
+    assert [o.seconds for o in one.overhead] == pytest.approx([3e-3, 4e-3])
+    none = fresh()
+    mb._pool_overhead_draws(none, [["all_reduce", 2, 4096, 1.0]])
+    assert none.overhead_draws == [[1e-3, 2e-3], [3e-3, 4e-3]] and none.overhead[0].seconds == 2e-3
+    mb._apply_collective_rows(one, [["all_reduce", 2, 4096, 1.0], [P, 2, 0, 5e-3], [T, 2, 0, 9e-3]])
+    assert [c.op for c in one.collectives] == ["all_reduce"]
+    # --compute-from: the first WORKER_CHAIN_DRAWS draws are the compute worker's
+    src = fresh()
+    src.overhead_draws = [[1e-3, 2e-3], [3e-3, 4e-3], [5e-3, 6e-3], [7e-3, 8e-3], [90e-3, 90e-3]]
+    src.probe_s, src.probe_draws_s, src.harness = 4e-3, [4e-3], {"gemm": 1e-6}
+    src.compute_world, src.host_cores = 2, mb.host_cores()
+    assert mb.WORKER_CHAIN_DRAWS == 4
+    got = mb.reused_compute(src, "w4.bench.json", 2, "gloo", 1, [], [], [], [])
+    assert got.overhead_draws == src.overhead_draws[:4]
+    assert [o.seconds for o in got.overhead] == pytest.approx([4e-3, 5e-3])
+
+
 @pytest.mark.parametrize("change, needle", [
     (dict(threads=2), "threads 2; this calibration needs 1"),
     (dict(compute_world=4), "compute processes 4; this calibration needs 2"),

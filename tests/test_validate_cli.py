@@ -156,9 +156,10 @@ def test_calibrate_and_validate_smoke(tmp_path, capsys):
     draws = {(op, nb): len(ss) for op, n, nb, ss in bench.launch_samples if op.endswith("_after_compute")}
     assert draws and all(v == (POSTED_LAUNCHES if op == "all_reduce_after_compute" else AFTER_COMPUTE_LAUNCHES)
                          for (op, _), v in draws.items())
-    # The overhead chain's four draws spread over the compute worker, each positive; each
-    # figure is the median of its draws.
-    assert len(bench.overhead_draws) == 4 and min(min(d) for d in bench.overhead_draws) > 0
+    # The overhead chain's draws: four spread over the compute worker and one at the start of
+    # every collective launch (microbench._pool_overhead_draws), each positive; each figure
+    # is the median of its draws.
+    assert len(bench.overhead_draws) == 4 + POSTED_LAUNCHES and min(min(d) for d in bench.overhead_draws) > 0
     for i, o in enumerate(bench.overhead):
         assert o.seconds == pytest.approx(statistics.median(d[i] for d in bench.overhead_draws), rel=1e-12)
     rep = tmp_path / "report"
@@ -197,7 +198,8 @@ def test_calibrate_and_validate_smoke(tmp_path, capsys):
     profile = load_profile(str(prof), bundled=cluster.profiles)
     assert probe["calibrated_s"] == pytest.approx(profile.runtime.speed_probe_us * 1e-6) and probe["calibrated_s"] > 0
     assert probe["run_s"] > 0
-    f = drift_factor(probe["run_s"], profile.runtime.speed_probe_us)
+    rt = profile.runtime
+    f = drift_factor(probe["run_s"], rt.speed_probe_us, rt.speed_probe_lo_us, rt.speed_probe_hi_us)
     assert probe["drift_factor"] == (None if f is None else pytest.approx(f)) and probe["applied"] == (f is not None)
     model = load_model("tiny")
     plan = resolve_plan({"dp": 2, "precision": "fp32"}, model, 2)

@@ -92,12 +92,20 @@ class CollectiveConfig:
     # pre-posted ping-pong that the validator's handoffs cost.
     posted_busy_idle: bool = True
     probe: bool = False  # first, validate/probe.py's probe (a PROBE_OP row): one more draw of the host's speed
+    # ... then one draw of the per-op overhead chain (compute_bench.chain_drawer; rows
+    # OVERHEAD_PLAIN_OP and OVERHEAD_TRAIN_OP): one more moment of the figure that tiny
+    # plans' compute depends on most.
+    overhead_chain: bool = False
 
 
 # The row of the speed probe taken at the start of a collective launch: [PROBE_OP, world,
 # 0, seconds (median over the ranks)]; validate/microbench.py pools these draws with the
 # compute worker's into the calibrated probe (validate/probe.py).
 PROBE_OP = "speed_probe"
+# The rows of the overhead chain's draw at the start of a collective launch: [op, world, 0,
+# seconds of one plain forward / one training step of the chain (median over the ranks)].
+OVERHEAD_PLAIN_OP = "overhead_plain"
+OVERHEAD_TRAIN_OP = "overhead_train"
 
 
 def _collective_call(op: str, count: int, n: int, group, first: int, nxt: int, prv: int, dev):
@@ -155,6 +163,15 @@ def collective_worker(rank: int, world: int, cfg: CollectiveConfig) -> list:
         tail = [[PROBE_OP, world, 0, statistics.median(float(t[0]) for t in every)]]
     else:
         tail = []
+    if cfg.overhead_chain:  # in rounds, as calibration's compute worker runs it
+        from validate.compute_bench import chain_drawer
+        from validate.probe import in_rounds
+        got = in_rounds(world, "cuda" if dsync else "cpu", lambda: chain_drawer(torch, dev, dsync, cfg.repeats)(), None)
+        mine = torch.tensor(got, dtype=torch.float64, device=dev)
+        every = [torch.zeros_like(mine) for _ in range(world)]
+        dist.all_gather(every, mine)
+        tail += [[op, world, 0, statistics.median(float(t[i]) for t in every)]
+                 for i, op in enumerate((OVERHEAD_PLAIN_OP, OVERHEAD_TRAIN_OP))]
     for n in cfg.group_sizes or (world,):
         if n == world:
             group, first = None, 0

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from costmodel import flops as fl
 from costmodel.shapes import ModelSpec
 from validate.collective_bench import MIB
-from validate.microbench import MEMORY_OPS, memory_op_bytes
+from validate.microbench import MEMORY_OPS, WORKER_CHAIN_DRAWS, memory_op_bytes
 
 
 # The overhead chain: the runner's whole GPT (validate/gpt.py, the architecture
@@ -80,6 +80,32 @@ def chain_functions(torch, dev):
         reducer.finish()
         rec.end_step()
     return plain, train
+
+
+def chain_drawer(torch, dev, dsync, repeats: int):
+    """A function that takes one draw of the overhead chain (CHAIN_MODEL) on this process:
+    [plain forward s, forward + backward s], each the median of ``repeats`` x 2 windows of
+    about COMPUTE_WINDOW_S, both with the runner's own code (so its per-parameter gradient
+    hooks are in the figure), their windows interleaved (plain, train, plain, ...) so that
+    both see the same host. Calibration takes such draws spread over its compute worker
+    and at the start of every collective launch, and its figure is their median, as the
+    probe's is over its draws (validate/probe.py, validate/microbench.py)."""
+    plain, train = chain_functions(torch, dev)
+    inner = []
+    for f in (plain, train):
+        f()
+        t0 = time.perf_counter()
+        f()
+        inner.append(_inner_for(time.perf_counter() - t0))
+
+    def draw() -> list[float]:
+        times = ([], [])
+        with torch.enable_grad():  # some draws are taken inside the rates' no_grad block
+            for _ in range(repeats * 2):
+                for i, f in enumerate((plain, train)):
+                    times[i].append(_median_time(f, 1, inner[i], dsync))
+        return [statistics.median(times[0]), statistics.median(times[1])]
+    return draw
 
 
 # ------------------------------------------------------------------------- timing
@@ -175,28 +201,13 @@ def compute_worker(rank: int, world: int, cfg: ComputeConfig) -> dict:
         sync()
         return _median_time(f, cfg.repeats, inner, dsync)
 
-    # (c) the overhead chain (CHAIN_MODEL): plain forward, and forward + backward, both
-    # with the runner's own code (so its per-parameter gradient hooks are in the figure).
-    # One draw: their windows interleaved (plain, train, plain, ...), so that both see the
-    # same host; the draws are spread over the worker (chain_draw below) and the figure
-    # is their median, as the probe's is over its draws (validate/probe.py).
-    plain, train = chain_functions(torch, dev)
-    chain_inner = []
-    for f in (plain, train):
-        f()
-        t0 = time.perf_counter()
-        f()
-        chain_inner.append(_inner_for(time.perf_counter() - t0))
+    # (c) the overhead chain (CHAIN_MODEL), drawn several times over the worker (chain_drawer).
+    draw = chain_drawer(torch, dev, dsync, cfg.repeats)
     draws = []
 
     def chain_draw():
         sync()
-        times = ([], [])
-        with torch.enable_grad():  # some draws are taken inside the rates' no_grad block
-            for _ in range(cfg.repeats * 2):
-                for i, f in enumerate((plain, train)):
-                    times[i].append(_median_time(f, 1, chain_inner[i], dsync))
-        draws.append([statistics.median(times[0]), statistics.median(times[1])])
+        draws.append(draw())
 
     out = {"gemm": [], "memory": [], "attention": [], "topk": [], "harness": []}
     # The speed probe (validate/probe.py), every rank at once, first: the runner probes its
@@ -280,6 +291,8 @@ def compute_worker(rank: int, world: int, cfg: ComputeConfig) -> dict:
     # (4 calibrations of 2026-12-03: kernel_overhead_us 17.5-22.7, host_overhead_us
     # 7.2-14.5 at 2 processes, the plans' predicted dp=2 step 120-145 ms against 125-138
     # measured, the two moving together), where the probe's median of nine was steady.
+    # Each collective launch adds one more (microbench._pool_overhead_draws).
+    assert len(draws) == WORKER_CHAIN_DRAWS  # what --compute-from reuses (microbench.reused_compute)
     out["overhead_draws"] = draws
     return out
 

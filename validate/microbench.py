@@ -38,9 +38,9 @@ from costmodel import flops as fl
 from costmodel.errors import InputError
 from costmodel.limits import number_problem
 from costmodel.shapes import ModelSpec
-from validate.collective_bench import (BUSY_OP, COLLECTIVES, KIB, MIB, POSTED_BUSY_OP, POSTED_IDLE_OP, PROBE_OP,
-                                       PREPOSTED_CALL_OP, PREPOSTED_OP, STRAGGLER_OP, CollectiveConfig,
-                                       CollectiveSample, collective_worker)
+from validate.collective_bench import (BUSY_OP, COLLECTIVES, KIB, MIB, OVERHEAD_PLAIN_OP, OVERHEAD_TRAIN_OP,
+                                       POSTED_BUSY_OP, POSTED_IDLE_OP, PREPOSTED_CALL_OP, PREPOSTED_OP, PROBE_OP,
+                                       STRAGGLER_OP, CollectiveConfig, CollectiveSample, collective_worker)
 
 MEMORY_OPS = ("add", "gelu", "layernorm", "softmax")
 # ----------------------------------------------------------------------- records
@@ -317,6 +317,10 @@ POSTED_LAUNCHES = 8
 # 2 streams of 40-50 rounds of 2-8 ms, about 1-3 s a launch by that count.)
 HANDOFF_LAUNCH_OPS = ("all_reduce",)
 HANDOFF_LAUNCH_CALLS = 50
+# Draws of the per-op overhead chain the compute worker takes (after the GEMMs, the memory
+# ops, attention and top-k, and at its end: compute_bench.compute_worker); each collective
+# launch takes one more (_pool_overhead_draws).
+WORKER_CHAIN_DRAWS = 4
 # Calls of the busy-fraction stream (collective_bench.busy_fraction_row): about 0.3-1 s here.
 BUSY_CALLS = 300
 # Long compute phases per group size and launch (collective_bench.straggler_row): about 0.6 s.
@@ -425,11 +429,16 @@ def reused_compute(src: MicrobenchResult, source: str, world: int, backend: str,
         if key not in table:
             raise InputError(source, "--compute-from", f"has no {what} sample {key}; calibrate the larger world "
                              f"first (its shapes include the smaller world's)")
+    # Likewise the overhead chain's: the compute worker's draws come first (src's others were
+    # its collective launches').
+    mine = [list(d) for d in draws[:WORKER_CHAIN_DRAWS]]
+    overhead = ([replace(o, seconds=float(statistics.median(d[i] for d in mine))) for i, o in enumerate(src.overhead)]
+                if mine and len(src.overhead) == 2 else list(src.overhead))
     return MicrobenchResult(world=world, backend=backend, threads=threads, compute_world=cw, host_cores=host_cores(),
                             gemm=[gemm[tuple(sh)] for sh in gemm_shapes],
                             memory=[mem[(op, n)] for op in MEMORY_OPS for n in mem_sizes],
                             attention=[attn[tuple(sh)] for sh in attn_shapes], topk=[tk[k] for k in topk],
-                            overhead=list(src.overhead), overhead_draws=list(src.overhead_draws),
+                            overhead=overhead, overhead_draws=mine,
                             probe_s=compute_draw, probe_draws_s=[compute_draw],
                             harness=dict(src.harness))
 
@@ -554,7 +563,7 @@ def _measure_collectives(res: MicrobenchResult, world: int, coll_sizes, repeats:
         kcfg = CollectiveConfig(tuple(coll_sizes), ops, ns, repeats=repeats, threads=threads, backend=be_name,
                                 after_compute_sizes=after, busy_calls=BUSY_CALLS,
                                 straggler_reps=STRAGGLER_REPS if after else 0, posted=bool(after) and world % 2 == 0,
-                                probe=True)
+                                probe=True, overhead_chain=True)
         with worker_threads_env(world):
             rows = launch(collective_worker, world, (kcfg,), timeout_s=timeout_s, backend=be_name)[0]
             if after:
@@ -572,6 +581,7 @@ def _measure_collectives(res: MicrobenchResult, world: int, coll_sizes, repeats:
                         for _ in range(POSTED_LAUNCHES - AFTER_COMPUTE_LAUNCHES)] if kcfg.posted else []))
         _apply_collective_rows(res, rows)
         _pool_probe_draws(res, rows)
+        _pool_overhead_draws(res, rows)
 
 
 def _pool_probe_draws(res: MicrobenchResult, rows: list) -> None:
@@ -586,7 +596,31 @@ def _pool_probe_draws(res: MicrobenchResult, rows: list) -> None:
         res.probe_s = float(statistics.median(good))
 
 
-_SCALAR_OPS = (PROBE_OP, BUSY_OP, STRAGGLER_OP, POSTED_BUSY_OP, POSTED_IDLE_OP, PREPOSTED_OP, PREPOSTED_CALL_OP)
+def _pool_overhead_draws(res: MicrobenchResult, rows: list) -> None:
+    """Append each collective launch's draw of the overhead chain ([plain s, train s] from
+    its OVERHEAD_PLAIN_OP / OVERHEAD_TRAIN_OP rows, one launch's or each launch's in
+    launch_samples) to res.overhead_draws, and make each res.overhead figure the median
+    of all the draws. Why (docs/validation-cpu.md mechanism 39): the compute worker's
+    draws span its ~20 s; on the fourth host type a whole worker could sit in a slow
+    phase (run f-3: trained per-op 28.3 us in all four draws at 2 processes, 19.8 at 4
+    minutes later, the 2-process plans' compute predicted +25-36 %), while the collective
+    launches span the rest of the calibration's minutes."""
+    several = {op: ss for op, _, _, ss in res.launch_samples if op in (OVERHEAD_PLAIN_OP, OVERHEAD_TRAIN_OP)}
+    if len(several) == 2:
+        got = [list(p) for p in zip(several[OVERHEAD_PLAIN_OP], several[OVERHEAD_TRAIN_OP])]
+    else:
+        one = {op: s for op, _, _, s in rows if op in (OVERHEAD_PLAIN_OP, OVERHEAD_TRAIN_OP)}
+        got = [[one[OVERHEAD_PLAIN_OP], one[OVERHEAD_TRAIN_OP]]] if len(one) == 2 else []
+    got = [[float(a), float(b)] for a, b in got if a > 0 and b > 0]
+    if not got or len(res.overhead) != 2:
+        return
+    res.overhead_draws = list(res.overhead_draws) + got
+    res.overhead = [replace(o, seconds=float(statistics.median(d[i] for d in res.overhead_draws)))
+                    for i, o in enumerate(res.overhead)]
+
+
+_SCALAR_OPS = (PROBE_OP, BUSY_OP, STRAGGLER_OP, POSTED_BUSY_OP, POSTED_IDLE_OP, PREPOSTED_OP, PREPOSTED_CALL_OP,
+               OVERHEAD_PLAIN_OP, OVERHEAD_TRAIN_OP)
 
 
 def _apply_collective_rows(res: MicrobenchResult, rows: list) -> None:
