@@ -186,11 +186,6 @@ class RuntimeSettings:
     # (median over the compute workers); 0: not measured. The validator times the same
     # probe before each run and predicts with the compute slowed by the ratio.
     speed_probe_us: float = 0.0
-    # The lowest and highest of the draws that median was taken over, us (0: not recorded).
-    # A run's probe inside that range is no evidence that the host drifted: calibration saw
-    # the same spread (validate/probe.drift_factor).
-    speed_probe_lo_us: float = 0.0
-    speed_probe_hi_us: float = 0.0
     # How much longer the gradient reduction that closes each backward waits than the same
     # collective after a short compute, us: replicas given the same work drift apart over
     # a long phase where processes time-share cores (the scheduler is fair over its period,
@@ -331,10 +326,6 @@ def _merge(base: Profile, data: dict, source: str) -> Profile:
             # Overlays refine a runtime; keep where every earlier setting came from too.
             entry["source"] = f"{runtime.source} | {entry['source']}"
         runtime = replace(runtime, **entry)
-        lo, mid, hi = runtime.speed_probe_lo_us, runtime.speed_probe_us, runtime.speed_probe_hi_us
-        if (lo or hi) and not (0 < lo <= mid <= hi):
-            raise InputError(source, "runtime.speed_probe_lo_us", f"{_short(lo)} .. speed_probe_hi_us {_short(hi)}: "
-                             f"the range of the probe's draws must hold their median speed_probe_us ({_short(mid)})")
     return Profile(gpus=gpus, fabrics=fabrics, name=data.get("name", base.name),
                    source=", ".join(filter(None, [base.source, source])), runtime=runtime)
 

@@ -130,8 +130,7 @@ def validate_plans(topology: str, model_name: str, plans: list[str], profiles: d
     out = []
     for (plan, cluster, profile, prof_path), recs in zip(prepared, runs):
         rec = RunRecord.pooled(recs)
-        rt = profile.runtime
-        drift = drift_factor(rec.speed_probe_s, rt.speed_probe_us, rt.speed_probe_lo_us, rt.speed_probe_hi_us)
+        drift = drift_factor(rec.speed_probe_s, profile.runtime.speed_probe_us)
         applied = drift_correction and drift is not None
         sim = simulate(model, plan, cluster, slowed_profile(profile, drift) if applied else profile, record=record)
         out.append(compare(rec, sim, drift=drift, drift_applied=applied,

@@ -18,33 +18,6 @@ def test_drift_factor_by_hand():
     assert drift_factor(4e-3 * DRIFT_MIN * 0.99, 4000.0) is None
 
 
-def test_drift_factor_counts_only_a_probe_outside_calibrations_range():
-    """Calibration's draws 7,000-11,000 us around a median of 8,500: a run probe of 10 ms
-    or 7.5 ms is inside that spread, factor 1 (no drift); 12.1 ms is 1.1x the slowest draw,
-    factor 1.1 (not 12.1/8.5 = 1.42); 5.6 ms is 0.8x the fastest, factor 0.8. A range
-    that does not hold the median is ignored (the ratio to the median, as without one)."""
-    assert drift_factor(10e-3, 8500.0, 7000.0, 11000.0) == 1.0
-    assert drift_factor(7.5e-3, 8500.0, 7000.0, 11000.0) == 1.0
-    assert drift_factor(12.1e-3, 8500.0, 7000.0, 11000.0) == pytest.approx(1.1)
-    assert drift_factor(5.6e-3, 8500.0, 7000.0, 11000.0) == pytest.approx(0.8)
-    assert drift_factor(12.1e-3, 8500.0, 9000.0, 11000.0) == pytest.approx(12.1 / 8.5)
-
-
-def test_profile_range_of_the_probe_is_checked(tmp_path):
-    """A profile's probe range must hold its median: lo 9,000 > median 8,500 is an input
-    error naming the file and runtime.speed_probe_lo_us; a range that holds it loads."""
-    from costmodel.errors import InputError
-    from costmodel.profile import load_profile
-    bad = tmp_path / "bad.yaml"
-    bad.write_text("runtime:\n  speed_probe_us: 8500\n  speed_probe_lo_us: 9000\n  speed_probe_hi_us: 11000\n")
-    with pytest.raises(InputError) as info:
-        load_profile(str(bad))
-    assert "bad.yaml" in str(info.value) and "runtime.speed_probe_lo_us" in str(info.value)
-    good = tmp_path / "good.yaml"
-    good.write_text("runtime:\n  speed_probe_us: 8500\n  speed_probe_lo_us: 7000\n  speed_probe_hi_us: 11000\n")
-    assert load_profile(str(good)).runtime.speed_probe_hi_us == 11000.0
-
-
 def _worker(rank, probes):
     steps = [{"wall_s": 1.0 + rank, "phases_s": {"compute": 0.5}, "detail_s": {}, "bytes_sent": {}}]
     out = {"rank": rank, "stage": 0, "tp_rank": 0, "dp_rank": rank, "steps": steps, "segments": [],

@@ -13,9 +13,7 @@ so only the probe before the steps is compared with calibration's). The
 ratio, run over calibration, is how much slower the host computes now; the validator
 predicts with the profile's compute slowed by that factor (sim/core_sharing.slowed_profile:
 every rate divided, every per-op cost multiplied), prints it, and can be told not to
-(``plansim validate --no-drift-correction``). Where the profile records the range of
-calibration's own draws, only a probe outside it counts, and only by how far it is outside
-(drift_factor).
+(``plansim validate --no-drift-correction``).
 
 The probe is the two things a small plan's compute is made of: the runner's own training
 code on a model of width 8 (the per-op host cost, validate/compute_bench.CHAIN_MODEL) and
@@ -106,25 +104,10 @@ def in_rounds(world: int, kind: str, fn, idle):
     return got
 
 
-def drift_factor(run_probe_s: float, calibrated_probe_us: float, lo_us: float = 0.0,
-                 hi_us: float = 0.0) -> float | None:
-    """How much slower the host computes now than at calibration; None when either probe is
-    unknown (0) or the ratio is outside [DRIFT_MIN, DRIFT_MAX].
-
-    Without the range of calibration's draws (``lo_us``/``hi_us`` 0): run probe over the
-    calibrated median. With it: 1 for a run probe inside the range (calibration's figures
-    are medians over draws that spread as far: no evidence of drift), else the run probe
-    over the nearer end of the range (only the part of the move that calibration never saw;
-    continuous at the ends). Why (docs/validation-cpu.md mechanism 37): on the fourth host
-    type the probe moved 7-13 ms within single calibrations while the plans' compute did
-    not follow it; a run whose 4-process probes read 12.1-12.5 ms against a median of 8.52
-    (draws 6.99-11.35) predicted dp=4 +43 % and pp=2 x dp=2 +47 % with their measured compute
-    unchanged (110 ms a step, as dp=2's)."""
+def drift_factor(run_probe_s: float, calibrated_probe_us: float) -> float | None:
+    """How much slower the host computes now than at calibration (run probe over calibrated
+    probe); None when either is unknown (0) or the ratio is outside [DRIFT_MIN, DRIFT_MAX]."""
     if run_probe_s <= 0 or calibrated_probe_us <= 0:
         return None
-    run_us = run_probe_s * 1e6
-    if 0 < lo_us <= calibrated_probe_us <= hi_us:
-        f = run_us / hi_us if run_us > hi_us else (run_us / lo_us if run_us < lo_us else 1.0)
-    else:
-        f = run_us / calibrated_probe_us
+    f = run_probe_s / (calibrated_probe_us * 1e-6)
     return f if DRIFT_MIN <= f <= DRIFT_MAX else None

@@ -60,17 +60,6 @@ def runtime_facts(kind: str) -> dict:
     }
 
 
-def probe_range_us(res: MicrobenchResult) -> dict:
-    """speed_probe_lo_us / _hi_us: the lowest and highest of the probe's draws (rounded
-    outwards, so that they always hold the rounded median); none for a single draw."""
-    import math
-    draws = [d for d in (res.probe_draws_s or []) if d > 0]
-    if len(draws) < 2 or res.probe_s <= 0:
-        return {}
-    return {"speed_probe_lo_us": math.floor(min(draws) * 1e8) / 100,
-            "speed_probe_hi_us": math.ceil(max(draws) * 1e8) / 100}
-
-
 def profile_mapping(fit: FitResult, res: MicrobenchResult, gpu_name: str, link_kind: str | None,
                     device_kind: str, where: str, name: str) -> dict:
     """The profile as a mapping in the bundled profiles' schema (load_profile reads it)."""
@@ -100,14 +89,13 @@ def profile_mapping(fit: FitResult, res: MicrobenchResult, gpu_name: str, link_k
                     "host_cores": res.host_cores if device_kind == "cpu" else 0,
                     "comm_busy_fraction": round(res.comm_busy_fraction, 4) if device_kind == "cpu" else 0.0,
                     "speed_probe_us": round(res.probe_s * 1e6, 2),
-                    **probe_range_us(res),
                     "straggler_us": round(res.straggler_s * 1e6, 1),
                     "source": (f"host_overhead_us FIT by plansim calibrate ({where}): per cost-model op, "
                                f"forward+backward of tiny-op chains under autograd minus the plain per-op cost. "
                                f"host_cores: the cores the worker processes share (affinity mask), compute "
                                f"measured in {res.compute_world or res.world} process(es) at once. "
                                f"speed_probe_us: validate/probe.py's probe then, the median of {max(1, len(res.probe_draws_s))} "
-                               f"draw(s) (the compute processes' and one per collective launch); speed_probe_lo_us/_hi_us their range. "
+                               f"draw(s) (the compute processes' and one per collective launch). "
                                f"comm_busy_fraction: CPU seconds per wall second in a stream of small all-reduces "
                                f"(validate/collective_bench.busy_fraction_row). "
                                f"straggler_us: the extra wait of a 32 KiB all-reduce closing about 50 ms of "
