@@ -106,16 +106,23 @@ class Program:
         return self.plan.vpp
 
 
-def _tp_call_s(cluster: Cluster, profile: Profile, ranks: list[int], nbytes: float) -> float:
-    """One ring all-reduce of `nbytes` over the TP group (analytic: TP collectives are
-    short, frequent and on the critical path, so they are costed with the alpha-beta
-    formula on the group's bottleneck link instead of as flows), plus the call's cost."""
+def _tp_group_s(cluster: Cluster, profile: Profile, ranks: list[int], nbytes: float) -> tuple[float, float, float]:
+    """(all-reduce, all-gather, reduce-scatter) of an ``nbytes`` buffer over the TP group,
+    each with its call's cost (analytic: TP collectives are short, frequent and on the
+    critical path, so they are costed with the alpha-beta formulas on the group's
+    bottleneck link instead of as flows)."""
     n = len(ranks)
-    if n == 1:
-        return 0.0
     bw, lat, kind = group_link(cluster, ranks, profile)
-    return (cc.ring_allreduce_s(nbytes, n, bw * profile.fabric(kind).bw_eff, lat)
-            + call_latency_s(cluster, profile, ranks, "all_reduce"))
+    fab = profile.fabric(kind)
+    bw_eff = bw * fab.bw_eff
+    return (cc.ring_allreduce_s(nbytes, n, bw_eff, lat) + fab.call_s("all_reduce", n),
+            cc.allgather_s(nbytes, n, bw_eff, lat) + fab.call_s("all_gather", n),
+            cc.reduce_scatter_s(nbytes, n, bw_eff, lat) + fab.call_s("reduce_scatter", n))
+
+
+def _tp_call_s(cluster: Cluster, profile: Profile, ranks: list[int], nbytes: float) -> float:
+    """One ring all-reduce of `nbytes` over the TP group, plus the call's cost (_tp_group_s)."""
+    return 0.0 if len(ranks) == 1 else _tp_group_s(cluster, profile, ranks, nbytes)[0]
 
 
 def _overlapped_s(comm_s: float, compute_s: float, slowdown: float) -> float:
@@ -174,17 +181,12 @@ def tp_layer_comm_s(cluster: Cluster, profile: Profile, ranks: list[int], act_by
     n = len(ranks)
     if n == 1:
         return 0.0, 0.0
-    bw, lat, kind = group_link(cluster, ranks, profile)
-    fab = profile.fabric(kind)
-    bw_eff = bw * fab.bw_eff
-    ar = cc.ring_allreduce_s(act_bytes, n, bw_eff, lat) + fab.call_s("all_reduce", n)
-    ag = cc.allgather_s(act_bytes, n, bw_eff, lat) + fab.call_s("all_gather", n)
-    rs = cc.reduce_scatter_s(act_bytes, n, bw_eff, lat) + fab.call_s("reduce_scatter", n)
+    ar, ag, rs = _tp_group_s(cluster, profile, ranks, act_bytes)
     full = recompute == "full"
     overlap = profile.runtime.tp_bwd_overlap
     gemm = {o.name: op_time_s(o, gpu, eff, prec) for o in b_ops
             if o.name in ("qkv_wgrad", "mlp_up_wgrad", "qkv_dgrad", "mlp_up_dgrad", "attn_out_dgrad", "mlp_down_dgrad")}
-    slow = fab.compute_slowdown
+    slow = profile.fabric(group_kind(cluster, ranks)).compute_slowdown
     if sp and profile.runtime.tp_comm_overlap and f_ops is not None:
         fg = {o.name: op_time_s(o, gpu, eff, prec) for o in f_ops if o.kind == "gemm"}
         fwd = sum(pipelined_overlap_s(ag, fg.get(g, 0.0), n, slow) for g in ("qkv", "mlp_up")) + \
@@ -229,21 +231,14 @@ def tp_ends_comm_s(cluster: Cluster, profile: Profile, ranks: list[int], act_byt
       maximum logit, then the target logit and the sum of exponentials together)."""
     if len(ranks) == 1:
         return 0.0, 0.0
-    n = len(ranks)
-    bw, lat, kind = group_link(cluster, ranks, profile)
-    fab = profile.fabric(kind)
-    bw_eff = bw * fab.bw_eff
-    ag = cc.allgather_s(act_bytes, n, bw_eff, lat) + fab.call_s("all_gather", n)
+    ar, ag, rs = _tp_group_s(cluster, profile, ranks, act_bytes)
     fwd = bwd = 0.0
     if first:
-        fwd += _tp_call_s(cluster, profile, ranks, act_bytes)
+        fwd += ar
         bwd += ag if sp else 0.0
     if last:
-        if sp:
-            fwd += ag
-            bwd += cc.reduce_scatter_s(act_bytes, n, bw_eff, lat) + fab.call_s("reduce_scatter", n)
-        else:
-            bwd += _tp_call_s(cluster, profile, ranks, act_bytes)
+        fwd += ag if sp else 0.0
+        bwd += rs if sp else ar
         fwd += _tp_call_s(cluster, profile, ranks, tokens * 4) + _tp_call_s(cluster, profile, ranks, 2 * tokens * 4)
     return fwd, bwd
 

@@ -166,7 +166,7 @@ def collective_worker(rank: int, world: int, cfg: CollectiveConfig) -> list:
     if cfg.overhead_chain:  # in rounds, as calibration's compute worker runs it
         from validate.compute_bench import chain_drawer
         from validate.probe import in_rounds
-        got = in_rounds(world, "cuda" if dsync else "cpu", lambda: chain_drawer(torch, dev, dsync, cfg.repeats)(), None)
+        got = in_rounds(world, "cuda" if dsync else "cpu", lambda: chain_drawer(torch, dev, dsync, cfg.repeats)())
         mine = torch.tensor(got, dtype=torch.float64, device=dev)
         every = [torch.zeros_like(mine) for _ in range(world)]
         dist.all_gather(every, mine)

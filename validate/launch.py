@@ -10,9 +10,9 @@ Two ways to start:
   forkserver, a server process that imported torch once and never touches a device (CUDA
   allows forkserver as it does spawn; fork would not be safe once a parent has used CUDA):
   0.4-0.8 s a launch of 2 to 4 processes on a 2-core host against 1.7-4.3 s for
-  "spawn", a fresh interpreter per rank importing torch (2026-12-01), and on a slower
-  host the 24 launches of the CPU validation benchmark cost 80-130 s spawned
-  (benchmarks/validate_cpu.sh: 352 s spawned against 264-281 s forked, 2026-12-03).
+  "spawn", a fresh interpreter per rank importing torch (2026-12-01); on a slower host
+  the CPU validation benchmark, 24 launches, ran 352 s spawned against 259-310 s forked
+  (benchmarks/validate_cpu.sh, 2026-12-03).
   Forked workers are fresh processes all the same (their own PIDs, placement, threads
   and group); what they share with the server is torch's already-imported code, and its
   standard streams: what a worker prints goes where this process's stdout and stderr went
@@ -33,8 +33,9 @@ Two ways to start:
           -m validate.runner --model tiny --plan tp=8,dp=2 --steps 10 --out run.json
 
 Faults (processes started here): a rank that raises, exits, is killed, or has not
-returned within ``timeout_s`` ends the whole run with one ``WorkerError`` naming the rank and the cause;
-every worker is killed and reaped before it is raised, so no process is left behind.
+returned within ``timeout_s`` ends the whole run with one ``WorkerError`` naming the rank
+and the cause; every worker is killed and reaped before it is raised, so no process is
+left behind.
 Under torchrun, torchrun's own agent does that job.
 """
 from __future__ import annotations

@@ -602,9 +602,9 @@ def _pool_overhead_draws(res: MicrobenchResult, rows: list) -> None:
     launch_samples) to res.overhead_draws, and make each res.overhead figure the median
     of all the draws. Why (docs/validation-cpu.md mechanism 39): the compute worker's
     draws span its ~20 s; on the fourth host type a whole worker could sit in a slow
-    phase (run f-3: trained per-op 28.3 us in all four draws at 2 processes, 19.8 at 4
-    minutes later, the 2-process plans' compute predicted +25-36 %), while the collective
-    launches span the rest of the calibration's minutes."""
+    phase (run f-3: its four trained draws 24.9-30.0 us an op, median 28.3, at 2
+    processes, the median 19.8 at 4 minutes later; the 2-process plans' compute predicted
+    +19-36 %), while the collective launches span the rest of the calibration's minutes."""
     several = {op: ss for op, _, _, ss in res.launch_samples if op in (OVERHEAD_PLAIN_OP, OVERHEAD_TRAIN_OP)}
     if len(several) == 2:
         got = [list(p) for p in zip(several[OVERHEAD_PLAIN_OP], several[OVERHEAD_TRAIN_OP])]

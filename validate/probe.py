@@ -77,14 +77,13 @@ def probe_s(dev=None, dsync=None) -> float:
 def probe_in_rounds(world: int, kind: str, device=None, dsync=None) -> float:
     """probe_s on this rank, taken as calibration's compute is (in_rounds). Every rank of
     the world must call it."""
-    return in_rounds(world, kind, lambda: probe_s(device, dsync), 0.0)
+    return in_rounds(world, kind, lambda: probe_s(device, dsync))
 
 
-def in_rounds(world: int, kind: str, fn, idle):
+def in_rounds(world: int, kind: str, fn):
     """fn() on this rank, run as calibration's compute is: at most as many processes of
     this host at once as calibration ran its compute in (microbench.compute_processes),
-    the host's ranks in rounds, every rank at each round's barrier; ``idle`` on a rank
-    that ran nothing (none: every rank runs once). (All 4 ranks of a 4-process plan on 2
+    the host's ranks in rounds (each rank in one), every rank at each round's barrier. (All 4 ranks of a 4-process plan on 2
     cores at once would time the cores' sharing, twice the calibrated probe, not the
     host's speed.) Every rank of the world must call it."""
     import os
@@ -95,7 +94,7 @@ def in_rounds(world: int, kind: str, fn, idle):
     from validate.microbench import compute_processes
     local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     at_once = compute_processes(local, kind)
-    got = idle
+    got = None
     for r in range(-(-local // at_once)):
         dist.barrier()
         if local_rank() // at_once == r:
