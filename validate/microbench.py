@@ -564,21 +564,26 @@ def _measure_collectives(res: MicrobenchResult, world: int, coll_sizes, repeats:
                                 after_compute_sizes=after, busy_calls=BUSY_CALLS,
                                 straggler_reps=STRAGGLER_REPS if after else 0, posted=bool(after) and world % 2 == 0,
                                 probe=True, overhead_chain=True)
+        # The first launch times everything; the busy- and idle-sender streams there only
+        # (collective_bench.posted_rows): the validator's runtime has no rendezvous to price with them.
+        more = []
+        if after:
+            more = [("after-compute streams", replace(kcfg, sizes=(), ops=(), busy_calls=0, posted_busy_idle=False))
+                    ] * (AFTER_COMPUTE_LAUNCHES - 1)
+            if kcfg.posted:
+                more += [("pipeline handoffs and 2-rank all-reduce after compute",
+                          replace(kcfg, sizes=(), ops=(), busy_calls=0, group_sizes=(2,),
+                                  after_compute_ops=HANDOFF_LAUNCH_OPS, after_compute_calls=HANDOFF_LAUNCH_CALLS,
+                                  straggler_reps=0, posted_busy_idle=False))] * (POSTED_LAUNCHES - AFTER_COMPUTE_LAUNCHES)
+        plan = [("every size back to back" + (", after compute, pipeline handoffs" if after else ""), kcfg)] + more
+        got = []
         with worker_threads_env(world):
-            rows = launch(collective_worker, world, (kcfg,), timeout_s=timeout_s, backend=be_name)[0]
-            if after:
-                # The busy- and idle-sender streams in the first launch only (collective_bench.
-                # posted_rows): the validator's runtime has no rendezvous to price with them.
-                rows, res.launch_samples = _over_launches(rows, [
-                    launch(collective_worker, world, (replace(kcfg, sizes=(), ops=(), busy_calls=0,
-                                                              posted_busy_idle=False),),
-                           timeout_s=timeout_s, backend=be_name)[0] for _ in range(AFTER_COMPUTE_LAUNCHES - 1)]
-                    + ([launch(collective_worker, world, (replace(kcfg, sizes=(), ops=(), busy_calls=0, group_sizes=(2,),
-                                                                  after_compute_ops=HANDOFF_LAUNCH_OPS,
-                                                                  after_compute_calls=HANDOFF_LAUNCH_CALLS,
-                                                                  straggler_reps=0, posted_busy_idle=False),),
-                               timeout_s=timeout_s, backend=be_name)[0]
-                        for _ in range(POSTED_LAUNCHES - AFTER_COMPUTE_LAUNCHES)] if kcfg.posted else []))
+            for i, (what, cfg) in enumerate(plan):
+                say(f"collective launch {i + 1} of {len(plan)} in {world} processes: {what}")
+                got.append(launch(collective_worker, world, (cfg,), timeout_s=timeout_s, backend=be_name)[0])
+        rows = got[0]
+        if more:
+            rows, res.launch_samples = _over_launches(rows, got[1:])
         _apply_collective_rows(res, rows)
         _pool_probe_draws(res, rows)
         _pool_overhead_draws(res, rows)
