@@ -40,6 +40,11 @@ class MemoryConfig(NamedTuple):
     # freeing it after forward (runtime fsdp_reshard_after_forward; TorchTitan with pp > 1,
     # costmodel/profile.reshard_after_forward): the whole unsharded weights stay resident.
     zero3_keep_gathered: bool = False
+    # Dropout masks kept for backward (runtime.dropout; costmodel.memory.activation_bytes_per_layer).
+    dropout: bool = True
+    # With SP the column-parallel GEMMs keep their gathered input instead of the s/t slice
+    # (not runtime.sp_regather_input; costmodel.memory.activation_bytes_per_layer).
+    sp_saves_gathered: bool = False
 
 
 class ChunkSpec(NamedTuple):
@@ -58,18 +63,21 @@ def device_memory(model: ModelSpec, cfg: MemoryConfig, chunks: tuple[ChunkSpec, 
 
     ``inflight``: per candidate peak moment, the microbatches in flight on each chunk
     (one count per entry of ``chunks``). Weights, gradient buffer and optimizer states
-    cover the parameters of all chunks (ZeRO-sharded over dp); activations are the worst
-    moment's sum of count x chunk layers x one layer's activations; the last stage adds the
-    fp32 logits of one microbatch, and top-k compression an fp32 residual the size of the
-    local parameters. The per-layer and per-chunk terms are cached: the search and the
+    cover the parameters of all chunks (ZeRO-sharded over dp); at the worst moment,
+    activations are the sum of count x chunk layers x one layer's activations and 'logits'
+    what the output end keeps (final norm and output-layer inputs, the fp32 softmax) once
+    per microbatch in flight on the last chunk (GPipe's last stage: every microbatch);
+    top-k compression adds an fp32 residual the size of the local parameters. The per-layer and per-chunk terms are cached: the search and the
     heterogeneous balancer ask for the same shapes many times."""
     params = _params(model, cfg.tp, chunks)
-    held_layers = _held_layers(tuple(c.layers for c in chunks), inflight)
+    layer, head = _layer_activations(model, cfg), _head_activations(model, cfg)
+    held_layers, held_heads = _held(tuple(c.layers for c in chunks), tuple(int(c.last) for c in chunks), inflight,
+                                    layer, head)
     states = mem.model_state_bytes(params, cfg.dp, cfg.zero, cfg.precision, grad_bytes=cfg.grad_bytes)
     return {
         **states,
-        "activations": held_layers * _layer_activations(model, cfg),
-        "logits": mem.logits_bytes(cp_local(model, cfg.cp), cfg.mbs, cfg.tp) if any(c.last for c in chunks) else 0.0,
+        "activations": held_layers * layer,
+        "logits": held_heads * head,
         "topk_residual": mem.topk_residual_bytes(params) if cfg.topk else 0.0,
         "fp8_weights": params * cfg.fp8_weight_bytes,
         "fsdp_gathered": params * working_bytes(cfg.precision) if cfg.zero == 3 and cfg.zero3_keep_gathered else 0.0,
@@ -77,9 +85,13 @@ def device_memory(model: ModelSpec, cfg: MemoryConfig, chunks: tuple[ChunkSpec, 
 
 
 @lru_cache(maxsize=65536)
-def _held_layers(layers: tuple[int, ...], inflight: tuple[tuple[int, ...], ...]) -> int:
-    """Layer-activations held at the worst moment: max over moments of sum count x layers."""
-    return max((sum(n * k for n, k in zip(counts, layers)) for counts in inflight), default=0)
+def _held(layers: tuple[int, ...], heads: tuple[int, ...], inflight: tuple[tuple[int, ...], ...],
+          layer_bytes: float, head_bytes: float) -> tuple[int, int]:
+    """(layer-activations, output ends) held at the worst moment: the moment whose sum over
+    chunks of count x (layers x layer_bytes + head x head_bytes) is largest."""
+    held = [(sum(n * k for n, k in zip(counts, layers)), sum(n * h for n, h in zip(counts, heads)))
+            for counts in inflight]
+    return max(held, key=lambda lh: lh[0] * layer_bytes + lh[1] * head_bytes, default=(0, 0))
 
 
 @lru_cache(maxsize=4096)
@@ -91,7 +103,17 @@ def _layer_activations(model: ModelSpec, cfg: MemoryConfig) -> float:
     from neighbours are not kept either (backward exchanges them again)."""
     return mem.activation_bytes_per_layer(cp_local(model, cfg.cp), cfg.mbs, cfg.tp, cfg.sp, cfg.recompute,
                                           bytes_per_elem=working_bytes(cfg.precision),
-                                          flash_attention=cfg.flash_attention or cfg.cp > 1)
+                                          flash_attention=cfg.flash_attention or cfg.cp > 1,
+                                          sp_saves_gathered=cfg.sp_saves_gathered, dropout=cfg.dropout)
+
+
+@lru_cache(maxsize=4096)
+def _head_activations(model: ModelSpec, cfg: MemoryConfig) -> float:
+    """Bytes the output end of the stack keeps per in-flight microbatch on the last stage
+    (costmodel.memory.head_activation_bytes), for the device's seq/cp tokens."""
+    return mem.head_activation_bytes(cp_local(model, cfg.cp), cfg.mbs, cfg.tp, cfg.sp,
+                                     bytes_per_elem=working_bytes(cfg.precision),
+                                     sp_saves_gathered=cfg.sp_saves_gathered)
 
 
 def cp_local(model: ModelSpec, cp: int) -> ModelSpec:

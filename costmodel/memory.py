@@ -22,7 +22,7 @@ _LSE_BYTES = DTYPE_BYTES["fp32"]
 
 def activation_bytes_per_layer(
     model: ModelSpec, mbs: int, tp: int, sp: bool, recompute: str, *, bytes_per_elem: int = 2,
-    flash_attention: bool = False,
+    flash_attention: bool = False, sp_saves_gathered: bool = False, dropout: bool = True,
 ) -> float:
     """Activation bytes one layer keeps from forward to backward, per device, one microbatch.
 
@@ -50,6 +50,25 @@ def activation_bytes_per_layer(
     5*a*s^2*b/t, i.e. Table 2's s*b*h*(10 + 24/t + 5*a*s/(h*t)); SP divides the replicated
     part by t too (34/t). t=1 gives the unparallelised 34 + 5*a*s/h.
 
+    ``sp_saves_gathered``: with SP, the two column-parallel GEMMs (QKV, MLP-up) keep their
+    all-gathered input [s, b, h] for the weight gradient instead of Megatron's s/t slice
+    that backward gathers again (profile runtime ``sp_regather_input`` false, as the
+    project's validator runs): those two e*sbh terms stay whole, 2e*sbh + (2e+2)*sbh/t
+    of the replicated part.
+
+    Grouped-query attention with more than one K/V group on a rank: the fused projection's
+    output is laid out per group (its query heads, then its key and value heads), so the
+    query heads of several groups are not one strided view and reshaping them copies
+    (Megatron-Core transformer/attention.py, get_query_key_value_tensors: torch.split
+    along the per-group dim, then query.reshape); attention keeps that copy, and the key
+    and value views keep the whole projection output: e*sbh/t more. With one group per
+    rank (or one query head per group, MHA) the query is a view and nothing is added.
+
+    ``dropout`` false (hidden and attention dropout off, as Llama-style recipes and the
+    project's validator train): no masks and no attention-dropout output; the softmax
+    output feeds the probabilities x V GEMM directly, e*a*s^2*b/t. GPT with e=2:
+    s*b*h*(8 + 24/t) + 2*a*s^2*b/t without SP, 32*s*b*h/t + 2*a*s^2*b/t with it.
+
     Full recompute keeps only the layer input, e*sbh (Table 2: 2sbh). With SP the layer
     input is Megatron's sequence-parallel slice [s/t, b, h], so we divide it by t; Table 2's
     2sbh row is for plain TP.
@@ -71,16 +90,28 @@ def activation_bytes_per_layer(
 
     g, f = model.kv_hidden, model.ffn
     act_in = 2 * f if model.activation == "swiglu" else f
-    replicated = 4 * e * sbh + 2 * _MASK_BYTES * sbh  # two LN inputs, QKV and MLP-up inputs, two masks
+    gemm_inputs = 2 * e * sbh  # the QKV and MLP-up GEMM inputs
+    # SP splits these two only where backward gathers them again (see sp_saves_gathered).
+    kept_whole = gemm_inputs if sp and sp_saves_gathered else 0
+    masks = _MASK_BYTES if dropout else 0
+    replicated = 2 * e * sbh + 2 * masks * sbh + gemm_inputs - kept_whole  # + two LN inputs, two masks
     split = e * s * b * (h + g) + e * s * b * g + e * sbh + e * s * b * (act_in + f)
+    if model.kv_groups // t > 1 and a_per_group(model) > 1:
+        split += e * sbh  # the query heads copied out of the grouped projection (docstring)
     a = model.num_attention_heads
     if recompute == "selective":
         attn_scores = 0
     elif flash_attention:
         attn_scores = a * s * b * _LSE_BYTES
     else:
-        attn_scores = a * s * s * b * (2 * e + _MASK_BYTES)
-    return replicated / replicated_div + (split + attn_scores) / t
+        # softmax output; with dropout also its mask and the dropout's output
+        attn_scores = a * s * s * b * (2 * e + _MASK_BYTES if dropout else e)
+    return kept_whole + replicated / replicated_div + (split + attn_scores) / t
+
+
+def a_per_group(model: ModelSpec) -> int:
+    """Query heads per K/V group (1: multi-head attention)."""
+    return model.num_attention_heads // model.kv_groups
 
 
 def model_state_bytes(params: float, dp: int, zero: int, precision: str = "bf16",
@@ -136,9 +167,26 @@ def stage_params(model: ModelSpec, layers: int, tp: int, first: bool, last: bool
 
 
 def logits_bytes(model: ModelSpec, mbs: int, tp: int) -> float:
-    """fp32 logits of one microbatch on one TP rank, s*b*V/t*4 bytes: the transient peak of
-    the last stage while the vocab-parallel cross entropy runs."""
+    """fp32 softmax of one microbatch's logits on one TP rank, s*b*V/t*4 bytes, which the
+    vocabulary-parallel cross entropy keeps for its backward (Megatron-Core
+    tensor_parallel/cross_entropy.py, VocabParallelCrossEntropy: save_for_backward(exp_logits,
+    ...) after normalising in place)."""
     return model.seq_length * mbs * model.vocab_size / tp * DTYPE_BYTES["fp32"]
+
+
+def head_activation_bytes(model: ModelSpec, mbs: int, tp: int, sp: bool, *, bytes_per_elem: int = 2,
+                          sp_saves_gathered: bool = False) -> float:
+    """What the output end of the stack keeps per microbatch in flight on the last stage:
+    the final LayerNorm's input (e*sbh, /t with SP), the output layer's GEMM input (e*sbh:
+    a column-parallel GEMM, /t with SP unless it keeps the gathered input, as the layers'
+    do: activation_bytes_per_layer) and the fp32 softmax of the logits (logits_bytes).
+    Held until that microbatch's backward, so a schedule that runs many forwards before
+    their backwards (GPipe) holds it many times."""
+    check_sizes(mbs, tp, bytes_per_elem)
+    sbh, e = model.seq_length * mbs * model.hidden_size, bytes_per_elem
+    split = tp if sp else 1
+    gemm_in = e * sbh if sp_saves_gathered else e * sbh / split
+    return e * sbh / split + gemm_in + logits_bytes(model, mbs, tp)
 
 
 def topk_residual_bytes(params: float) -> float:

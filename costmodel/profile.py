@@ -161,6 +161,11 @@ class RuntimeSettings:
     # backward for the weight gradient (Megatron-Core tensor_parallel/layers.py,
     # LinearWithGradAccumulationAndAsyncCommunication.backward); false: the gathered input was saved.
     sp_regather_input: bool = True
+    # Dropout on (hidden and attention dropout p > 0: Megatron-LM's --hidden-dropout and
+    # --attention-dropout default to 0.1, megatron/training/arguments.py): its
+    # masks are kept for backward (Korthikanti et al. 2022 Table 2 counts them); false for
+    # recipes that train without dropout (Llama-style) and the project's validator.
+    dropout: bool = True
     fused_bias_dropout_add: bool = True  # bias + dropout + residual add in one kernel
     grad_accumulation_fusion: bool = True  # weight-gradient GEMMs accumulate into the grad buffer
     flash_attention: bool = False  # fused attention: no s x s scores in HBM

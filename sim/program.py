@@ -418,7 +418,8 @@ def memory_config(plan: Plan, runtime: RuntimeSettings) -> MemoryConfig:
                         grad_bytes=grad_reduce_bytes(plan.precision, runtime),
                         topk=plan.topk_fraction is not None, flash_attention=runtime.flash_attention,
                         fp8_weight_bytes=fp8_weight_bytes(plan.precision, runtime),
-                        cp=plan.cp, zero3_keep_gathered=not reshard_after_forward(runtime, plan.pp))
+                        cp=plan.cp, zero3_keep_gathered=not reshard_after_forward(runtime, plan.pp),
+                        sp_saves_gathered=plan.sp and not runtime.sp_regather_input, dropout=runtime.dropout)
 
 
 def stage_chunks(plan: Plan, stage: int) -> tuple[ChunkSpec, ...]:

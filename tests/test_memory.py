@@ -124,3 +124,99 @@ def test_fp32_gradient_buffer_makes_18_bytes_per_param():
     assert sum(st.values()) == 18e9
     st = model_state_bytes(1e9, dp=8, zero=1, precision="bf16", grad_bytes=4)
     assert sum(st.values()) == 2e9 + 4e9 + 12e9 / 8
+
+
+def test_sp_saved_gathered_inputs_by_hand():
+    """With SP where backward does not gather the GEMM inputs again (the validator's runner:
+    runtime sp_regather_input false), the QKV and MLP-up inputs are kept whole [s, b, h].
+    Tiny GQA+SwiGLU, b=1, t=2, 16-bit: those two 2*2*32 = 128 B whole; LN inputs and masks
+    (2*2*32 + 2*32 = 192) / 2 = 96; split 240 and scores 160 as above: 624, i.e. 64 B more
+    than Megatron's 560. 22B, b=4, t=8: 4 sbh + (6 + 24) sbh/8 + 5as^2b/8."""
+    assert activation_bytes_per_layer(TINY, 1, 2, True, "none", sp_saves_gathered=True) == 624
+    assert activation_bytes_per_layer(GPT_22B, 4, 8, True, "none", sp_saves_gathered=True) == \
+        SBH * 4 + SBH * 30 // 8 + ATT // 8 == 1_061_158_912
+    # Without SP nothing is split along the sequence: the flag changes nothing; full
+    # recompute keeps only the layer input (the s/t slice).
+    assert activation_bytes_per_layer(TINY, 1, 2, False, "none", sp_saves_gathered=True) == 720
+    assert activation_bytes_per_layer(GPT_22B, 4, 8, True, "full", sp_saves_gathered=True) == 12_582_912
+
+
+def test_sp_saved_inputs_reach_the_device_peak():
+    """End to end through sim.program.stage_memory: tp=8, sp, pp=2 1F1B on the 22B model
+    (48 layers, 24 a stage; stage 0 holds 2 microbatches in flight, pp=2), the runtime
+    that saves gathered inputs has exactly 24 x 2 x (4 sbh - 4 sbh/8) more activations than
+    Megatron's; nothing else moves."""
+    from dataclasses import replace
+
+    from costmodel.profile import load_profile
+    from sim.program import stage_memory
+    from specs.plan import resolve_plan
+
+    model = replace(GPT_22B, global_batch_size=32)
+    plan = resolve_plan("tp=8,pp=2,dp=1,mbs=4,sp=true", model, 16)
+    megatron = load_profile(None).runtime
+    assert megatron.sp_regather_input
+    saved = replace(megatron, sp_regather_input=False)
+    m = plan.mb_shares[0]
+    a, b = stage_memory(model, plan, megatron, 0, m), stage_memory(model, plan, saved, 0, m)
+    assert b["activations"] - a["activations"] == 24 * 2 * (4 * SBH - 4 * SBH / 8)
+    assert {k: v for k, v in a.items() if k != "activations"} == {k: v for k, v in b.items() if k != "activations"}
+
+
+def test_no_dropout_by_hand():
+    """Without dropout no masks are kept and the softmax output feeds the probabilities x V
+    GEMM directly. 22B, b=4, t=8, 16-bit: Korthikanti's sbh*(10 + 24/8) + 5as^2b/8 loses
+    the two 1-byte hidden masks (2 sbh) and, of the 5as^2b/8 scores term, the 1-byte mask
+    and the 2-byte dropout output: sbh*(8 + 3) + 2as^2b/8."""
+    got = activation_bytes_per_layer(GPT_22B, 4, 8, False, "none", dropout=False)
+    assert got == SBH * 11 + ATT * 2 // 5 // 8 == 822_083_584
+    # With SP the replicated part is split too: 32 sbh/8 + 2as^2b/8; flash attention keeps
+    # the log-sum-exp either way (no scores, no masks).
+    assert activation_bytes_per_layer(GPT_22B, 4, 8, True, "none", dropout=False) == SBH * 4 + ATT * 2 // 5 // 8
+    assert activation_bytes_per_layer(GPT_22B, 4, 8, True, "none", dropout=False, flash_attention=True) == \
+        SBH * 4 + 4 * 64 * 2048 * 4 // 8
+
+
+def test_grouped_query_copy_by_hand():
+    """Tiny GQA (4 query heads in 2 K/V groups), t=1: both groups on one rank, so the query
+    heads are copied out of the grouped projection, e*sbh = 2*32 = 64 B more than the 720 of
+    test_gqa_swiglu_by_hand (t=2 there: one group a rank, no copy). Multi-head attention
+    (one query head a group) never copies."""
+    base = activation_bytes_per_layer(TINY, 1, 1, False, "none")
+    replicated, split, scores = 4 * 2 * 32 + 2 * 32, 480, 4 * 16 * 5
+    assert base == replicated + split + 64 + scores == 1184
+    # MHA, h=8, 4 heads, f=32 (gelu), s=4: replicated 320; Q,K 2*4*16 + V 64 + attention-out
+    # input 64 + MLP 2*(2*4*32) = 768; scores 320: 1408, no copy.
+    mha = ModelSpec("mha", 2, 8, 4, 4, 16, 1)
+    assert activation_bytes_per_layer(mha, 1, 1, False, "none") == 320 + 768 + 320 == 1408
+
+
+def test_output_end_bytes_by_hand():
+    """The last stage's output end per microbatch: final norm input and logits-GEMM input
+    (e*sbh each, both /t with SP) and the fp32 softmax s*b*V/t*4. 22B, b=4, t=8, 16-bit:
+    2*2*sbh + 4*2048*4*51200/8 = 201,326,592 + 209,715,200; with SP: /8 on the first two;
+    with SP and the gathered GEMM input saved, that one stays whole."""
+    from costmodel.memory import head_activation_bytes
+    assert head_activation_bytes(GPT_22B, 4, 8, False) == 4 * SBH + 209_715_200 == 411_041_792
+    assert head_activation_bytes(GPT_22B, 4, 8, True) == 4 * SBH / 8 + 209_715_200
+    assert head_activation_bytes(GPT_22B, 4, 8, True, sp_saves_gathered=True) == 2 * SBH / 8 + 2 * SBH + 209_715_200
+
+
+def test_gpipe_last_stage_holds_every_output_end():
+    """device_memory: GPipe's last stage holds all m microbatches' output ends (each keeps its
+    softmax until its backward), 1F1B's one. 22B, tp=8, pp=2 (24 layers a stage), 8
+    microbatches of 4: logits = 8 x head vs 1 x head; activations 8 x 24 vs 1 x 24 layers
+    (1F1B's last stage runs each forward's backward next)."""
+    from costmodel.memory import head_activation_bytes
+    from costmodel.profile import load_profile
+    from sim.program import stage_memory
+    from specs.plan import resolve_plan
+
+    model = ModelSpec("gpt-22b", 48, 6144, 64, 2048, 51200, 32)
+    rt = load_profile(None).runtime
+    head = head_activation_bytes(model, 4, 8, False)
+    layer = activation_bytes_per_layer(model, 4, 8, False, "none")
+    for schedule, held in (("gpipe", 8), ("1f1b", 1)):
+        plan = resolve_plan(f"tp=8,pp=2,dp=1,mbs=4,schedule={schedule}", model, 16)
+        mem = stage_memory(model, plan, rt, 1, plan.mb_shares[0])
+        assert mem["logits"] == held * head and mem["activations"] == held * 24 * layer, schedule

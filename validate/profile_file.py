@@ -51,6 +51,7 @@ def runtime_facts(kind: str) -> dict:
         "tp_bwd_overlap": False,
         # autograd saves the sequence-gathered input of each column-parallel GEMM (validate/tp.py)
         "sp_regather_input": False,
+        "dropout": False,  # validate/gpt.py has none: no masks kept for backward
         "fused_bias_dropout_add": True,
         "grad_accumulation_fusion": False,
         "flash_attention": True,
