@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import replace
 
 from costmodel.errors import InputError
 
@@ -93,7 +94,8 @@ def validate_plans(topology: str, model_name: str, plans: list[str], profiles: d
     from specs.model import load_model
     from validate.backend import require_torch
     from sim.core_sharing import slowed_profile
-    from validate.compare import compare
+    from validate.compare import compare, predicted_saved_bytes, saved_activations
+    from validate.profile_file import runtime_facts
     from validate.probe import drift_factor
 
     model = load_model(model_name)
@@ -133,8 +135,12 @@ def validate_plans(topology: str, model_name: str, plans: list[str], profiles: d
         drift = drift_factor(rec.speed_probe_s, profile.runtime.speed_probe_us)
         applied = drift_correction and drift is not None
         sim = simulate(model, plan, cluster, slowed_profile(profile, drift) if applied else profile, record=record)
+        # The run is the project's runner whatever the profile: its memory follows the
+        # runner's facts (no dropout, gathered SP inputs saved), not the profile's framework.
+        runner_rt = replace(profile.runtime, **runtime_facts("cuda" if rec.backend == "nccl" else "cpu"))
+        saved = saved_activations(rec, predicted_saved_bytes(model, plan, runner_rt, rec.per_rank), plan)
         out.append(compare(rec, sim, drift=drift, drift_applied=applied,
-                           calibrated_probe_s=profile.runtime.speed_probe_us * 1e-6))
+                           calibrated_probe_s=profile.runtime.speed_probe_us * 1e-6, saved=saved))
     return out
 
 

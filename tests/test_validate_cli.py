@@ -169,6 +169,13 @@ def test_calibrate_and_validate_smoke(tmp_path, capsys):
     assert len(d["measured_step_times_s"]) == 6 and len(d["launch_medians_s"]) == 2
     for k, med in enumerate(d["launch_medians_s"]):
         assert med == pytest.approx(sorted(d["measured_step_times_s"][3 * k:3 * k + 3])[1])
+    # Activations kept for backward, measured in the warm-up step: dp=2 of tiny keeps 2,297,856
+    # B by the cost model (4 layers x 525,312 + the output end's 196,608; fp32, no dropout,
+    # fused attention) and 4,612 B more for real (costmodel/memory.py leaves out LayerNorm's
+    # fp32 mean and rstd, 9 norms x 2 x 64 tokens x 4 B, and the loss's 4-byte weight sum).
+    am = d["activation_memory"]
+    assert am["predicted_bytes"] == 4 * 525_312 + 196_608 == 2_297_856
+    assert am["measured_bytes"] == 2_297_856 + 9 * 2 * 64 * 4 + 4
     # The report: table, both traces (measured and simulated, same layout), calibration curves.
     for name in ("index.html", "report.md", "validation.csv", "trace-1-measured.json", "trace-1-simulated.json"):
         assert (rep / name).is_file()

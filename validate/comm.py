@@ -70,7 +70,12 @@ class Comm:
         return out
 
     def split(self, t, dim: int):
-        """This member's 1/size slice along ``dim`` (no communication)."""
+        """This member's 1/size slice along ``dim`` (no communication), in storage of its
+        own: a view would keep the whole tensor alive for as long as the slice is saved
+        for backward (Megatron-Core's embedding clones its sequence-parallel slice for that
+        reason: models/common/embeddings/language_model_embedding.py,
+        clone_scatter_output_in_embedding)."""
         if self.size == 1:
             return t
-        return t.chunk(self.size, dim=dim)[self.index].contiguous()
+        import torch
+        return t.chunk(self.size, dim=dim)[self.index].clone(memory_format=torch.contiguous_format)

@@ -30,6 +30,9 @@ class Comparison:
     drift: float | None = None
     drift_applied: bool = False
     calibrated_probe_s: float = 0.0
+    # Activations kept for backward, measured on the first step (validate/saved_bytes.py)
+    # and predicted by the cost model's memory (costmodel/device_memory.py), per rank.
+    saved: dict = field(default_factory=dict)
 
     @property
     def error_pct(self) -> float:
@@ -54,7 +57,8 @@ class Comparison:
                                 # each launch's (before, after its steps), seconds
                                 "launches_s": [[float(x) for x in p] for p in self.record.get("launch_probes_s", [])],
                                 "calibrated_s": self.calibrated_probe_s, "drift_factor": self.drift,
-                                "applied": self.drift_applied}}
+                                "applied": self.drift_applied},
+                "activation_memory": self.saved}
 
     def launch_spread_pct(self) -> float | None:
         """How far apart the launches' medians were: (slowest / fastest - 1) x 100, or None
@@ -75,10 +79,49 @@ class Comparison:
         return {k: float(max(r.get(k, 0.0) for r in ranks)) for k in keys}
 
 
+# Why a plan's measured activations are not the cost model's kind (costmodel/device_memory.py).
+_SAVED_APART = {
+    "cp": "context parallelism: the runner's ring attention is autograd's, which keeps every received K/V "
+          "block and each block's output; Transformer Engine's, which the cost model follows, exchanges the "
+          "blocks again in backward",
+    "zero3": "ZeRO-3: the layers' gathered weights are saved for backward beside the activations",
+}
+
+
+def saved_activations(record, predicted: dict[int, float], plan) -> dict:
+    """Measured vs predicted activations kept for backward: every rank's pair and the
+    busiest measured rank's, with the error (predicted over measured); {} when the run did
+    not measure them (no warm-up step)."""
+    ranks = [(int(r["rank"]), int(r.get("saved_activation_bytes", 0))) for r in record.per_rank]
+    if not ranks or not any(b for _, b in ranks):
+        return {}
+    rank, got = max(ranks, key=lambda rb: (rb[1], -rb[0]))
+    out = {"rank": rank, "measured_bytes": got, "predicted_bytes": float(predicted[rank]),
+           "error_pct": 100.0 * (float(predicted[rank]) / got - 1.0) if got else None,
+           "per_rank": [[r, b, float(predicted[r])] for r, b in ranks]}
+    apart = [why for key, why in _SAVED_APART.items() if (key == "cp" and plan.cp > 1) or
+             (key == "zero3" and plan.zero >= 3)]
+    if apart:
+        out["not_comparable"] = "; ".join(apart)
+    return out
+
+
+def predicted_saved_bytes(model, plan, runtime, per_rank: list[dict]) -> dict[int, float]:
+    """The cost model's activations kept for backward (layers' and the output end's) on
+    each measured rank: sim.program.stage_memory of its stage, with its replica's
+    microbatches."""
+    from sim.program import stage_memory
+    out = {}
+    for r in per_rank:
+        mem = stage_memory(model, plan, runtime, int(r["stage"]), plan.mb_shares[int(r["dp_rank"])])
+        out[int(r["rank"])] = mem["activations"] + mem["logits"]
+    return out
+
+
 def compare(record, sim: StepResult, *, drift: float | None = None, drift_applied: bool = False,
-            calibrated_probe_s: float = 0.0) -> Comparison:
+            calibrated_probe_s: float = 0.0, saved: dict | None = None) -> Comparison:
     """Pair a run record with the simulated step of the same plan (simulated with the
-    profile slowed by ``drift`` when ``drift_applied``)."""
+    profile slowed by ``drift`` when ``drift_applied``); ``saved``: saved_activations'."""
     measured = dict(record.phases_s)
     phases = {c: {"measured_s": float(measured.get(c, 0.0)), "predicted_s": float(sim.breakdown.get(c, 0.0))}
               for c in CATEGORIES}
@@ -87,7 +130,7 @@ def compare(record, sim: StepResult, *, drift: float | None = None, drift_applie
                       predicted_step_time_s=float(sim.step_time_s),
                       p10_step_time_s=float(record.p10_step_time_s), p90_step_time_s=float(record.p90_step_time_s),
                       phases=phases, record=record.to_dict(), sim=sim, drift=drift, drift_applied=drift_applied,
-                      calibrated_probe_s=calibrated_probe_s)
+                      calibrated_probe_s=calibrated_probe_s, saved=saved or {})
 
 
 # Fields every plan of benchmarks/validate_cpu.sh shares (mbs=1, degrees of 1, the runner's
@@ -214,6 +257,12 @@ def format_comparison(c: Comparison) -> str:
                "not applied" if c.drift is not None else f"outside {DRIFT_MIN:g}..{DRIFT_MAX:g}, not applied")
         lines.append(f"  host speed probe: {run_probe * 1e3:.2f} ms before the run, {c.calibrated_probe_s * 1e3:.2f} ms "
                      f"at calibration ({how})")
+    if c.saved:
+        sv = c.saved
+        lines.append(f"  activations kept for backward (first step, busiest rank {sv['rank']}): measured "
+                     f"{sv['measured_bytes'] / 2**20:.3f} MiB, predicted {sv['predicted_bytes'] / 2**20:.3f} MiB"
+                     + (f" ({sv['error_pct']:+.1f} %)" if sv.get("error_pct") is not None else "")
+                     + (f"; not the cost model's kind: {sv['not_comparable']}" if sv.get("not_comparable") else ""))
     host = c.host_per_step()
     if host:
         lines.append("  host per step (busiest rank, median): "

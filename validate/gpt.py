@@ -31,6 +31,43 @@ from costmodel.shapes import ModelSpec
 from validate.comm import Comm
 from validate.tp import enter, leave, scatter_seq, vocab_cross_entropy, vocab_embedding
 
+def _torch_at_least(major: int, minor: int) -> bool:
+    import torch
+    got = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
+    return got >= (major, minor)
+
+
+# scaled_dot_product_attention(enable_gqa=...) exists from torch 2.5.
+_SDPA_GQA = _torch_at_least(2, 5)
+_SWIGLU = None
+
+
+def swiglu(gate, up):
+    """silu(gate) * up keeping only its two inputs for backward, as Megatron-Core's fused
+    SwiGLU does (megatron/core/fusions/fused_bias_swiglu.py, SwiGLUFunction): autograd's
+    own ops would also keep silu(gate), a third tensor of the MLP's width (the cost model
+    counts two, costmodel/memory.py). Backward: d up = g silu(gate); d gate = g up
+    sigmoid(gate) (1 + gate (1 - sigmoid(gate)))."""
+    global _SWIGLU
+    if _SWIGLU is None:
+        import torch
+
+        class _SwiGLU(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, a, b):
+                ctx.save_for_backward(a, b)
+                return torch.nn.functional.silu(a) * b
+
+            @staticmethod
+            def backward(ctx, g):
+                a, b = ctx.saved_tensors
+                sig = torch.sigmoid(a)
+                return g * b * sig * (1 + a * (1 - sig)), g * a * sig
+
+        _SWIGLU = _SwiGLU
+    return _SWIGLU.apply(gate, up)
+
+
 INIT_STD = 0.02  # GPT-2/GPT-3 initialisation (Radford et al. 2019, Sec. 2.3)
 LN_EPS = 1e-5
 
@@ -200,6 +237,8 @@ class GPTChunk:
         import torch.nn.functional as F
         rep = self.heads // self.groups
         if rep > 1:  # grouped-query attention: each K/V head serves `rep` query heads
+            if _SDPA_GQA:  # natively, as fused attention kernels do: K and V kept once
+                return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
             k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
         return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
@@ -209,7 +248,7 @@ class GPTChunk:
         h = enter(h, self.comm, self.sp)
         u = F.linear(h, P[p + "fc1.w"], P[p + "fc1.b"])
         if self.model.activation == "swiglu":
-            u = F.silu(F.linear(h, P[p + "gate.w"], P[p + "gate.b"])) * u
+            u = swiglu(F.linear(h, P[p + "gate.w"], P[p + "gate.b"]), u)
         else:
             u = F.gelu(u)
         return leave(F.linear(u, P[p + "fc2.w"]), self.comm, self.sp) + P[p + "fc2.b"]

@@ -3,8 +3,8 @@
 ``RunRecord.from_workers`` turns what every worker measured into the record the
 contract (VALIDATOR.md) fixes: the slowest rank's wall time per step, its median and
 spread after warm-up, per-phase times in the simulator's categories (sim/result.py
-CATEGORIES, ``cp`` included) so measured and predicted pair one to one, per-rank peak memory and bytes
-sent, losses, and the last step's segments.
+CATEGORIES, ``cp`` included) so measured and predicted pair one to one, per-rank peak memory, saved activations
+and bytes sent, losses, and the last step's segments.
 
 ``timeline(record)`` gives an object with the attributes reports/trace.trace_events
 reads from a simulated StepResult (devices with rank/stage/gpu/pipeline/represents,
@@ -114,7 +114,8 @@ class RunRecord:
             ranks = [r.per_rank[i] for r in records]
             per_rank.append({**pr, "phases_s": mean_of([x["phases_s"] for x in ranks]),
                              "host_per_step": mean_of([x.get("host_per_step", {}) for x in ranks]),
-                             "peak_memory_bytes": max(int(x["peak_memory_bytes"]) for x in ranks)})
+                             "peak_memory_bytes": max(int(x["peak_memory_bytes"]) for x in ranks),
+                             "saved_activation_bytes": max(int(x.get("saved_activation_bytes", 0)) for x in ranks)})
         probes = [r.speed_probe_s for r in records]
         return replace(
             first, steps=sum(r.steps for r in records), created_utc=records[-1].created_utc,
@@ -149,6 +150,9 @@ class RunRecord:
                 "cp_rank": w.get("cp_rank", 0),
                 "phases_s": _median_over_steps(ph_steps),
                 "peak_memory_bytes": int(w["peak_memory_bytes"]),
+                # the first step's peak of tensors saved for backward (validate/saved_bytes.py;
+                # 0: not measured)
+                "saved_activation_bytes": int(w.get("saved_activation_bytes", 0)),
                 # median over the measured steps (validate/runner.host_counters)
                 "host_per_step": _median_over_steps([w["steps"][j].get("host", {}) for j in measured]),
                 "bytes_sent": {k: float(w["steps"][measured[-1]]["bytes_sent"].get(k, 0.0))

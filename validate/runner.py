@@ -40,6 +40,7 @@ from validate.backend import pick_backend
 from validate.launch import launch, local_rank
 from validate.probe import probe_in_rounds
 from validate.record import RunRecord
+from validate.saved_bytes import SavedBytes
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,9 @@ class RunConfig:
     backend: str | None
     bucket_bytes: float = BUCKET_BYTES
     capture: bool = False  # return the first step's reduced gradients and final weights (tests)
+    # Measure the first step's saved activations (validate/saved_bytes.py): its hooks cost a
+    # Python call per saved tensor, so plansim validate asks only when that step is a warm-up.
+    saved_bytes: bool = False
 
 
 def coords(plan: Plan, rank: int) -> tuple[int, int, int]:
@@ -206,7 +210,7 @@ def _worker(rank: int, world: int, model: ModelSpec, plan: Plan, cfg: RunConfig)
     loss_scale = plan.mbs / model.global_batch_size / plan.cp
     holds_loss = s == p - 1 and t == 0
     split = ring.split if ring is not None else (lambda x: x)
-    steps, losses, grads = [], [], None
+    steps, losses, grads, saved_peak = [], [], None, 0
     # The host's speed right before and after the steps, every rank at once (validate/probe.py):
     # the validator compares it with the profile's calibration.
     dsync = torch.cuda.synchronize if be.kind == "cuda" else None
@@ -220,7 +224,14 @@ def _worker(rank: int, world: int, model: ModelSpec, plan: Plan, cfg: RunConfig)
         ru0 = resource.getrusage(resource.RUSAGE_SELF)
         rec.begin_step()
         reducer.begin_step()
-        loss = stage.run(acts, mbs, loss_scale)
+        if step == 0 and cfg.saved_bytes and plan.zero < 3:  # ZeRO-3's gathered weights are not activations
+            meter = SavedBytes([p_ for ch in chunks.values() for p_ in ch.params.values()]
+                               + [tokens] + [x for pair in mbs for x in pair])
+            with meter.track():
+                loss = stage.run(acts, mbs, loss_scale)
+            saved_peak = meter.peak
+        else:
+            loss = stage.run(acts, mbs, loss_scale)
         if sp:  # norms and row-parallel biases saw only this rank's part of the sequence
             names = [n for ch in chunks.values() for n in ch.params if n in late and n != "wte"]
             flat = torch.cat([reducer.grad_view(n).reshape(-1) for n in names])
@@ -252,7 +263,7 @@ def _worker(rank: int, world: int, model: ModelSpec, plan: Plan, cfg: RunConfig)
     out = {"rank": rank, "stage": s, "tp_rank": t, "dp_rank": d, "cp_rank": c_idx, "steps": steps,
            "probe_s": probes,
            "segments": segments, "losses": losses,
-           "peak_memory_bytes": _peak_memory_bytes(be.kind, device)}
+           "peak_memory_bytes": _peak_memory_bytes(be.kind, device), "saved_activation_bytes": saved_peak}
     if cfg.capture:
         out["grads"] = grads
         out["weights"] = reducer.gathered_weights() if plan.zero >= 3 else {
@@ -348,7 +359,9 @@ def run_plans(model: ModelSpec, plans: list[Plan], *, steps: int = 10, warmup: i
     if steps < 1 or warmup < 0:
         raise InputError("--steps", "steps", f"need steps >= 1 and warmup >= 0 (got {steps}, {warmup})")
     be = pick_backend(backend)
-    cfg = RunConfig(steps=steps, warmup=warmup, seed=seed, backend=be.name)
+    # The saved activations are measured in the first step when it is a warm-up (its hooks
+    # cost time: validate/saved_bytes.py).
+    cfg = RunConfig(steps=steps, warmup=warmup, seed=seed, backend=be.name, saved_bytes=warmup >= 1)
     per_run = run_workers_many([(model, plan, cfg) for plan in plans], timeout_s * len(plans))
     if per_run is None:
         return None

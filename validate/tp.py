@@ -22,7 +22,8 @@ VocabParallelCrossEntropy): the token embedding is split along the vocabulary, r
 - the logits are the column-parallel GEMM of ``enter``'s output with the rank's rows;
 - ``vocab_cross_entropy``: the loss from the split logits with two small all-reduces
   forward, the maximum per token (for a stable exponential) and one sum of each token's
-  [target logit, sum of exponentials] pair; backward needs no communication.
+  [target logit, sum of exponentials] pair; it keeps only the softmax for backward,
+  which needs no communication.
 Activations are [batch, sequence, hidden]; the sequence is dim 1.
 """
 from __future__ import annotations
@@ -72,7 +73,31 @@ def _fn_classes():
         def backward(ctx, g):
             return ctx.comm.all_gather(g, SEQ_DIM, "all-gather (sp scatter, bwd)"), None
 
-    return _Enter, _Leave, _ScatterSeq
+    class _VocabCrossEntropy(torch.autograd.Function):
+        """Per-token loss from this rank's logit columns z [N, V/t] (vocab_cross_entropy)."""
+
+        @staticmethod
+        def forward(ctx, z, t, comm: Comm):
+            m = comm.all_reduce(z.amax(dim=-1), "all-reduce (logits max)", maximum=True)
+            lo = comm.index * z.shape[-1]
+            mine = (t >= lo) & (t < lo + z.shape[-1])
+            col = (t - lo).masked_fill(~mine, 0)
+            soft = (z - m.unsqueeze(-1)).exp_()
+            picked = (z.gather(1, col.unsqueeze(1)).squeeze(1) - m) * mine
+            both = comm.all_reduce(torch.stack((picked, soft.sum(dim=-1))), "all-reduce (loss terms)")
+            soft.div_(both[1].unsqueeze(-1))
+            ctx.save_for_backward(soft, mine, col)
+            return both[1].log() - both[0]
+
+        @staticmethod
+        def backward(ctx, g):
+            soft, mine, col = ctx.saved_tensors
+            # softmax - onehot(target) on the rank holding the target's column, in place:
+            # the saved softmax is not needed again.
+            soft[torch.arange(soft.shape[0], device=soft.device), col] -= mine.to(soft.dtype)
+            return soft.mul_(g.unsqueeze(-1)), None, None
+
+    return _Enter, _Leave, _ScatterSeq, _VocabCrossEntropy
 
 
 _CLASSES = None
@@ -123,18 +148,12 @@ def vocab_cross_entropy(logits, targets, comm: Comm | None):
     """Mean cross entropy of the tokens whose logits [.., V/t] over this rank's vocabulary
     rows are ``logits`` (targets: global token ids), the same value on every TP rank.
     Loss of a token = log(sum_v exp(z_v - m)) - (z_target - m) with m the token's
-    maximum logit over the whole vocabulary (the shift cancels in the value and, m being
-    a constant to autograd, in the gradient)."""
-    import torch
+    maximum logit over the whole vocabulary. As Megatron's fused loss, it keeps only the
+    softmax of its columns (fp32, normalised in place) and the target's position for
+    backward, whose input gradient is softmax - onehot(target) (costmodel/memory.py
+    logits_bytes counts that one tensor); autograd's own ops would also keep the shifted
+    logits (gather saves its input)."""
     import torch.nn.functional as F
     if comm is None or comm.size == 1:
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
-    z = logits.reshape(-1, logits.shape[-1])
-    t = targets.reshape(-1)
-    m = comm.all_reduce(z.detach().amax(dim=-1), "all-reduce (logits max)", maximum=True)
-    z = z - m.unsqueeze(-1)
-    lo = comm.index * z.shape[-1]
-    mine = (t >= lo) & (t < lo + z.shape[-1])
-    picked = z.gather(1, (t - lo).masked_fill(~mine, 0).unsqueeze(1)).squeeze(1) * mine.to(z.dtype)
-    both = leave(torch.stack((picked, z.exp().sum(dim=-1))), comm, False)
-    return (both[1].log() - both[0]).mean()
+    return _classes()[3].apply(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), comm).mean()
