@@ -67,8 +67,9 @@ def device_memory(model: ModelSpec, cfg: MemoryConfig, chunks: tuple[ChunkSpec, 
     activations are the sum of count x chunk layers x one layer's activations and 'logits'
     what the output end keeps (final norm and output-layer inputs, the fp32 softmax) once
     per microbatch in flight on the last chunk (GPipe's last stage: every microbatch);
-    top-k compression adds an fp32 residual the size of the local parameters. The per-layer and per-chunk terms are cached: the search and the
-    heterogeneous balancer ask for the same shapes many times."""
+    top-k compression adds an fp32 residual the size of the local parameters. The
+    per-layer and per-chunk terms are cached: the search and the heterogeneous balancer
+    ask for the same shapes many times."""
     params = _params(model, cfg.tp, chunks)
     layer, head = _layer_activations(model, cfg), _head_activations(model, cfg)
     held_layers, held_heads = _held(tuple(c.layers for c in chunks), tuple(int(c.last) for c in chunks), inflight,

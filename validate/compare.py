@@ -80,12 +80,9 @@ class Comparison:
 
 
 # Why a plan's measured activations are not the cost model's kind (costmodel/device_memory.py).
-_SAVED_APART = {
-    "cp": "context parallelism: the runner's ring attention is autograd's, which keeps every received K/V "
-          "block and each block's output; Transformer Engine's, which the cost model follows, exchanges the "
-          "blocks again in backward",
-    "zero3": "ZeRO-3: the layers' gathered weights are saved for backward beside the activations",
-}
+_CP_APART = ("context parallelism: the runner's ring attention is autograd's, which keeps every received K/V "
+             "block and each block's output; Transformer Engine's, which the cost model follows, exchanges the "
+             "blocks again in backward")
 
 
 def saved_activations(record, predicted: dict[int, float], plan) -> dict:
@@ -99,10 +96,8 @@ def saved_activations(record, predicted: dict[int, float], plan) -> dict:
     out = {"rank": rank, "measured_bytes": got, "predicted_bytes": float(predicted[rank]),
            "error_pct": 100.0 * (float(predicted[rank]) / got - 1.0) if got else None,
            "per_rank": [[r, b, float(predicted[r])] for r, b in ranks]}
-    apart = [why for key, why in _SAVED_APART.items() if (key == "cp" and plan.cp > 1) or
-             (key == "zero3" and plan.zero >= 3)]
-    if apart:
-        out["not_comparable"] = "; ".join(apart)
+    if plan.cp > 1:
+        out["not_comparable"] = _CP_APART
     return out
 
 
