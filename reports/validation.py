@@ -26,7 +26,8 @@ from reports.trace import trace_bytes
 from sim.result import CATEGORIES
 from validate.record import MeasuredTimeline, RunRecord, timeline
 
-HEADERS = ("plan", "processes", "measured_ms", "p10_ms", "p90_ms", "predicted_ms", "error_pct")
+HEADERS = ("plan", "processes", "measured_ms", "p10_ms", "p90_ms", "predicted_ms", "error_pct",
+           "activations_measured_MiB", "activations_predicted_MiB")
 
 
 def bench_path(profile_path: str | None) -> Path | None:
@@ -150,8 +151,14 @@ def calibration_curves(bench: dict, profile_path: str) -> str:
 
 
 def table_rows(comps) -> list[list[str]]:
+    """One row per plan (HEADERS); the activations kept for backward are the busiest
+    measured rank's and its prediction (validate/compare.saved_activations), blank when
+    not measured."""
+    def mib(c, key):
+        return f"{c.saved[key] / 2**20:.3f}" if c.saved else ""
     return [[c.plan, str(c.world), f"{c.measured_step_time_s * 1e3:.2f}", f"{c.p10_step_time_s * 1e3:.2f}",
-             f"{c.p90_step_time_s * 1e3:.2f}", f"{c.predicted_step_time_s * 1e3:.2f}", f"{c.error_pct:+.1f}"]
+             f"{c.p90_step_time_s * 1e3:.2f}", f"{c.predicted_step_time_s * 1e3:.2f}", f"{c.error_pct:+.1f}",
+             mib(c, "measured_bytes"), mib(c, "predicted_bytes")]
             for c in comps]
 
 

@@ -179,6 +179,11 @@ def test_calibrate_and_validate_smoke(tmp_path, capsys):
     # The report: table, both traces (measured and simulated, same layout), calibration curves.
     for name in ("index.html", "report.md", "validation.csv", "trace-1-measured.json", "trace-1-simulated.json"):
         assert (rep / name).is_file()
+    # the CSV's activation columns are the JSON's figures in MiB
+    import csv
+    row = next(csv.DictReader((rep / "validation.csv").read_text().splitlines()))
+    assert float(row["activations_predicted_MiB"]) == pytest.approx(2_297_856 / 2**20, abs=5e-4)
+    assert float(row["activations_measured_MiB"]) == pytest.approx(am["measured_bytes"] / 2**20, abs=5e-4)
     assert "Calibration curves" in (rep / "index.html").read_text()
     measured = json.loads((rep / "trace-1-measured.json").read_text())["traceEvents"]
     assert {e["pid"] for e in measured if e.get("ph") == "X"} == {0, 1}  # one process per rank
@@ -566,3 +571,30 @@ def test_shared_launch_error_names_the_plan(monkeypatch):
     monkeypatch.setattr(vr, "_worker", lambda *a: fake(*a, ValueError("boom")))
     with pytest.raises(ValueError, match="^boom$"):
         vr._worker_many(0, 2, runs[1:])
+
+
+def test_phases_by_stage_by_hand():
+    """Pipeline plans get per-stage pairs: measured, the mean over a stage's ranks (two
+    ranks of stage 1 at 10 and 20 ms of bubble: 15); predicted, the mean over that stage's
+    simulated devices weighted by the devices each stands for (3 x 4 ms and 1 x 8 ms of
+    compute: 5 ms). No pipeline (one stage): nothing."""
+    from sim.result import CATEGORIES, DeviceResult
+    from validate.compare import phases_by_stage
+
+    def ph(**kw):
+        return {c: kw.get(c, 0.0) for c in CATEGORIES}
+
+    def dev(stage, represents, **kw):
+        return DeviceResult(rank=0, stage=stage, pipeline="p", gpu="CPU", represents=represents,
+                            breakdown_s=ph(**kw), busy_s=0.0, memory_gib={}, peak_memory_gib=0.0,
+                            capacity_gib=1.0, fits_memory=True)
+
+    class Sim:
+        devices = [dev(0, 3, compute=0.004), dev(0, 1, compute=0.008), dev(1, 4, bubble=0.002)]
+
+    per_rank = [{"stage": 0, "phases_s": ph(compute=0.006)}, {"stage": 1, "phases_s": ph(bubble=0.010)},
+                {"stage": 1, "phases_s": ph(bubble=0.020)}]
+    got = phases_by_stage(per_rank, Sim())
+    assert got[0]["compute"] == {"measured_s": pytest.approx(0.006), "predicted_s": pytest.approx(0.005)}
+    assert got[1]["bubble"] == {"measured_s": pytest.approx(0.015), "predicted_s": pytest.approx(0.002)}
+    assert phases_by_stage([{"stage": 0, "phases_s": ph(compute=1.0)}], Sim()) == {}

@@ -33,6 +33,8 @@ class Comparison:
     # Activations kept for backward, measured on the first step (validate/saved_bytes.py)
     # and predicted by the cost model's memory (costmodel/device_memory.py), per rank.
     saved: dict = field(default_factory=dict)
+    # Pipeline plans: per stage, category -> {measured_s, predicted_s} (phases_by_stage)
+    stages: dict = field(default_factory=dict)
 
     @property
     def error_pct(self) -> float:
@@ -58,7 +60,8 @@ class Comparison:
                                 "launches_s": [[float(x) for x in p] for p in self.record.get("launch_probes_s", [])],
                                 "calibrated_s": self.calibrated_probe_s, "drift_factor": self.drift,
                                 "applied": self.drift_applied},
-                "activation_memory": self.saved}
+                "activation_memory": self.saved,
+                "phases_by_stage": {str(s): v for s, v in self.stages.items()}}
 
     def launch_spread_pct(self) -> float | None:
         """How far apart the launches' medians were: (slowest / fastest - 1) x 100, or None
@@ -113,6 +116,27 @@ def predicted_saved_bytes(model, plan, runtime, per_rank: list[dict]) -> dict[in
     return out
 
 
+def phases_by_stage(per_rank: list[dict], sim: StepResult) -> dict[int, dict[str, dict[str, float]]]:
+    """Per pipeline stage, each category's seconds a step: measured, the mean over the
+    stage's ranks (RunRecord.per_rank); predicted, the mean over the simulated devices of
+    that stage weighted by the devices each stands for (StepResult.devices). Where a
+    pipeline's prediction misses, this says which stage and which category (the bubble
+    of the stage that waits, or the compute of the one it waits for). {} without a
+    pipeline."""
+    stages = sorted({int(r["stage"]) for r in per_rank})
+    if len(stages) < 2:
+        return {}
+    out = {}
+    for s in stages:
+        ranks = [r["phases_s"] for r in per_rank if int(r["stage"]) == s]
+        devs = [d for d in sim.devices if d.stage == s]
+        w = sum(d.represents for d in devs) or 1
+        out[s] = {c: {"measured_s": sum(r.get(c, 0.0) for r in ranks) / len(ranks),
+                      "predicted_s": sum(d.breakdown_s.get(c, 0.0) * d.represents for d in devs) / w}
+                  for c in CATEGORIES}
+    return out
+
+
 def compare(record, sim: StepResult, *, drift: float | None = None, drift_applied: bool = False,
             calibrated_probe_s: float = 0.0, saved: dict | None = None) -> Comparison:
     """Pair a run record with the simulated step of the same plan (simulated with the
@@ -125,7 +149,8 @@ def compare(record, sim: StepResult, *, drift: float | None = None, drift_applie
                       predicted_step_time_s=float(sim.step_time_s),
                       p10_step_time_s=float(record.p10_step_time_s), p90_step_time_s=float(record.p90_step_time_s),
                       phases=phases, record=record.to_dict(), sim=sim, drift=drift, drift_applied=drift_applied,
-                      calibrated_probe_s=calibrated_probe_s, saved=saved or {})
+                      calibrated_probe_s=calibrated_probe_s, saved=saved or {},
+                      stages=phases_by_stage(record.per_rank, sim))
 
 
 # Fields every plan of benchmarks/validate_cpu.sh shares (mbs=1, degrees of 1, the runner's
@@ -242,6 +267,10 @@ def format_comparison(c: Comparison) -> str:
              f"  {'phase':8s} {'measured (ms)':>14} {'predicted (ms)':>15}"]
     for cat, v in c.phases.items():
         lines.append(f"  {cat:8s} {v['measured_s'] * 1e3:>14.2f} {v['predicted_s'] * 1e3:>15.2f}")
+    for s, cats in c.stages.items():
+        shown = [f"{cat} {v['measured_s'] * 1e3:.1f}/{v['predicted_s'] * 1e3:.1f}" for cat, v in cats.items()
+                 if v["measured_s"] > 0 or v["predicted_s"] > 0]
+        lines.append(f"  stage {s} (ms measured/predicted): " + ", ".join(shown))
     spread = c.launch_spread_pct()
     if spread is not None and spread > LAUNCH_SPREAD_NOTE_PCT:
         lines.append(f"  launches {spread:.0f} % apart (each launch is one draw of where processes and threads "
