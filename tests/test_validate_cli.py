@@ -598,3 +598,22 @@ def test_phases_by_stage_by_hand():
     assert got[0]["compute"] == {"measured_s": pytest.approx(0.006), "predicted_s": pytest.approx(0.005)}
     assert got[1]["bubble"] == {"measured_s": pytest.approx(0.015), "predicted_s": pytest.approx(0.002)}
     assert phases_by_stage([{"stage": 0, "phases_s": ph(compute=1.0)}], Sim()) == {}
+
+
+def test_saved_activations_pairs_the_busiest_rank():
+    """compare.saved_activations: the busiest measured rank's pair and error (rank 1: 110
+    measured, 100 predicted: -9.09 %), every rank's pair; {} when no rank measured (no
+    warm-up step); context parallelism reported but marked not comparable."""
+    from types import SimpleNamespace
+
+    from validate.compare import saved_activations
+    rec = SimpleNamespace(per_rank=[{"rank": 0, "saved_activation_bytes": 90},
+                                    {"rank": 1, "saved_activation_bytes": 110}])
+    plan = SimpleNamespace(cp=1)
+    got = saved_activations(rec, {0: 95.0, 1: 100.0}, plan)
+    assert (got["rank"], got["measured_bytes"], got["predicted_bytes"]) == (1, 110, 100.0)
+    assert got["error_pct"] == pytest.approx(100 * (100 / 110 - 1))
+    assert got["per_rank"] == [[0, 90, 95.0], [1, 110, 100.0]] and "not_comparable" not in got
+    none = SimpleNamespace(per_rank=[{"rank": 0, "saved_activation_bytes": 0}])
+    assert saved_activations(none, {0: 95.0}, plan) == {}
+    assert "ring attention" in saved_activations(rec, {0: 95.0, 1: 100.0}, SimpleNamespace(cp=2))["not_comparable"]
