@@ -96,7 +96,7 @@ def activation_bytes_per_layer(
     masks = _MASK_BYTES if dropout else 0
     replicated = 2 * e * sbh + 2 * masks * sbh + gemm_inputs - kept_whole  # + two LN inputs, two masks
     split = e * s * b * (h + g) + e * s * b * g + e * sbh + e * s * b * (act_in + f)
-    if model.kv_groups // t > 1 and a_per_group(model) > 1:
+    if model.kv_groups // t > 1 and model.heads_per_group > 1:
         split += e * sbh  # the query heads copied out of the grouped projection (docstring)
     a = model.num_attention_heads
     if recompute == "selective":
@@ -107,11 +107,6 @@ def activation_bytes_per_layer(
         # softmax output; with dropout also its mask and the dropout's output
         attn_scores = a * s * s * b * (2 * e + _MASK_BYTES if dropout else e)
     return kept_whole + replicated / replicated_div + (split + attn_scores) / t
-
-
-def a_per_group(model: ModelSpec) -> int:
-    """Query heads per K/V group (1: multi-head attention)."""
-    return model.num_attention_heads // model.kv_groups
 
 
 def model_state_bytes(params: float, dp: int, zero: int, precision: str = "bf16",

@@ -32,6 +32,11 @@ class ModelSpec:
         return self.num_query_groups if self.num_query_groups is not None else self.num_attention_heads
 
     @property
+    def heads_per_group(self) -> int:
+        """Query heads per K/V group (1: multi-head attention)."""
+        return self.num_attention_heads // self.kv_groups
+
+    @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_attention_heads
 

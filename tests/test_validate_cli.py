@@ -28,6 +28,20 @@ def test_validate_without_torch_says_how_to_install(monkeypatch, capsys):
     assert "pip install" in err and len(err.strip().splitlines()) == 1
 
 
+def test_runner_checks_import_without_torch():
+    """`plansim search --validate` checks plans with validate.runner.check_supported, which
+    reads validate.gpt: both must import without torch (a module-level torch version check
+    in validate/gpt.py once made them raise ModuleNotFoundError). In a fresh interpreter,
+    with torch blocked."""
+    import subprocess
+    code = ("import sys; sys.modules['torch'] = None\n"
+            "from specs.model import load_model\nfrom specs.plan import resolve_plan\n"
+            "from validate.runner import check_supported\n"
+            "m = load_model('tiny'); check_supported(m, resolve_plan('tp=2', m, 2), 'gloo')\nprint('ok')")
+    got = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert got.returncode == 0 and got.stdout.strip() == "ok", got.stderr[-400:]
+
+
 def test_calibrate_without_torch_says_how_to_install(monkeypatch, capsys, tmp_path):
     """Same for calibrate from microbenchmarks; no profile file is written."""
     _no_torch(monkeypatch)

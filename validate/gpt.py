@@ -31,14 +31,6 @@ from costmodel.shapes import ModelSpec
 from validate.comm import Comm
 from validate.tp import enter, leave, scatter_seq, vocab_cross_entropy, vocab_embedding
 
-def _torch_at_least(major: int, minor: int) -> bool:
-    import torch
-    got = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
-    return got >= (major, minor)
-
-
-# scaled_dot_product_attention(enable_gqa=...) exists from torch 2.5.
-_SDPA_GQA = _torch_at_least(2, 5)
 _SWIGLU = None
 
 
@@ -216,7 +208,7 @@ class GPTChunk:
         h = enter(h, self.comm, self.sp)
         b, s, _ = h.shape
         d = self.model.head_dim
-        rep = self.heads // self.groups
+        rep = self.model.heads_per_group
         # One GEMM, then per K/V group: its rep query heads, its key, its value (module doc).
         qkv = F.linear(h, P[p + "qkv.w"], P[p + "qkv.b"]).view(b, s, self.groups, rep + 2, d)
         q, k, v = qkv.split((rep, 1, 1), dim=3)  # views; one dispatch (multi-dim slicing costs three)
@@ -235,9 +227,10 @@ class GPTChunk:
 
     def _core(self, q, k, v):
         import torch.nn.functional as F
-        rep = self.heads // self.groups
+        rep = self.model.heads_per_group
         if rep > 1:  # grouped-query attention: each K/V head serves `rep` query heads
-            if _SDPA_GQA:  # natively, as fused attention kernels do: K and V kept once
+            import torch  # here, not at import: validate.gpt must import without torch
+            if torch.__version__ >= "2.5":  # enable_gqa from torch 2.5: natively, K and V kept once
                 return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
             k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
         return F.scaled_dot_product_attention(q, k, v, is_causal=True)
