@@ -154,24 +154,24 @@ def collective_worker(rank: int, world: int, cfg: CollectiveConfig) -> list:
     from validate.compute_bench import worker_device
     dev, dsync = worker_device(cfg.backend)
     rows = []
-    if cfg.probe:  # fresh processes, before anything else: as the runner probes its ranks
-        from validate.probe import probe_in_rounds
-        mine = torch.tensor([probe_in_rounds(world, "cuda" if dsync else "cpu", dev, dsync)], dtype=torch.float64,
-                            device=dev)
+
+    def median_over_ranks(values: list[float]) -> list[float]:
+        """Each of this rank's ``values``, its median over every rank of the world."""
+        mine = torch.tensor(values, dtype=torch.float64, device=dev)
         every = [torch.zeros_like(mine) for _ in range(world)]
         dist.all_gather(every, mine)
-        tail = [[PROBE_OP, world, 0, statistics.median(float(t[0]) for t in every)]]
-    else:
-        tail = []
+        return [statistics.median(float(t[i]) for t in every) for i in range(len(values))]
+
+    kind = "cuda" if dsync else "cpu"
+    tail = []
+    if cfg.probe:  # fresh processes, before anything else: as the runner probes its ranks
+        from validate.probe import probe_in_rounds
+        tail.append([PROBE_OP, world, 0, median_over_ranks([probe_in_rounds(world, kind, dev, dsync)])[0]])
     if cfg.overhead_chain:  # in rounds, as calibration's compute worker runs it
         from validate.compute_bench import chain_drawer
         from validate.probe import in_rounds
-        got = in_rounds(world, "cuda" if dsync else "cpu", lambda: chain_drawer(torch, dev, dsync, cfg.repeats)())
-        mine = torch.tensor(got, dtype=torch.float64, device=dev)
-        every = [torch.zeros_like(mine) for _ in range(world)]
-        dist.all_gather(every, mine)
-        tail += [[op, world, 0, statistics.median(float(t[i]) for t in every)]
-                 for i, op in enumerate((OVERHEAD_PLAIN_OP, OVERHEAD_TRAIN_OP))]
+        got = median_over_ranks(in_rounds(world, kind, lambda: chain_drawer(torch, dev, dsync, cfg.repeats)()))
+        tail += [[op, world, 0, x] for op, x in zip((OVERHEAD_PLAIN_OP, OVERHEAD_TRAIN_OP), got)]
     for n in cfg.group_sizes or (world,):
         if n == world:
             group, first = None, 0
