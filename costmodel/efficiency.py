@@ -94,12 +94,20 @@ def fused_attention_efficiency(s: float, d: float, eff: GpuEfficiency) -> float:
     return f
 
 
-# FP8 GEMM efficiency when a profile does not give one: FlashAttention-3 on H100 reaches
-# 740 TFLOP/s in FP16 (75 % of the 989 TFLOP/s peak) and close to 1.2 PFLOP/s in FP8 (61 %
-# of 1,979) (Shah et al. 2024, abstract): Hopper's FP8 tensor-core kernels reach about
-# 0.61/0.75 = 0.81 of the BF16 share of peak (shorter k-loops per byte of operand, the
-# scaling epilogue). Used as gemm_eff_max_fp8 = FP8_EFF_RATIO * gemm_eff_max.
-FP8_EFF_RATIO = (1200.0 / 1978.9) / (740.0 / 989.4)
+# FP8 GEMMs when a profile does not say: the same share of the FP8 peak as BF16/FP16 GEMMs
+# reach of theirs at deep k, and a k-loop half point 1.75x as deep. Measured on one
+# Hopper SXM chip with one kernel generator, M = N = 8192, K = 256..16384 (tilelang,
+# benchmark/matmul/README.md and benchmark/matmul_fp8/README.md, NVIDIA H800 SXM, whose
+# tensor cores are the H100 SXM's: 989.4 / 1,978.9 TFLOP/s dense FP16 / FP8): FP16 386 ..
+# 766 TFLOP/s, FP8 569 .. 1,541. Fitting E * k/(k + h) to each (relative least squares,
+# residuals within 2 %): FP16 E = 785 TFLOP/s (0.793 of peak), h = 262; FP8 E = 1,613
+# (0.815 of peak), h = 458. An FP8 MMA does twice the work per k-step, so the fixed
+# prologue/epilogue of a tile weighs about twice as much: FP8 needs a deeper k to fill.
+# (Until 2026-12-03 session 10 the ratio was FlashAttention-3's FP8/FP16 utilisation, 0.81
+# on the maximum and none on k: attention kernels, not GEMMs; NeMo 24.07's FP8 GPT-3 175B,
+# Llama 2 7B/70B and Llama 3 70B on DGX H100 came out 15-28 % slow.)
+FP8_EFF_RATIO = (1613.0 / 1978.9) / (785.0 / 989.4)
+FP8_K_HALF_RATIO = 458.0 / 262.0
 # Transformer Engine runs attention (and everything but the GEMMs of its linear layers) in
 # BF16 under FP8 training (TE user guide, "Using FP8 with Transformer Engine").
 _ATTENTION_PRECISION = {"fp8": "bf16"}
@@ -113,18 +121,19 @@ def fp8_native(gpu: GpuSpec, precision: str) -> bool:
 def _gemm_eff_for(eff: GpuEfficiency, gpu: GpuSpec, precision: str) -> GpuEfficiency:
     if not fp8_native(gpu, precision):
         return eff
-    fp8 = eff.gemm_eff_max_fp8 or FP8_EFF_RATIO * eff.gemm_eff_max
-    return _with_gemm_max(eff, fp8)
+    fp8 = eff.gemm_eff_max_fp8 or min(1.0, FP8_EFF_RATIO * eff.gemm_eff_max)
+    k_half = eff.gemm_k_half_fp8 or FP8_K_HALF_RATIO * eff.gemm_k_half
+    return _with_gemm(eff, fp8, k_half)
 
 
-_EFF_CACHE: dict[tuple[GpuEfficiency, float], GpuEfficiency] = {}
+_EFF_CACHE: dict[tuple[GpuEfficiency, float, float], GpuEfficiency] = {}
 
 
-def _with_gemm_max(eff: GpuEfficiency, value: float) -> GpuEfficiency:
-    key = (eff, value)
+def _with_gemm(eff: GpuEfficiency, e_max: float, k_half: float) -> GpuEfficiency:
+    key = (eff, e_max, k_half)
     got = _EFF_CACHE.get(key)
     if got is None:
-        got = _EFF_CACHE[key] = replace(eff, gemm_eff_max=value)
+        got = _EFF_CACHE[key] = replace(eff, gemm_eff_max=e_max, gemm_k_half=k_half)
     return got
 
 

@@ -42,8 +42,10 @@ class GpuEfficiency:
     attention_seq_half: float = 256.0
     attention_head_dim_half: float = 16.0
     # Fraction of the fp8 dense peak a large FP8 GEMM reaches (Transformer Engine's fp8
-    # GEMMs); 0 = unset: gemm_eff_max times FP8_EFF_RATIO (costmodel/efficiency.py).
+    # GEMMs), and its k-loop half point; 0 = unset: gemm_eff_max times FP8_EFF_RATIO and
+    # gemm_k_half times FP8_K_HALF_RATIO (costmodel/efficiency.py).
     gemm_eff_max_fp8: float = 0.0
+    gemm_k_half_fp8: float = 0.0
     hbm_eff: float = 0.8  # fraction of datasheet HBM bandwidth that memory-bound kernels reach
     kernel_overhead_us: float = 4.0  # GPU-side cost of every kernel (launch latency, ramp, tail), us
     # Top-k selection's compute per gradient element, ns, on top of its memory traffic

@@ -9,7 +9,7 @@ import pytest
 
 from costmodel import flops as fl
 from costmodel.dtypes import fp8_weight_bytes, param_gather_bytes, topk_entry_bytes
-from costmodel.efficiency import (FP8_EFF_RATIO, causal_fraction, fp8_cast_ops, fused_attention_efficiency,
+from costmodel.efficiency import (FP8_EFF_RATIO, FP8_K_HALF_RATIO, causal_fraction, fp8_cast_ops, fused_attention_efficiency,
                                   op_time_s, ops_time_s)
 from costmodel.errors import InputError
 from costmodel.flops import Op
@@ -90,15 +90,30 @@ def test_fused_attention_time_by_hand():
 
 
 def test_fp8_gemm_at_its_own_efficiency():
-    """A compute-bound GEMM under fp8 runs at the 1,978.9 TFLOP/s FP8 peak times
-    FP8_EFF_RATIO x gemm_eff_max, where FP8_EFF_RATIO = (1200/1978.9)/(740/989.4) = 0.8108
-    (FlashAttention-3's FP8 and FP16 utilisation): 1.62x faster than BF16, not 2x. On an
-    A100 (no FP8 units) fp8 falls back to the BF16 time."""
-    assert FP8_EFF_RATIO == pytest.approx(0.8108, abs=1e-4)
+    """A GEMM under fp8 runs at the 1,978.9 TFLOP/s FP8 peak, at FP8_EFF_RATIO x gemm_eff_max
+    and a k-loop half point FP8_K_HALF_RATIO x gemm_k_half, the ratios of the two fits to
+    tilelang's H800 sweeps (FP16 E = 785 TFLOP/s h = 262, FP8 E = 1,613 h = 458): 1.03 and
+    1.75. By hand, gemm_eff_max 0.6, gemm_k_half 768, k = 16384: BF16 0.6 x 16384/17152,
+    FP8 0.6 x 1.0273 x 16384/(16384 + 1342.6); the tile-wave factor of the 16384 x 16384
+    output is the same for both and cancels in the ratio. On an A100 (no FP8 units) fp8
+    falls back to BF16."""
+    assert FP8_EFF_RATIO == pytest.approx((1613 / 1978.9) / (785 / 989.4), rel=1e-12)
+    assert FP8_EFF_RATIO == pytest.approx(1.0273, abs=1e-4)
+    assert FP8_K_HALF_RATIO == pytest.approx(1.7481, abs=1e-4)
     op = Op("g", "gemm", 2.0 * 16384 ** 3, 0.0, 16384, 16384, 16384)
     bf16, fp8 = op_time_s(op, H100, FLAT, "bf16"), op_time_s(op, H100, FLAT, "fp8")
-    assert bf16 / fp8 == pytest.approx(2 * FP8_EFF_RATIO * 1978.9 / 2 / 989.4, rel=1e-9)
+    # FLAT has gemm_k_half 0: only the maximum differs.
+    assert bf16 / fp8 == pytest.approx(FP8_EFF_RATIO * 1978.9 / 989.4, rel=1e-9)
+    eff = replace(FLAT, gemm_k_half=768.0, sm_count=132)
+    b, f = op_time_s(op, H100, eff, "bf16"), op_time_s(op, H100, eff, "fp8")
+    e_b = 0.6 * 16384 / (16384 + 768)
+    e_f = 0.6 * FP8_EFF_RATIO * 16384 / (16384 + 768 * FP8_K_HALF_RATIO)
+    assert b / f == pytest.approx((1978.9 * e_f) / (989.4 * e_b), rel=1e-9)
+    # A profile's own values win; an efficiency never exceeds 1.
     assert op_time_s(op, H100, replace(FLAT, gemm_eff_max_fp8=0.6), "fp8") == pytest.approx(bf16 * 989.4 / 1978.9)
+    assert op_time_s(op, H100, replace(eff, gemm_eff_max_fp8=0.6, gemm_k_half_fp8=768.0), "fp8") == \
+        pytest.approx(b * 989.4 / 1978.9)
+    assert op_time_s(op, H100, replace(FLAT, gemm_eff_max=1.0), "fp8") == pytest.approx(op.flops / 1978.9e12)
     assert op_time_s(op, A100, FLAT, "fp8") == pytest.approx(op_time_s(op, A100, FLAT, "bf16"))
 
 
