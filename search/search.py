@@ -58,7 +58,7 @@ R_Z3_CLASSES = "zero=3 needs identical replicas (engine)"
 R_GPIPE = "dominated: gpipe = 1f1b with pp=1 or one microbatch, more memory"
 R_PLACEMENT = "duplicate: placement has no effect with pp=1 or dp=1"
 R_SP_SEQ = "sequence parallelism needs tp to divide seq_length"
-R_CP_HEADS = "cp_comm=a2a needs tp*cp to divide heads"
+R_CP_HEADS = "cp_comm=a2a needs tp*cp to divide heads and cp the K/V heads per TP rank"
 
 
 @dataclass(frozen=True)
@@ -193,7 +193,8 @@ def _enumerate(model: ModelSpec, cluster: Cluster, tables: CostTables, space: Se
                 if placement != "tp-pp-dp" and (pp == 1 or dp == 1):
                     pr.add(R_PLACEMENT, size_pl, f"tp={tp},pp={pp},dp={dp},placement={placement}")
                     continue
-                if cp_comm == "a2a" and model.num_attention_heads % (tp * cp):
+                if cp_comm == "a2a" and (model.num_attention_heads % (tp * cp)
+                                         or max(model.kv_groups // tp, 1) % cp):
                     pr.add(R_CP_HEADS, size_pl, f"tp={tp},cp={cp},cp_comm=a2a")
                     continue
                 base = Plan(tp=tp, pp=pp, dp=dp, mbs=1, vpp=1, schedule="1f1b", sp=False, recompute="none",

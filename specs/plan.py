@@ -316,6 +316,10 @@ def resolve_plan(plan: str | Path | dict, model: ModelSpec, num_devices: int,
         if sum(shares) != total_mb:
             raise InputError(src, "mb_shares", f"entries sum to {sum(shares)}; global_batch_size/mbs = {total_mb}")
     else:
+        if total_mb < dp:
+            raise InputError(src, "dp", f"global_batch_size/mbs = {model.global_batch_size}/{pf.mbs} = "
+                             f"{total_mb} microbatches are fewer than dp={dp} replicas; lower mbs or dp, "
+                             "or raise the global batch")
         if total_mb % dp:
             raise InputError(src, "dp", f"global_batch_size/mbs = {total_mb} microbatches "
                              f"do not split evenly over dp={dp}; give mb_shares=N1:N2:...")
@@ -363,3 +367,13 @@ def check_cp(src: str, cp: int, cp_comm: str, tp: int, sp: bool, model: ModelSpe
     if cp_comm == "a2a" and model.num_attention_heads % (tp * cp):
         raise InputError(src, "cp_comm", f"cp_comm=a2a scatters heads: tp*cp = {tp * cp} must divide "
                          f"num_attention_heads={model.num_attention_heads}")
+    # The K/V heads too: Transformer Engine's all-to-all attention asserts both Q's and K's
+    # heads per rank divisible by cp (transformer_engine/pytorch/attention/
+    # dot_product_attention/context_parallel.py, AttnFuncWithCPAndQKVOA2A: "The number of
+    # attention heads needs to be divisible by CP size!"). A TP rank holds kv_groups/tp K/V
+    # heads, or one copy when tp exceeds kv_groups.
+    kv_per_rank = max(model.kv_groups // tp, 1)
+    if cp_comm == "a2a" and kv_per_rank % cp:
+        raise InputError(src, "cp_comm", f"cp_comm=a2a scatters K/V heads too: cp={cp} must divide the "
+                         f"{kv_per_rank} K/V head(s) per TP rank (num_query_groups={model.kv_groups}, "
+                         f"tp={tp}); use cp_comm=ring")

@@ -59,3 +59,18 @@ def test_bad_cp_is_one_line_input_error(text, devices, field):
     with pytest.raises(InputError) as e:
         resolve_plan(text, load_model("tiny"), devices)
     assert f"{field}" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a2a_needs_cp_to_divide_kv_heads_per_rank():
+    """Ulysses scatters K/V heads as well as Q heads (Transformer Engine asserts both per-rank
+    head counts divisible by cp): a GQA model with 2 K/V groups and 8 heads takes cp=2 at
+    tp=1 (2 K/V heads per rank) but not cp=4 (8 Q heads split, 2 K/V heads do not), and at
+    tp=2 one K/V head per rank refuses cp=2; ring attention takes all of them."""
+    from dataclasses import replace
+    gqa = replace(load_model("tiny"), num_query_groups=2)
+    assert resolve_plan("cp=2,cp_comm=a2a", gqa, 2).cp == 2
+    for text, devices in (("cp=4,cp_comm=a2a", 4), ("tp=2,cp=2,cp_comm=a2a", 4)):
+        with pytest.raises(InputError) as e:
+            resolve_plan(text, gqa, devices)
+        assert "K/V head" in str(e.value) and "\n" not in str(e.value)
+        assert resolve_plan(text.replace("a2a", "ring"), gqa, devices).cp_comm == "ring"

@@ -142,3 +142,19 @@ def test_sequence_parallel_needs_tp_to_divide_the_sequence():
                  space=SearchSpace(tp=(3,), pp=(1,), zero=(0,), compress=("none",), allreduce=("ring",)))
     assert res.pruned["sequence parallelism needs tp to divide seq_length"] > 0
     assert all("sp=true" not in r.plan for r in res.ranked)
+
+
+def test_fewer_microbatches_than_replicas_names_the_counts_not_mb_shares():
+    """tiny's global batch of 16 at mbs=4 is 4 microbatches: dp=8 cannot take them whatever
+    the shares (each replica needs at least one), so the error says so instead of pointing
+    at mb_shares; at dp=3 the 4 microbatches exist but do not split evenly, and there
+    mb_shares is the way out."""
+    model = load_model("tiny")
+    with pytest.raises(InputError) as exc:
+        resolve_plan("dp=8,mbs=4", model, 8)
+    assert "16/4 = 4 microbatches are fewer than dp=8" in str(exc.value)
+    assert "mb_shares" not in str(exc.value)
+    with pytest.raises(InputError) as exc:
+        resolve_plan("dp=3,mbs=4", model, 3)
+    assert "mb_shares" in str(exc.value)
+    assert resolve_plan("dp=3,mbs=4,mb_shares=1:1:2", model, 3).mb_shares == (1, 1, 2)
