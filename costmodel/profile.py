@@ -398,6 +398,19 @@ def for_gpus(profile: Profile, gpu_names: Iterable[str]) -> Profile:
     return replace(profile, runtime=rt)
 
 
+# The efficiencies that decide a GPU's compute times; a GPU whose entry matches the generic
+# 'default' entry in all of them runs on assumptions, not on anything measured for it.
+_COMPUTE_EFFICIENCIES = ("gemm_eff_max", "gemm_k_half", "attention_eff", "hbm_eff")
+
+
+def uncalibrated_gpus(profile: Profile, gpu_names: Iterable[str]) -> list[str]:
+    """GPUs of ``gpu_names`` whose compute efficiencies are the profile's generic 'default'
+    entry (no entry of their own, or one that sets only facts such as sm_count), sorted."""
+    base = profile.gpus.get("default") or GpuEfficiency()
+    return sorted(n for n in set(gpu_names)
+                  if n != "CPU" and all(getattr(profile.gpu(n), k) == getattr(base, k) for k in _COMPUTE_EFFICIENCIES))
+
+
 def reshard_after_forward(runtime: RuntimeSettings, pp: int) -> bool:
     """Whether ZeRO-3/FSDP frees the gathered weights after forward: runtime
     fsdp_reshard_after_forward 'always', 'never', or 'default' = only without pipeline

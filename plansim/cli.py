@@ -62,7 +62,22 @@ def _load_inputs(args):
     # overlays; --profile goes over them.
     profile = load_profile(args.profile, bundled=cluster.profiles, runtime=runtime)
     profile = for_gpus(profile, {d.gpu.name for d in cluster.devices})
+    _note_uncalibrated(profile, {d.gpu.name for d in cluster.devices})
     return cluster, model, profile
+
+
+def _note_uncalibrated(profile, gpu_names) -> None:
+    """One line on stderr when a GPU's compute times rest on the generic efficiencies
+    (costmodel/profile.uncalibrated_gpus): a prediction that looks as precise as the others
+    but is not, e.g. MI300X at 75 % of its datasheet peak."""
+    from costmodel.profile import uncalibrated_gpus
+    bad = uncalibrated_gpus(profile, gpu_names)
+    if bad:
+        g = profile.gpus.get("default")
+        print(f"plansim: note: no calibrated efficiency for {', '.join(bad)} in the profile: "
+              f"generic GEMMs at {100 * g.gemm_eff_max:.0f} % of datasheet peak, attention at "
+              f"{100 * g.attention_eff:.0f} %; times of these GPUs are unchecked (plansim calibrate, "
+              "or --profile with a gpus entry)", file=sys.stderr)
 
 
 def cmd_simulate(args) -> int:

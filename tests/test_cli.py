@@ -200,3 +200,24 @@ def test_multistep_flag_values_checked_on_a_single_step(capsys, tmp_path, argv, 
     code, _, err = run(capsys, "simulate", "--nodes", "1", "--model", "tiny", *argv, "--report", str(out))
     assert code == 2 and needle in err and err.count("\n") == 1, err
     assert not out.exists()
+
+
+def test_uncalibrated_gpu_gets_a_note(capsys, tmp_path):
+    """A GPU that runs on the generic 'default' efficiencies (L40S has a datasheet entry but no
+    efficiency of its own; V100's entry sets only sm_count) gets one note line on stderr and
+    still simulates; a calibrated one (A100, H100) and the CPU get none. A --profile that
+    gives L40S a gemm_eff_max of its own silences it."""
+    from costmodel.profile import load_profile, uncalibrated_gpus
+    prof = load_profile(None)
+    assert uncalibrated_gpus(prof, ["A100-SXM4-80GB", "H100-SXM5-80GB", "H200", "CPU"]) == []
+    assert uncalibrated_gpus(prof, ["V100-SXM2-32GB", "L40S", "A100-SXM4-80GB"]) == ["L40S", "V100-SXM2-32GB"]
+    code, out, err = run(capsys, "simulate", "pcie-l40s", "--model", "gpt3-125m", "--plan", "dp=64", "--json")
+    assert code == 0 and json.loads(out)["step_time_s"] > 0
+    assert err.count("\n") == 1 and "no calibrated efficiency for L40S" in err
+    code, _, err = run(capsys, "simulate", "dgx-a100", "--model", "gpt3-125m", "--plan", "dp=8", "--nodes", "1")
+    assert code == 0 and "no calibrated" not in err
+    own = tmp_path / "l40s.yaml"
+    own.write_text("name: mine\ngpus:\n  L40S: {gemm_eff_max: 0.6}\n")
+    code, _, err = run(capsys, "simulate", "pcie-l40s", "--model", "gpt3-125m", "--plan", "dp=64",
+                       "--profile", str(own), "--json")
+    assert code == 0 and "no calibrated" not in err
