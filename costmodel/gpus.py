@@ -120,6 +120,12 @@ GPU_CATALOG: dict[str, GpuSpec] = {s.name: s for s in (
     # tf32 494.7 and fp32 67 dense from the NVIDIA H100 Tensor Core GPU datasheet (SXM5).
     _spec("H100-SXM5-80GB", 80, 3350, "NVIDIA H100 Tensor Core GPU datasheet (SXM5); docs/facts.md",
           bf16=989.4, fp16=989.4, fp8=1978.9, tf32=494.7, fp32=67.0),
+    # NVIDIA H800 Tensor Core GPU datasheet (SXM): the H100 SXM's tensor throughput (1,979
+    # bf16 / 3,958 fp8 TFLOP/s with sparsity: 989.4 / 1,978.9 dense; tf32 494.7, fp32 67),
+    # 80 GB HBM3 at 3.35 TB/s; what differs is NVLink (400 GB/s) and FP64, which a topology
+    # file and nothing here carry.
+    _spec("H800", 80, 3350, "NVIDIA H800 Tensor Core GPU datasheet (SXM)",
+          bf16=989.4, fp16=989.4, fp8=1978.9, tf32=494.7, fp32=67.0),
     # NVIDIA H100 datasheet (PCIe): 1,513 bf16 / 3,026 fp8 *with sparsity*, i.e. 756 / 1,513 dense;
     # tf32 378 dense, fp32 51; 80 GB HBM2e at 2.0 TB/s.
     _spec("H100-PCIe", 80, 2000, "NVIDIA H100 Tensor Core GPU datasheet (PCIe, 80GB)",

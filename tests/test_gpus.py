@@ -103,3 +103,15 @@ def test_non_positive_override_rejected():
     with pytest.raises(InputError) as exc:
         get_gpu("H200").with_overrides(mem_bw_GBps=0)
     assert exc.value.field == "mem_bw_GBps"
+
+
+def test_h800_is_the_h100_sxm_chip_with_its_efficiencies():
+    """NVIDIA H800 datasheet (SXM): H100 SXM's peaks and HBM3 (80 GB, 3.35 TB/s); the default
+    profile gives it the H100 entry, so the same plan on either simulates the same compute."""
+    from costmodel.profile import load_profile
+    h100, h800 = get_gpu("H100-SXM5-80GB"), get_gpu("H800")
+    for p in PRECISIONS:
+        assert h800.peak_flops(p) == h100.peak_flops(p)
+    assert (h800.mem_gib, h800.mem_bw_GBps) == (80, 3350)
+    prof = load_profile(None)
+    assert prof.gpu("H800") == prof.gpu("H100-SXM5-80GB")
