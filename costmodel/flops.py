@@ -39,6 +39,7 @@ _GELU_FWD = 8  # tanh approximation: cube, fma, tanh, multiply, add
 _GELU_BWD = 12
 _SWIGLU_FWD = 6  # silu(gate) * up: exp, add, divide, two multiplies
 _SWIGLU_BWD = 10
+_ROPE = 3  # per element of Q and K: x cos + rotate_half(x) sin (two multiplies, one add)
 _DROPOUT = 2  # compare with the random draw, scale
 _CE_FWD = 6  # max, subtract, exp, sum, log, pick target
 _CE_BWD = 2
@@ -145,6 +146,7 @@ class _Dims:
     b: int
     e: int
     swiglu: bool
+    rope: bool = False  # rotary position embedding applied to Q and K in every layer
 
 
 def _dims(model: ModelSpec, mbs: int, tp: int, sp: bool, e: int) -> _Dims:
@@ -165,6 +167,7 @@ def _dims(model: ModelSpec, mbs: int, tp: int, sp: bool, e: int) -> _Dims:
         b=mbs,
         e=e,
         swiglu=model.activation == "swiglu",
+        rope=model.position_embedding == "rope",
     )
 
 
@@ -192,6 +195,18 @@ def _layernorm(x: _Dims) -> Op:
     return _mem("layernorm", x.hid, _LN_FWD, (2 * x.hid + 2 * x.h) * x.e)  # in, out, gamma+beta
 
 
+def _rope(x: _Dims, name: str) -> list[Op]:
+    """Rotary position embedding on this rank's Q and K (Su et al. 2021, RoFormer, eq. 34:
+    each pair of channels rotated by its position's angle): one fused element-wise kernel
+    reading and writing both (Megatron-Core's --apply-rope-fusion); its backward is the
+    inverse rotation, the same traffic. About 6 FLOPs a rotated pair: 3 an element. None
+    without RoPE (a learned table is added once, in embedding_ops)."""
+    if not x.rope:
+        return []
+    n = x.tokens * (x.q + x.kv)
+    return [_mem(name, n, _ROPE, 2 * n * x.e)]
+
+
 def _forward(x: _Dims) -> list[Op]:
     e, t = x.e, x.tokens
     up_n = 2 * x.f if x.swiglu else x.f  # SwiGLU's gate and up matrices run as one GEMM
@@ -202,6 +217,7 @@ def _forward(x: _Dims) -> list[Op]:
     return [
         _layernorm(x),
         _gemm("qkv", t, x.q + 2 * x.kv, x.h, e),
+        *_rope(x, "rope"),
         *_core_attention_forward(x),
         _gemm("attn_out", t, x.h, x.q, e),
         *_dropout_residual(x),
@@ -244,6 +260,7 @@ def _backward(x: _Dims) -> list[Op]:
         # S = Q K^T:  dQ = dS K (s x d, inner s);  dK = dS^T Q (s x d, inner s)
         _attn("attn_scores_dq", bh, x.s, x.d, x.s, scores * e + kv_bytes + q_bytes),
         _attn("attn_scores_dk", bh, x.s, x.d, x.s, scores * e + q_bytes + kv_bytes),
+        *_rope(x, "rope_bwd"),
         *_gemm_backward("qkv", t, x.q + 2 * x.kv, x.h, e),
         ln_bwd,
     ]
@@ -321,16 +338,18 @@ def head_backward_ops(model: ModelSpec, mbs: int, tp: int, bytes_per_elem: int =
 
 
 def embedding_ops(model: ModelSpec, mbs: int, tp: int, bytes_per_elem: int = 2, *, sp: bool = False) -> list[Op]:
-    """First stage: vocab-parallel word-embedding lookup, learned position embedding add
-    (GPT-3/Megatron, as ModelSpec.embedding_params assumes) and embedding dropout.
+    """First stage: vocab-parallel word-embedding lookup, the learned position embedding's
+    add (GPT-3/Megatron; none under RoPE, which rotates Q and K in every layer: _rope) and
+    embedding dropout.
     The lookup writes the full b*s*h output (zeros for tokens outside this rank's rows)
     and reads on average 1/t of the rows (tokens assumed spread evenly over the shards)."""
     x, _ = _head_dims(model, mbs, tp, sp, bytes_per_elem)
     full, e = x.tokens * x.h, x.e
     lookup_bytes = x.tokens * _TOKEN_ID_BYTES + full * e / tp + full * e
+    learned = model.position_embedding == "learned"
     return [
         _mem("embedding", full, 0, lookup_bytes),
-        _mem("position_add", x.hid, 1, 3 * x.hid * e),  # word out + position row -> sum
+        *([_mem("position_add", x.hid, 1, 3 * x.hid * e)] if learned else []),  # word out + position row
         _mem("dropout", x.hid, _DROPOUT, 2 * x.hid * e + x.hid * _MASK_BYTES),
     ]
 
@@ -348,7 +367,7 @@ def embedding_backward_ops(
     return [
         _mem("dropout_bwd", x.hid, 1, 2 * x.hid * e + x.hid * _MASK_BYTES),
         _mem("embedding_bwd", full / tp, 1, word_bytes),
-        _mem("position_bwd", x.hid, 1, pos_bytes),
+        *([_mem("position_bwd", x.hid, 1, pos_bytes)] if model.position_embedding == "learned" else []),
     ]
 
 

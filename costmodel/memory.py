@@ -64,6 +64,12 @@ def activation_bytes_per_layer(
     and value views keep the whole projection output: e*sbh/t more. With one group per
     rank (or one query head per group, MHA) the query is a view and nothing is added.
 
+    RoPE (``model.position_embedding`` rope): the rotated Q and K are new tensors, which
+    attention keeps, while V stays a view of the fused projection's output and keeps that
+    whole buffer alive (megatron/core/transformer/attention.py: query and key are replaced
+    by apply_rotary_pos_emb's outputs, value is not): e*sb(h+g)/t more. The GQA query copy
+    above is then only RoPE's input, freed once rotated, so it is not added again.
+
     ``dropout`` false (hidden and attention dropout off, as Llama-style recipes and the
     project's validator train): no masks and no attention-dropout output; the softmax
     output feeds the probabilities x V GEMM directly, e*a*s^2*b/t. GPT with e=2:
@@ -96,7 +102,9 @@ def activation_bytes_per_layer(
     masks = _MASK_BYTES if dropout else 0
     replicated = 2 * e * sbh + 2 * masks * sbh + gemm_inputs - kept_whole  # + two LN inputs, two masks
     split = e * s * b * (h + g) + e * s * b * g + e * sbh + e * s * b * (act_in + f)
-    if model.kv_groups // t > 1 and model.heads_per_group > 1:
+    if model.position_embedding == "rope":
+        split += e * s * b * (h + g)  # rotated Q and K beside the projection output (docstring)
+    elif model.kv_groups // t > 1 and model.heads_per_group > 1:
         split += e * sbh  # the query heads copied out of the grouped projection (docstring)
     a = model.num_attention_heads
     if recompute == "selective":
@@ -137,27 +145,27 @@ def stage_params(model: ModelSpec, layers: int, tp: int, first: bool, last: bool
     """Parameters held by one device of a pipeline stage with ``layers`` layers.
 
     Layers: Megatron splits the QKV, attention-out and MLP matrices and the column-parallel
-    biases (QKV, MLP-up/gate) over tp; the two LayerNorms (4h) and the row-parallel biases
-    (attention-out, MLP-down: 2h) are replicated on every TP rank: 6h per layer.
-    First stage: the word embedding is vocab-parallel (V*h/t); the learned position
-    embedding (s*h) is replicated (Megatron does not split it), so not all of
-    embedding_params is divided by t. Last stage: final LayerNorm (2h, replicated) and the
-    output layer, tied to the word embedding; with pp > 1 the last stage keeps its own copy
-    (V*h/t) as GPT-3/Megatron do, with pp = 1 (first and last) the one copy is counted once.
+    biases (QKV, MLP-up/gate) over tp; the two norms (LayerNorm 4h, RMSNorm 2h) and the
+    row-parallel biases (attention-out, MLP-down: 2h, none without linear biases) are
+    replicated on every TP rank. First stage: the word embedding is vocab-parallel (V*h/t);
+    a learned position embedding (s*h) is replicated (Megatron does not split it). Last
+    stage: the final norm (replicated) and the output layer (V*h/t): tied to the word
+    embedding, the last stage keeps its own copy when pp > 1 (GPT-3/Megatron) and with
+    pp = 1 the one copy is counted once; untied (Llama), it is a matrix of its own.
     """
     if not isinstance(layers, int) or layers < 0:
         raise InputError(None, "plan.layers", f"layers per stage must be an integer >= 0, got {layers!r}")
     if not isinstance(tp, int) or tp < 1:
         raise InputError(None, "plan.tp", f"tensor-parallel size must be an integer >= 1, got {tp!r}")
     h = model.hidden_size
-    replicated = 6 * h
+    replicated = 2 * model.norm_params + model.row_bias_params
     per_layer = (model.params_per_layer - replicated) / tp + replicated
     total = layers * per_layer
     word = model.vocab_size * h / tp
     if first:
-        total += word + model.seq_length * h
+        total += word + model.position_params
     if last:
-        total += 2 * h + (0 if first else word)
+        total += model.norm_params + (word if (not first or not model.tie_embeddings) else 0)
     return total
 
 

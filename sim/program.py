@@ -357,8 +357,9 @@ def embedding_grad_sync_s(model: ModelSpec, plan: Plan, cluster: Cluster, profil
     the embedding group, first and last stage of each replica and TP rank, so both apply
     the same update (megatron/core/distributed/finalize_model_grads.py,
     _allreduce_embedding_grads). V*h/t elements in the gradient-reduction dtype, one
-    2-rank all-reduce on the critical path of both stages (analytic, as TP collectives)."""
-    if plan.pp == 1:
+    2-rank all-reduce on the critical path of both stages (analytic, as TP collectives).
+    An untied output layer (model.tie_embeddings false) has nothing to keep in step."""
+    if plan.pp == 1 or not model.tie_embeddings:
         return 0.0
     ranks = [plan.rank(d, 0, 0), plan.rank(d, plan.pp - 1, 0)]
     nbytes = model.vocab_size * model.hidden_size / plan.tp * grad_reduce_bytes(plan.precision, profile.runtime)

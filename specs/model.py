@@ -16,7 +16,7 @@ from costmodel.errors import InputError
 from costmodel.limits import MAX_GLOBAL_BATCH, MAX_HEADS, MAX_HIDDEN, MAX_LAYERS, MAX_SEQ, MAX_VOCAB
 from costmodel.shapes import ModelSpec
 from costmodel.yamlio import load_yaml, not_a_file
-from specs.validation import Int, Strict, validate
+from specs.validation import Bool, Int, Strict, validate
 
 
 class ModelFile(Strict):
@@ -33,6 +33,10 @@ class ModelFile(Strict):
     vocab_size: Int(1, MAX_VOCAB)
     global_batch_size: Int(1, MAX_GLOBAL_BATCH)
     activation: Literal["gelu", "swiglu"] = "gelu"
+    tie_embeddings: Bool = True
+    position_embedding: Literal["learned", "rope"] = "learned"
+    linear_bias: Bool = True
+    normalization: Literal["layernorm", "rmsnorm"] = "layernorm"
 
     @model_validator(mode="after")
     def _consistent(self) -> "ModelFile":
@@ -56,6 +60,15 @@ def _gpt3(name, layers, hidden, heads, batch):
     return ModelSpec(name, layers, hidden, heads, 2048, 51200, batch)
 
 
+# What makes a Llama a Llama in the parameter count (see the Llama presets' sources).
+_LLAMA = dict(activation="swiglu", tie_embeddings=False, position_embedding="rope", linear_bias=False,
+              normalization="rmsnorm")
+
+
+def _llama(name, layers, hidden, heads, seq, vocab, batch, kv, ffn):
+    return ModelSpec(name, layers, hidden, heads, seq, vocab, batch, kv, ffn, **_LLAMA)
+
+
 PRESETS: dict[str, ModelSpec] = {
     "gpt3-125m": _gpt3("gpt3-125m", 12, 768, 12, 256),  # 0.5M tokens
     "gpt3-350m": _gpt3("gpt3-350m", 24, 1024, 16, 256),  # 0.5M tokens
@@ -69,17 +82,21 @@ PRESETS: dict[str, ModelSpec] = {
     # Llama 2: Touvron et al. 2023, "Llama 2: Open Foundation and Fine-Tuned Chat Models",
     # Table 1 and Sec. 2.2 (4096 context, 4M-token batch = 1024 sequences, vocab 32000,
     # SwiGLU; 70B uses grouped-query attention with 8 KV heads). FFN widths from the
-    # released configs (11008, 13824, 28672).
-    "llama2-7b": ModelSpec("llama2-7b", 32, 4096, 32, 4096, 32000, 1024, None, 11008, "swiglu"),
-    "llama2-13b": ModelSpec("llama2-13b", 40, 5120, 40, 4096, 32000, 1024, None, 13824, "swiglu"),
-    "llama2-70b": ModelSpec("llama2-70b", 80, 8192, 64, 4096, 32000, 1024, 8, 28672, "swiglu"),
+    # released configs (11008, 13824, 28672). The architecture of Llama 1 (Sec. 2.2 there:
+    # RMSNorm pre-normalisation, SwiGLU, rotary embeddings); no biases and an output layer
+    # of its own (meta-llama/llama, llama/model.py: linears with bias=False, a separate
+    # `output` ColumnParallelLinear): _LLAMA.
+    "llama2-7b": _llama("llama2-7b", 32, 4096, 32, 4096, 32000, 1024, None, 11008),
+    "llama2-13b": _llama("llama2-13b", 40, 5120, 40, 4096, 32000, 1024, None, 13824),
+    "llama2-70b": _llama("llama2-70b", 80, 8192, 64, 4096, 32000, 1024, 8, 28672),
     # Llama 3: Dubey et al. 2024, "The Llama 3 Herd of Models", Table 3 (layers, width,
     # FFN, heads, 8 KV heads, vocab 128256) and Sec. 3.4 (405B: 8192 context, batch up to
-    # 16M tokens = 2048 sequences). The paper gives no batch for 8B/70B: we assume the
-    # same 16M tokens; override with a model file if you know better.
-    "llama3-8b": ModelSpec("llama3-8b", 32, 4096, 32, 8192, 128256, 2048, 8, 14336, "swiglu"),
-    "llama3-70b": ModelSpec("llama3-70b", 80, 8192, 64, 8192, 128256, 2048, 8, 28672, "swiglu"),
-    "llama3-405b": ModelSpec("llama3-405b", 126, 16384, 128, 8192, 128256, 2048, 8, 53248, "swiglu"),
+    # 16M tokens = 2048 sequences); Sec. 3.2: Llama 2's architecture. The paper gives no
+    # batch for 8B/70B: we assume the same 16M tokens; override with a model file if you
+    # know better. With _LLAMA the counts are the published 8.03B, 70.6B and 405.9B.
+    "llama3-8b": _llama("llama3-8b", 32, 4096, 32, 8192, 128256, 2048, 8, 14336),
+    "llama3-70b": _llama("llama3-70b", 80, 8192, 64, 8192, 128256, 2048, 8, 28672),
+    "llama3-405b": _llama("llama3-405b", 126, 16384, 128, 8192, 128256, 2048, 8, 53248),
     # Not a published model: the smallest GPT that exercises every plan the real runner
     # validates on a CPU machine (validate/): 4 layers and 4 heads split over tp, pp,
     # vpp = 2 and dp up to 4, 16 sequences = 2+ microbatches per replica; one step takes

@@ -134,6 +134,22 @@ def test_model_sizes_bounded(field, value):
     assert exc.value.field == field and "must be an integer in [1, " in str(exc.value)
 
 
+@pytest.mark.parametrize("field,value", [("tie_embeddings", "no"), ("tie_embeddings", 0), ("linear_bias", 1),
+                                         ("position_embedding", "alibi"), ("normalization", "batchnorm"),
+                                         ("normalization", None)])
+def test_model_architecture_fields_refuse_other_values(field, value):
+    """The four architecture fields take exactly their documented values: YAML booleans for
+    tie_embeddings / linear_bias (not 0, 1 or 'no'), 'learned' or 'rope', 'layernorm' or
+    'rmsnorm'; the error names the field."""
+    with pytest.raises(InputError) as exc:
+        model_from_mapping({**MODEL, field: value}, "m.yaml")
+    assert exc.value.field == field and "\n" not in str(exc.value)
+    ok = model_from_mapping({**MODEL, "tie_embeddings": False, "position_embedding": "rope",
+                             "linear_bias": False, "normalization": "rmsnorm"}, "m.yaml")
+    assert (ok.tie_embeddings, ok.position_embedding, ok.linear_bias, ok.normalization) == \
+        (False, "rope", False, "rmsnorm")
+
+
 @pytest.mark.parametrize("plan,field", [("compress=topk:1e-300", "compress"), ({"tp": True}, "tp"),
                                         ({"sp": 1}, "sp"), ({"mbs": 10**9}, "mbs"),
                                         ("compress=topk:nan", "compress"), ("dp=99999999999999999999", "dp")],

@@ -220,3 +220,52 @@ def test_gpipe_last_stage_holds_every_output_end():
         plan = resolve_plan(f"tp=8,pp=2,dp=1,mbs=4,schedule={schedule}", model, 16)
         mem = stage_memory(model, plan, rt, 1, plan.mb_shares[0])
         assert mem["logits"] == held * head and mem["activations"] == held * 24 * layer, schedule
+
+
+def test_llama_parameter_count_by_hand():
+    """Llama 3 8B (Dubey et al. 2024, Table 3: 32 layers, h 4096, 8 K/V heads of 128, ffn
+    14336, V 128256), untied, RoPE, no biases, RMSNorm: per layer 4096 x (4096 + 2 x 1024)
+    + 4096^2 + 3 x 4096 x 14336 + 2 x 4096 = 218,112,000; x 32 = 6,979,584,000; plus the
+    token embedding and the output layer, 2 x 128256 x 4096 = 1,050,673,152, and the final
+    norm's 4096: 8,030,261,248 (the published 8.03 B). With GPT-3's choices (tied, learned
+    8192-position table, biases, LayerNorm) the same shape counts 7,540,121,600."""
+    from dataclasses import replace
+
+    from specs.model import PRESETS
+    m = PRESETS["llama3-8b"]
+    assert m.params_per_layer == 218_112_000
+    assert m.total_params == 8_030_261_248
+    gpt_style = replace(m, tie_embeddings=True, position_embedding="learned", linear_bias=True,
+                        normalization="layernorm")
+    assert gpt_style.total_params == 7_540_121_600
+
+
+def test_untied_stage_params_by_hand():
+    """TINY untied with RMSNorm and no biases, tp=2: a layer holds its matrices split,
+    8 x (8 + 2 x 4) + 8 x 8 + 3 x 8 x 12 = 480 / 2 = 240, plus two replicated norms of 8:
+    256. First stage of pp=2 (1 layer): + V*h/t = 64, no position table (RoPE): 320. Last
+    stage: + final norm 8 + its own output layer 64: 328. pp=1: both matrices, 256 x 2 +
+    64 + 64 + 8 = 648, where the tied model counts the one matrix once."""
+    from dataclasses import replace
+    llama = replace(TINY, tie_embeddings=False, position_embedding="rope", linear_bias=False,
+                    normalization="rmsnorm")
+    assert stage_params(llama, 1, 2, True, False) == 320
+    assert stage_params(llama, 1, 2, False, True) == 328
+    assert stage_params(llama, 2, 2, True, True) == 648
+    assert stage_params(replace(llama, tie_embeddings=True), 2, 2, True, True) == 648 - 64
+    # Every parameter is somewhere: both TP ranks' stages, less the second copy of each
+    # replicated norm (two of 8 in each of 2 layers, and the final one): 1296 - 40 = 1256.
+    assert 2 * (320 + 328) - (2 * 2 * 8 + 8) == llama.total_params == 1256
+
+
+def test_rope_keeps_the_rotated_q_and_k():
+    """RoPE's rotated Q and K are new tensors attention keeps beside the fused projection's
+    output: e*s*b*(h + g)/t more a layer. TINY (s 4, h 8, g 4), b=2, t=2, e=2: 2 x 4 x 2 x 12
+    / 2 = 96 B. With two K/V groups on one rank (t=1), GQA's query copy (e*sbh = 128 B) is
+    RoPE's input only, not kept: the difference is 2 x 4 x 2 x 12 - 128 = 64 B."""
+    from dataclasses import replace
+    rope = replace(TINY, position_embedding="rope")
+    for t, diff in ((2, 96), (1, 64)):
+        got = activation_bytes_per_layer(rope, 2, t, False, "none", flash_attention=True) - \
+            activation_bytes_per_layer(TINY, 2, t, False, "none", flash_attention=True)
+        assert got == diff

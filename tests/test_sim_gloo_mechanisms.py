@@ -2,6 +2,7 @@
 TCP transport) and the tied-embedding gradient all-reduce between first and last stage."""
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -155,6 +156,10 @@ def test_tied_embedding_allreduce_on_first_and_last_stage():
     expected = 512 * 128 * 4 / (10e9 * 0.5) + 2 * 10e-6 + CALL_S
     assert prog.pipelines[0].embedding_sync_s == pytest.approx(expected, rel=1e-9)
     assert build_program(model, resolve_plan("dp=2,precision=fp32", model, 2), cluster2,
+                         prof).pipelines[0].embedding_sync_s == 0.0
+    # An untied output layer (Llama) has no second copy to keep in step.
+    untied = replace(model, tie_embeddings=False)
+    assert build_program(untied, resolve_plan("pp=2,precision=fp32", untied, 2), cluster2,
                          prof).pipelines[0].embedding_sync_s == 0.0
     # In the engine: fixed compute, then the sync added by hand.
     fixed, _ = _prog(1, False)
