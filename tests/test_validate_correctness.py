@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import os
 import subprocess
 import sys
@@ -59,10 +60,12 @@ PLANS_2 = [
     "pp=2,schedule=gpipe", "pp=2,schedule=1f1b", "pp=2,vpp=2,schedule=interleaved",
 ]
 PLANS_4 = ["tp=2,pp=2"]
-# Llama-style variant of tiny: SwiGLU MLP and grouped-query attention (2 K/V groups for 4
-# query heads), split by tp=2 with sequence parallelism.
+# Llama-style variant of tiny: SwiGLU MLP, grouped-query attention (2 K/V groups for 4
+# query heads), RoPE, RMSNorm, no biases and an output layer of its own; split by tp=2
+# with sequence parallelism, by dp=2, and by pp=2 (no tied embedding to reduce).
 GQA = ModelSpec("tiny-gqa", 4, 128, 4, 64, 512, 16, num_query_groups=2, ffn_hidden_size=256,
-                activation="swiglu")
+                activation="swiglu", tie_embeddings=False, position_embedding="rope", linear_bias=False,
+                normalization="rmsnorm")
 GQA_PLAN = "tp=2,sp=true"
 
 
@@ -82,9 +85,10 @@ def runs_2(one_thread):
     runs += [(MODEL, resolve_plan("dp=2", MODEL, 2), _cfg(TOPK_STEPS)),
              (MODEL, resolve_plan("dp=2,compress=topk:0.1", MODEL, 2), _cfg(TOPK_STEPS)),
              (GQA, resolve_plan(GQA_PLAN, GQA, 2), _cfg()),
-             (GQA, resolve_plan("dp=2", GQA, 2), _cfg())]
+             (GQA, resolve_plan("dp=2", GQA, 2), _cfg()),
+             (GQA, resolve_plan("pp=2,schedule=1f1b", GQA, 2), _cfg())]
     out = run_workers_many(runs, timeout_s=240)
-    return dict(zip(PLANS_2 + ["dense", "topk", "gqa", "gqa-dp"], out))
+    return dict(zip(PLANS_2 + ["dense", "topk", "gqa", "gqa-dp", "gqa-pp"], out))
 
 
 @pytest.fixture(scope="module")
@@ -161,9 +165,15 @@ def test_four_process_layouts_match_reference(runs_4, plan):
 
 
 def test_swiglu_grouped_query_attention_matches_reference(runs_2):
-    """A Llama-style layer (SwiGLU, 2 K/V groups for 4 heads) split by tp=2 with sequence
-    parallelism matches its own single-process reference."""
+    """A Llama-style model (SwiGLU, 2 K/V groups for 4 heads, RoPE, RMSNorm, no biases,
+    untied output layer) split by tp=2 with sequence parallelism, and by pp=2 (the output
+    layer on the last stage only, no embedding all-reduce), matches its own single-process
+    reference; it has the parameters the cost model counts."""
     _check(runs_2["gqa"], GQA_PLAN, model=GQA)
+    _check(runs_2["gqa-pp"], "pp=2,schedule=1f1b", model=GQA)
+    from validate.gpt import all_params
+    assert sum(math.prod(p.shape) for p in all_params(GQA)) == GQA.total_params
+    assert {"wout"} <= {p.name for p in all_params(GQA)} and "wpe" not in {p.name for p in all_params(GQA)}
 
 
 def test_topk_sends_under_30pct_and_tracks_dense_loss(runs_2):
@@ -244,7 +254,7 @@ def _saved_pairs(workers, model, plan_text, world):
     return [(w["saved_activation_bytes"], pred[w["rank"]]) for w in workers]
 
 
-@pytest.mark.parametrize("plan", PLANS_2 + ["gqa", "gqa-dp"])
+@pytest.mark.parametrize("plan", PLANS_2 + ["gqa", "gqa-dp", "gqa-pp"])
 def test_saved_activations_match_the_memory_model(runs_2, plan):
     """What autograd really keeps for backward, at its peak over a step, on every rank of
     every 2-process layout (GPipe holds all 16 microbatches, 1F1B two on the first stage,
@@ -252,7 +262,8 @@ def test_saved_activations_match_the_memory_model(runs_2, plan):
     SP keeps the gathered GEMM inputs; GQA with two K/V groups on a rank keeps a query
     copy) equals the cost model's activations and output end for that stage, up to what the
     model leaves out (SAVED_RTOL): never less, at most 0.5 % more."""
-    model, text = (GQA, GQA_PLAN) if plan == "gqa" else (GQA, "dp=2") if plan == "gqa-dp" else (MODEL, plan)
+    model, text = {"gqa": (GQA, GQA_PLAN), "gqa-dp": (GQA, "dp=2"),
+                   "gqa-pp": (GQA, "pp=2,schedule=1f1b")}.get(plan, (MODEL, plan))
     for measured, predicted in _saved_pairs(runs_2[plan], model, text, 2):
         assert predicted <= measured <= predicted * (1 + SAVED_RTOL), (plan, measured, predicted)
 

@@ -155,7 +155,7 @@ def test_merge_equals_softmax_over_union():
 # Tolerances and the comparison are the correctness suite's (tests/test_validate_correctness.py:
 # losses rtol 1e-5, first-step gradients 1e-4 x the reference's largest entry, weights
 # after 3 Adam steps normwise 1e-3 of the update). mbs=4 keeps the microbatches few.
-from test_validate_correctness import MODEL, _cfg, _check, one_thread  # noqa: E402,F401
+from test_validate_correctness import GQA, MODEL, _cfg, _check, one_thread  # noqa: E402,F401
 from specs.plan import resolve_plan  # noqa: E402
 from validate.runner import check_supported  # noqa: E402
 
@@ -175,11 +175,15 @@ def launched(one_thread):
     out = {}
     for world, plans in ((2, PLANS_CP_2), (4, PLANS_CP_4)):
         runs = [(MODEL, resolve_plan(p, MODEL, world), _cfg()) for p in plans]
+        keys = list(plans)
+        if world == 2:  # the Llama-style model: RoPE at the ring's own positions, GQA
+            runs.append((GQA, resolve_plan(PLANS_CP_2[0], GQA, 2), _cfg()))
+            keys.append("gqa-cp")
         for model, plan, cfg in runs:
             check_supported(model, plan, cfg.backend)
         per_rank = launch(_ring_then_runs, world, (runs,), timeout_s=240)
         out[f"ring{world}"] = [r["ring"] for r in per_rank]
-        out.update({p: [r["runs"][i] for r in per_rank] for i, p in enumerate(plans)})
+        out.update({k: [r["runs"][i] for r in per_rank] for i, k in enumerate(keys)})
     return out
 
 
@@ -190,6 +194,13 @@ def test_cp_plans_match_reference(launched, plan):
     yet losses, first-step gradients (summed over the dp-cp group) and weights after 3
     steps equal the whole-model reference's within the correctness suite's tolerances."""
     _check(launched[plan], plan)
+
+
+def test_cp_llama_style_matches_reference(launched):
+    """cp=2 on the Llama-style model (GQA, RoPE, RMSNorm, no biases, untied output): each
+    rank rotates its Q and K by the positions of its own two chunks (load-balanced, not
+    contiguous), so a wrong position would show as a different loss from the reference."""
+    _check(launched["gqa-cp"], PLANS_CP_2[0], model=GQA)
 
 
 def test_cp_bytes_and_time_recorded(launched):

@@ -220,7 +220,7 @@ def _pp_steps(rank: int, world: int, model, cfg: AdaptiveConfig):
 
     units = balance([1.0] * world, model.num_layers)
     plan = plan_for(units)
-    _, dp_comm, emb_comm, _ = _groups(plan, rank, rec)  # groups do not depend on the layer split
+    _, dp_comm, emb_comm, _ = _groups(plan, rank, rec, model.tie_embeddings)  # groups do not depend on the layer split
     late = {"wte"} if emb_comm is not None else set()
     speed = cfg.speed if rank == cfg.slow_rank else 1.0
     s = rank  # tp = dp = 1: the rank is the stage

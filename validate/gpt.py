@@ -1,11 +1,13 @@
 """A small GPT in torch, built from the simulator's ModelSpec (costmodel/shapes.py), in
 model chunks that tensor and pipeline parallelism cut out of the whole.
 
-Architecture (what costmodel/shapes.ModelSpec counts): token embedding plus learned
-position embedding; per layer, pre-LayerNorm causal self-attention (num_attention_heads
-query heads, num_query_groups K/V heads) and an MLP (GELU: 2 matrices; SwiGLU: 3), each
-with its residual; final LayerNorm; logits through the token embedding (tied) and mean
-cross-entropy.
+Architecture (what costmodel/shapes.ModelSpec counts): token embedding plus a learned
+position embedding (or RoPE on Q and K in every layer); per layer, pre-norm causal
+self-attention (num_attention_heads query heads, num_query_groups K/V heads) and an MLP
+(GELU: 2 matrices; SwiGLU: 3), each with its residual; final norm; logits through the
+token embedding (tied) or an output matrix of its own, and mean cross-entropy. Norms are
+LayerNorm or RMSNorm, linears with or without biases (the model's fields: a GPT-3 or a
+Llama).
 
 Queries, keys and values come out of one fused projection (``qkv.w``), as Megatron-Core's
 ``linear_qkv`` computes them and as the cost model counts them (costmodel/flops.py: one
@@ -62,6 +64,82 @@ def swiglu(gate, up):
 
 INIT_STD = 0.02  # GPT-2/GPT-3 initialisation (Radford et al. 2019, Sec. 2.3)
 LN_EPS = 1e-5
+ROPE_BASE = 10000.0  # RoFormer's theta base (Su et al. 2021, eq. 15); timing does not depend on it
+
+_ROPE = None
+
+
+def rope(x, cos, sin):
+    """Rotary position embedding of x [b, heads, s, d] (Su et al. 2021, RoFormer, eq. 34, in
+    the rotate-half layout): x cos + rotate_half(x) sin, rotate_half([x1, x2]) = [-x2, x1].
+    One autograd Function that keeps nothing for backward but the angles, as Megatron-Core's
+    fused RoPE does (the cost model counts no RoPE activations); backward is the inverse
+    rotation: g cos - rotate_half(g sin). cos, sin: [s, d], constants of the positions."""
+    global _ROPE
+    if _ROPE is None:
+        import torch
+
+        def half(t):
+            a, b = t.chunk(2, dim=-1)
+            return torch.cat((-b, a), dim=-1)
+
+        class _Rope(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, t, c, s_):
+                ctx.angles = (c, s_)  # constants, not activations: kept out of save_for_backward
+                return t * c + half(t) * s_
+
+            @staticmethod
+            def backward(ctx, g):
+                c, s_ = ctx.angles
+                return g * c - half(g * s_), None, None
+
+        _ROPE = _Rope
+    return _ROPE.apply(x, cos, sin)
+
+
+_RMSNORM = None
+
+
+def rms_norm(x, w, eps: float):
+    """RMSNorm (Zhang and Sennrich 2019, eq. 4: x / sqrt(mean(x^2) + eps) * w) keeping only
+    its input and the fp32 reciprocal RMS per row for backward, as fused RMSNorm kernels do
+    (Transformer Engine's RMSNorm saves input and rsigma) and as the cost model counts a
+    norm (its input); torch's eager F.rms_norm on CPU also keeps the normalised x. Backward,
+    with r the reciprocal RMS and n the width: dx = r (g w) - r^3 x mean((g w) x);
+    dw = sum over rows of g x r."""
+    global _RMSNORM
+    if _RMSNORM is None:
+        import torch
+
+        class _RMSNorm(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, t, weight, eps_):
+                # fp32 statistics for 16-bit inputs; fp32 and fp64 keep their own precision.
+                r = torch.rsqrt(t.to(torch.promote_types(t.dtype, torch.float32)).pow(2).mean(-1, keepdim=True) + eps_)
+                ctx.save_for_backward(t, weight, r)
+                return (t * r).to(t.dtype) * weight
+
+            @staticmethod
+            def backward(ctx, g):
+                t, weight, r = ctx.saved_tensors
+                gw = g * weight
+                dx = r * gw - r.pow(3) * t * (gw * t).mean(-1, keepdim=True)
+                dw = (g * t * r).reshape(-1, t.shape[-1]).sum(0)
+                return dx.to(t.dtype), dw, None
+
+        _RMSNORM = _RMSNorm
+    return _RMSNORM.apply(x, w, eps)
+
+
+def rope_angles(positions, d: int, device):
+    """(cos, sin) [len(positions), d] for head dim d: angle p / base^(2i/d) on channel pair i,
+    repeated over the two halves (rotate-half layout)."""
+    import torch
+    inv = ROPE_BASE ** (-torch.arange(0, d, 2, dtype=torch.float32) / d)
+    ang = positions.to(torch.float32)[:, None] * inv[None, :]
+    ang = torch.cat((ang, ang), dim=-1).to(device)
+    return ang.cos(), ang.sin()
 
 
 @dataclass(frozen=True)
@@ -83,27 +161,39 @@ class ParamSpec:
 def layer_params(model: ModelSpec, i: int) -> list[ParamSpec]:
     h, kv, f = model.hidden_size, model.kv_hidden, model.ffn
     p = f"l{i}."
-    out = [
-        ParamSpec(p + "ln1.w", (h,), "ones", None, True), ParamSpec(p + "ln1.b", (h,), "zeros", None, True),
-        ParamSpec(p + "qkv.w", (h + 2 * kv, h), "normal", 0), ParamSpec(p + "qkv.b", (h + 2 * kv,), "zeros", 0),
-        ParamSpec(p + "o.w", (h, h), "scaled", 1), ParamSpec(p + "o.b", (h,), "zeros", None, True),
-        ParamSpec(p + "ln2.w", (h,), "ones", None, True), ParamSpec(p + "ln2.b", (h,), "zeros", None, True),
-        ParamSpec(p + "fc1.w", (f, h), "normal", 0), ParamSpec(p + "fc1.b", (f,), "zeros", 0),
-    ]
+    bias, ln = model.linear_bias, model.normalization == "layernorm"
+
+    def norm(name):
+        return [ParamSpec(p + name + ".w", (h,), "ones", None, True)] + (
+            [ParamSpec(p + name + ".b", (h,), "zeros", None, True)] if ln else [])
+
+    def linear(name, shape, init, split, row):
+        w = [ParamSpec(p + name + ".w", shape, init, split)]
+        if not bias:
+            return w
+        # A row-parallel linear's bias is added after the reduction: replicated.
+        return w + [ParamSpec(p + name + ".b", (shape[0],), "zeros", None if row else 0, row)]
+
+    out = norm("ln1") + linear("qkv", (h + 2 * kv, h), "normal", 0, False) + linear("o", (h, h), "scaled", 1, True)
+    out += norm("ln2") + linear("fc1", (f, h), "normal", 0, False)
     if model.activation == "swiglu":
-        out += [ParamSpec(p + "gate.w", (f, h), "normal", 0), ParamSpec(p + "gate.b", (f,), "zeros", 0)]
-    out += [ParamSpec(p + "fc2.w", (h, f), "scaled", 1), ParamSpec(p + "fc2.b", (h,), "zeros", None, True)]
-    return out
+        out += linear("gate", (f, h), "normal", 0, False)
+    return out + linear("fc2", (h, f), "scaled", 1, True)
 
 
 def all_params(model: ModelSpec) -> list[ParamSpec]:
     """Every full weight in the fixed order the seed fills them."""
     h = model.hidden_size
-    out = [ParamSpec("wte", (model.vocab_size, h), "normal", 0),  # rows split along the vocabulary
-           ParamSpec("wpe", (model.seq_length, h), "normal")]
+    out = [ParamSpec("wte", (model.vocab_size, h), "normal", 0)]  # rows split along the vocabulary
+    if model.position_embedding == "learned":
+        out.append(ParamSpec("wpe", (model.seq_length, h), "normal"))
     for i in range(model.num_layers):
         out += layer_params(model, i)
-    out += [ParamSpec("lnf.w", (h,), "ones", None, True), ParamSpec("lnf.b", (h,), "zeros", None, True)]
+    out.append(ParamSpec("lnf.w", (h,), "ones", None, True))
+    if model.normalization == "layernorm":
+        out.append(ParamSpec("lnf.b", (h,), "zeros", None, True))
+    if not model.tie_embeddings:
+        out.append(ParamSpec("wout", (model.vocab_size, h), "normal", 0))
     return out
 
 
@@ -161,8 +251,9 @@ class GPTChunk:
         check_tp(model, tp)
         self.heads = model.num_attention_heads // tp
         self.groups = model.kv_groups // tp
+        self.out_name = "wte" if model.tie_embeddings else "wout"
         specs = [s for s in all_params(model) if (first and s.name in ("wte", "wpe"))
-                 or (last and s.name in ("wte", "lnf.w", "lnf.b"))
+                 or (last and s.name in (self.out_name, "lnf.w", "lnf.b"))
                  or any(s.name.startswith(f"l{i}.") for i in self.layers)]
         self.specs = {s.name: s for s in specs}
         self.params = {s.name: torch.nn.Parameter(local_weight(weights[s.name], s, tp, ti).to(device))
@@ -171,14 +262,15 @@ class GPTChunk:
     def forward(self, inp, targets=None, loss_scale: float = 1.0):
         """First chunk: ``inp`` are token ids [b, s]; else activations [b, s(/tp), h].
         Last chunk returns the scaled loss; others return activations."""
-        import torch.nn.functional as F
         from torch.utils.checkpoint import checkpoint
         P = self.params
         x = inp
         if self.first:
             pos = (self.ring.positions(self.model.seq_length).to(inp.device) if self.ring
                    else slice(0, inp.shape[1]))
-            x = vocab_embedding(inp, P["wte"], self.comm) + P["wpe"][pos]
+            x = vocab_embedding(inp, P["wte"], self.comm)
+            if "wpe" in P:
+                x = x + P["wpe"][pos]
             x = scatter_seq(x, self.comm, self.sp)
         for i in self.layers:
             if self.recompute == "full":
@@ -187,19 +279,38 @@ class GPTChunk:
                 x = self._layer(i, x)
         if not self.last:
             return x
-        x = F.layer_norm(x, x.shape[-1:], P["lnf.w"], P["lnf.b"], LN_EPS)
+        x = self._norm(x, "lnf")
         # Logits over this rank's vocabulary rows (a column-parallel GEMM: with sp its input
         # is gathered along the sequence first), then the vocabulary-parallel loss.
-        logits = enter(x, self.comm, self.sp) @ P["wte"].t()
+        logits = enter(x, self.comm, self.sp) @ P[self.out_name].t()
         return vocab_cross_entropy(logits, targets, self.comm) * loss_scale
 
-    def _layer(self, i: int, x):
+    def _norm(self, x, name: str):
         import torch.nn.functional as F
-        P, p = self.params, f"l{i}."
-        h = F.layer_norm(x, x.shape[-1:], P[p + "ln1.w"], P[p + "ln1.b"], LN_EPS)
-        x = x + self._attention(p, h)
-        h = F.layer_norm(x, x.shape[-1:], P[p + "ln2.w"], P[p + "ln2.b"], LN_EPS)
-        return x + self._mlp(p, h)
+        P = self.params
+        if self.model.normalization == "rmsnorm":
+            return rms_norm(x, P[name + ".w"], LN_EPS)
+        return F.layer_norm(x, x.shape[-1:], P[name + ".w"], P[name + ".b"], LN_EPS)
+
+    def _add_bias(self, x, name: str):
+        b = self.params.get(name)
+        return x if b is None else x + b
+
+    def _layer(self, i: int, x):
+        p = f"l{i}."
+        x = x + self._attention(p, self._norm(x, p + "ln1"))
+        return x + self._mlp(p, self._norm(x, p + "ln2"))
+
+    def _angles(self, s: int, device):
+        """RoPE's (cos, sin) for this rank's s positions (its ring positions under CP)."""
+        import torch
+        key = (s, str(device))
+        if getattr(self, "_angle_cache", None) is None:
+            self._angle_cache = {}
+        if key not in self._angle_cache:
+            pos = self.ring.positions(self.model.seq_length) if self.ring else torch.arange(s)
+            self._angle_cache[key] = rope_angles(pos, self.model.head_dim, device)
+        return self._angle_cache[key]
 
     def _attention(self, p: str, h):
         import torch.nn.functional as F
@@ -210,10 +321,13 @@ class GPTChunk:
         d = self.model.head_dim
         rep = self.model.heads_per_group
         # One GEMM, then per K/V group: its rep query heads, its key, its value (module doc).
-        qkv = F.linear(h, P[p + "qkv.w"], P[p + "qkv.b"]).view(b, s, self.groups, rep + 2, d)
+        qkv = F.linear(h, P[p + "qkv.w"], P.get(p + "qkv.b")).view(b, s, self.groups, rep + 2, d)
         q, k, v = qkv.split((rep, 1, 1), dim=3)  # views; one dispatch (multi-dim slicing costs three)
         q = q.reshape(b, s, self.heads, d).transpose(1, 2)
         k, v = k.squeeze(3).transpose(1, 2), v.squeeze(3).transpose(1, 2)
+        if self.model.position_embedding == "rope":
+            cos, sin = self._angles(s, h.device)
+            q, k = rope(q, cos, sin), rope(k, cos, sin)
         if self.ring is not None:  # checkpoints its own pieces, not the exchange
             a = self.ring.attend(q, k, v, rep, checkpoint=self.recompute == "selective")
         elif self.recompute == "selective":
@@ -223,7 +337,7 @@ class GPTChunk:
         else:
             a = self._core(q, k, v)
         a = a.transpose(1, 2).reshape(b, s, self.heads * d)
-        return leave(F.linear(a, P[p + "o.w"]), self.comm, self.sp) + P[p + "o.b"]
+        return self._add_bias(leave(F.linear(a, P[p + "o.w"]), self.comm, self.sp), p + "o.b")
 
     def _core(self, q, k, v):
         import torch.nn.functional as F
@@ -239,12 +353,12 @@ class GPTChunk:
         import torch.nn.functional as F
         P = self.params
         h = enter(h, self.comm, self.sp)
-        u = F.linear(h, P[p + "fc1.w"], P[p + "fc1.b"])
+        u = F.linear(h, P[p + "fc1.w"], P.get(p + "fc1.b"))
         if self.model.activation == "swiglu":
-            u = swiglu(F.linear(h, P[p + "gate.w"], P[p + "gate.b"]), u)
+            u = swiglu(F.linear(h, P[p + "gate.w"], P.get(p + "gate.b")), u)
         else:
             u = F.gelu(u)
-        return leave(F.linear(u, P[p + "fc2.w"]), self.comm, self.sp) + P[p + "fc2.b"]
+        return self._add_bias(leave(F.linear(u, P[p + "fc2.w"]), self.comm, self.sp), p + "fc2.b")
 
 
 def batch_tokens(model: ModelSpec, step: int, seed: int):

@@ -86,7 +86,7 @@ def vstage_layers(plan: Plan) -> list[list[int]]:
     return out
 
 
-def _groups(plan: Plan, rank: int, rec):
+def _groups(plan: Plan, rank: int, rec, tied: bool = True):
     """Create every TP, DP, CP and embedding group (all ranks, same order); return this
     rank's Comm objects and its cp Ring.
 
@@ -121,7 +121,7 @@ def _groups(plan: Plan, rank: int, rec):
                     g = dist.new_group(ranks)
                     if rank in ranks:
                         ring = Ring(ranks, rank, rec, g)
-    if plan.pp > 1:  # first and last stage both hold the tied token embedding
+    if plan.pp > 1 and tied:  # first and last stage both hold the tied token embedding
         for dd in range(plan.dp):
             for cc in range(plan.cp):
                 for tt in range(plan.tp):
@@ -178,7 +178,7 @@ def _worker(rank: int, world: int, model: ModelSpec, plan: Plan, cfg: RunConfig)
     device = be.device_for(local_rank())
     rec = Recorder(cuda=be.kind == "cuda")
     d, s, t, c_idx = coords_cp(plan, rank)
-    tp_comm, dp_comm, emb_comm, ring = _groups(plan, rank, rec)
+    tp_comm, dp_comm, emb_comm, ring = _groups(plan, rank, rec, model.tie_embeddings)
     p, v = plan.pp, plan.vpp
     layers = vstage_layers(plan)
     weights = full_weights(model, cfg.seed)
