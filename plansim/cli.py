@@ -74,10 +74,15 @@ def _note_uncalibrated(profile, gpu_names) -> None:
     bad = uncalibrated_gpus(profile, gpu_names)
     if bad:
         g = profile.gpus.get("default")
-        print(f"plansim: note: no calibrated efficiency for {', '.join(bad)} in the profile: "
-              f"generic GEMMs at {100 * g.gemm_eff_max:.0f} % of datasheet peak, attention at "
-              f"{100 * g.attention_eff:.0f} %; times of these GPUs are unchecked (plansim calibrate, "
-              "or --profile with a gpus entry)", file=sys.stderr)
+        _NOTES.append(f"plansim: note: no calibrated efficiency for {', '.join(bad)} in the profile: "
+                      f"generic GEMMs at {100 * g.gemm_eff_max:.0f} % of datasheet peak, attention at "
+                      f"{100 * g.attention_eff:.0f} %; times of these GPUs are unchecked (plansim calibrate, "
+                      "or --profile with a gpus entry)")
+
+
+# Notes for stderr, printed once the command has succeeded: a run that fails on bad input
+# prints its one error line and nothing else.
+_NOTES: list[str] = []
 
 
 def cmd_simulate(args) -> int:
@@ -172,8 +177,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    _NOTES.clear()
     try:
-        return args.func(args)
+        code = args.func(args)
+        for note in dict.fromkeys(_NOTES):  # once each, in order
+            print(note, file=sys.stderr)
+        return code
     except InputError as err:
         print(f"plansim: error: {err}", file=sys.stderr)
         return 2

@@ -216,6 +216,9 @@ def test_uncalibrated_gpu_gets_a_note(capsys, tmp_path):
     assert err.count("\n") == 1 and "no calibrated efficiency for L40S" in err
     code, _, err = run(capsys, "simulate", "dgx-a100", "--model", "gpt3-125m", "--plan", "dp=8", "--nodes", "1")
     assert code == 0 and "no calibrated" not in err
+    # Bad input on such a cluster is still one line: the note waits for success.
+    code, _, err = run(capsys, "simulate", "pcie-l40s", "--model", "gpt3-125m", "--plan", "dp=8")
+    assert code == 2 and err.count("\n") == 1 and "no calibrated" not in err
     own = tmp_path / "l40s.yaml"
     own.write_text("name: mine\ngpus:\n  L40S: {gemm_eff_max: 0.6}\n")
     code, _, err = run(capsys, "simulate", "pcie-l40s", "--model", "gpt3-125m", "--plan", "dp=64",
