@@ -27,6 +27,22 @@ class InputError(Exception):
         return (type(self), (self.source, self.field, self.message))
 
     def __str__(self) -> str:
-        where = f"{self.source}: {self.field}" if self.field else self.source
+        where = f"{clip(self.source)}: {clip(self.field)}" if self.field else clip(self.source)
         # One line, always: newlines in messages would break the one-line contract.
-        return f"{where}: {self.message}".replace("\n", " ")
+        return f"{where}: {clip(self.message, MAX_MESSAGE)}".replace("\n", " ")
+
+
+# A path, field or value in an error is shown up to this many characters (a 100,000-
+# character --model argument made a 100 kB error line); the middle goes, so both the
+# start and the file name at the end stay readable.
+MAX_PART = 200
+MAX_MESSAGE = 1000
+
+
+def clip(text: str, limit: int = MAX_PART) -> str:
+    """``text`` cut in the middle to at most about ``limit`` characters."""
+    text = str(text)
+    if len(text) <= limit:
+        return text
+    keep = (limit - 5) // 2
+    return f"{text[:keep]} ... {text[-keep:]}"

@@ -212,13 +212,19 @@ def _typed(kind: str) -> set[tuple[type, str]]:
 
 _BOOL_FIELDS = _typed("bool")
 _STR_FIELDS = _typed("str")
+_INT_FIELDS = {(cls, f.name) for cls in (GpuEfficiency, FabricEfficiency, RuntimeSettings)
+               for f in fields(cls) if f.type in ("int", int)}
+# The smallest share of a peak a profile may give: 0.1 %. Nothing trains that slowly, and
+# below it the numbers stop meaning anything (an efficiency of 5e-324, inside (0, 1],
+# divided a GEMM's time by zero and made the flow solver spin on denormal rates).
+EFF_MIN = 1e-3
 # Allowed range of every number: (low, high, low open, high open). Efficiencies are shares of a
 # peak, (0, 1]; times in microseconds up to one second (costmodel/limits.py); the share of
 # compute lost to an overlapping collective is below 1 (at 1 compute would never finish).
 # Any other (future) number: finite and in [0, 1e6].
 _RANGES = {"compute_slowdown": (0.0, 1.0, False, True), "topk_select_cv": (0.0, 2.0, False, False),
            "comm_busy_fraction": (0.0, 1.0, False, False),
-           "gemm_eff_max_fp8": (0.0, 1.0, False, False),  # 0: unset (derived from gemm_eff_max)
+           "gemm_eff_max_fp8": (0.0, 1.0, False, False),  # 0: unset (derived from gemm_eff_max); else >= EFF_MIN
            "fp8_weight_copies": (0, 4, False, False), "fsdp_prefetch_layers": (0, 64, False, False)}
 _DEFAULT_RANGE = (0.0, 1e6, False, False)
 
@@ -227,7 +233,7 @@ def _range(key: str) -> tuple[float, float, bool, bool]:
     if key in _RANGES:
         return _RANGES[key]
     if key.endswith(("_eff", "_eff_max")):
-        return (0.0, 1.0, True, False)
+        return (EFF_MIN, 1.0, False, False)
     if key.endswith("_us"):
         return (0.0, LATENCY_US_MAX, False, False)
     return _DEFAULT_RANGE
@@ -288,7 +294,10 @@ def _check_record(cls, data, source: str, where: str) -> None:
                 raise InputError(source, path, f"{_short(value)}: must be a string")
         else:
             lo, hi, lo_open, hi_open = _range(key)
-            problem = number_problem(value, lo, hi, lo_open=lo_open, hi_open=hi_open)
+            problem = number_problem(value, lo, hi, integer=(cls, key) in _INT_FIELDS,
+                                     lo_open=lo_open, hi_open=hi_open)
+            if not problem and key == "gemm_eff_max_fp8" and 0 < value < EFF_MIN:
+                problem = f"must be 0 (unset) or in [{EFF_MIN:g}, 1]"
             if problem:
                 raise InputError(source, path, f"{_short(value)}: {problem}")
 

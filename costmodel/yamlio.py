@@ -14,6 +14,7 @@ YAML too and costmodel may not import specs. Every failure is a one-line InputEr
 """
 from __future__ import annotations
 
+import re
 from importlib.resources import files
 from pathlib import Path
 
@@ -22,9 +23,11 @@ import yaml
 from costmodel.errors import InputError
 
 # Input files are hand-written descriptions of a cluster, a model or a plan: the largest
-# bundled one is a few kB. 16 MiB leaves room for a machine-written explicit network of
-# ~100k links while bounding what a mistaken path (a dataset, a binary) can make us read.
-MAX_FILE_BYTES = 16 * 2**20
+# bundled one is a few kB. 8 MiB leaves room for a machine-written explicit network of
+# ~100k links (about 60 B a link) while bounding what a mistaken path (a dataset, a binary)
+# can make us read and how long reading it takes: parsing is linear in the scalars, about
+# 10 us each here even with libyaml, so 16 MiB of one-line keys took 21 s to refuse.
+MAX_FILE_BYTES = 8 * 2**20
 # YAML nodes that aliases may add beyond the ones written in the file. Sharing a block of
 # settings a few times adds tens of nodes; an alias bomb adds millions.
 MAX_ALIAS_NODES = 10_000
@@ -75,8 +78,37 @@ def decode(data: bytes, source: str) -> str:
                                        "save the file as UTF-8") from None
 
 
-class _Loader(yaml.SafeLoader):
-    """SafeLoader that rejects a mapping key given twice."""
+# libyaml's parser where PyYAML was built with it (pip wheels are): the pure-Python one
+# took over 60 s on a 16 MB file of a million keys. Resolving and constructing stay in
+# Python either way, so the rules below hold for both.
+_BASE = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+class _Loader(_BASE):
+    """SafeLoader that rejects a mapping key given twice and reads no base-60 numbers."""
+
+
+# YAML 1.1 reads 6:6 as the base-60 integer 366 and 1:30.5 as 90.5 (PyYAML's int and float
+# resolvers); YAML 1.2 dropped that, and here it only ever turned a plan file's
+# `layers: 6:6` into a wrong number. The resolvers below are PyYAML's without the base-60
+# forms, so such a value stays the string the user wrote.
+_Loader.yaml_implicit_resolvers = {
+    first: [(tag, rx) for tag, rx in resolvers if tag not in ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:int",
+    re.compile(r"""^(?:[-+]?0b[0-1_]+
+                |[-+]?0[0-7_]+
+                |[-+]?(?:0|[1-9][0-9_]*)
+                |[-+]?0x[0-9a-fA-F_]+)$""", re.X),
+    list("-+0123456789"))
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+][0-9]+)?
+                |\.[0-9][0-9_]*(?:[eE][-+][0-9]+)?
+                |[-+]?\.(?:inf|Inf|INF)
+                |\.(?:nan|NaN|NAN))$""", re.X),
+    list("-+0123456789."))
 
 
 def _construct_mapping(loader: _Loader, node: yaml.MappingNode, deep: bool = False):
@@ -145,6 +177,9 @@ def parse_yaml(text: str, source: str):
             raise InputError(source, None, f"YAML aliases expand the document by more than "
                                            f"{MAX_ALIAS_NODES:,} nodes; write the values out")
         return loader.construct_document(node)
+    except ValueError as err:  # an integer beyond Python's 4,300-digit conversion limit
+        why = "a number with more than 4,300 digits" if "digits" in str(err) else str(err)[:120]
+        raise InputError(source, None, f"malformed YAML: {why}") from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""

@@ -59,6 +59,13 @@ class PlanFile(Strict):
     # one-step-delayed gradient application (weights one step stale)
     overlap_step: Literal["none", "layerwise", "delayed"] = "none"
 
+    @field_validator("layers", "mb_shares", mode="before")
+    @classmethod
+    def _colon_list(cls, v):
+        # A plan file may write these as the --plan string does, `layers: "10:14"` (and,
+        # since the YAML reader has no base-60 numbers, unquoted `layers: 10:14`).
+        return v.split(":") if isinstance(v, str) else v
+
     @field_validator("compress")
     @classmethod
     def _compress(cls, v: str) -> str:

@@ -443,6 +443,8 @@ class TopologyFileRead:
     def __init__(self, name_or_path: str):
         self.source, text = _read(str(name_or_path))
         self.topo = _parse(self.source, text)
+        from specs.topology_build import check_group_node_types
+        check_group_node_types(self.topo, self.source)  # else its groups would count no devices
 
     def devices(self, nodes: int | None = None) -> int:
         """Devices with ``nodes`` nodes (None: as the file says); InputError as --nodes gives."""

@@ -53,6 +53,14 @@ def _mesh_paths(tname: str, nt: schema.NodeType, source: str) -> tuple[dict, dic
     return paths, pair_Bps, gpu0_Bps
 
 
+def check_group_node_types(topo: schema.TopologyFile, source: str) -> None:
+    """Every group names a node type of the file (InputError naming the group otherwise)."""
+    for i, grp in enumerate(topo.groups):
+        if grp.node_type not in topo.node_types:
+            raise InputError(source, f"groups.{i}.node_type", f"unknown node type {short(grp.node_type)}; "
+                                                               f"allowed: {', '.join(topo.node_types)}")
+
+
 def _check_node_type(tname: str, nt: schema.NodeType, source: str, networked: bool) -> GpuSpec:
     base = get_gpu(nt.gpu, source, f"node_types.{tname}.gpu")
     ov = nt.gpu_overrides
@@ -132,9 +140,7 @@ class _Builder:
             if grp.name in names:
                 raise InputError(source, f"groups.{i}.name", f"duplicate group name {short(grp.name)}")
             names.add(grp.name)
-            if grp.node_type not in topo.node_types:
-                raise InputError(source, f"groups.{i}.node_type", f"unknown node type {short(grp.node_type)}; "
-                                                                   f"allowed: {', '.join(topo.node_types)}")
+        check_group_node_types(topo, source)
         used = {grp.node_type for grp in topo.groups}
         networked = topo.network is not None
         specs = {t: _check_node_type(t, nt, source, networked) for t, nt in topo.node_types.items() if t in used}

@@ -105,13 +105,20 @@ def test_topology_numbers_bounded(tmp_path, path, value, needle):
     ("gpus:\n  default: {kernel_overhead_us: .nan}\n", "kernel_overhead_us"),
     ("fabrics:\n  nvswitch: {call_latency_us: .inf}\n", "call_latency_us"),
     ("fabrics:\n  network: {compute_slowdown: 50}\n", "[0, 1)"),
-    ("fabrics:\n  network: {bw_eff: .nan}\n", "(0, 1]"),
+    ("fabrics:\n  network: {bw_eff: .nan}\n", "[0.001, 1]"),
+    # Inside (0, 1] but no efficiency: 5e-324 divided by zero, 1e-300 hung the flow solver.
+    ("gpus:\n  A100-SXM4-80GB: {gemm_eff_max: 5.0e-324}\n", "[0.001, 1]"),
+    ("gpus:\n  A100-SXM4-80GB: {hbm_eff: 1.0e-300}\n", "[0.001, 1]"),
+    ("gpus:\n  H100-SXM5-80GB: {gemm_eff_max_fp8: 1.0e-9}\n", "0 (unset) or in [0.001, 1]"),
+    # Integer fields take integers: fsdp_prefetch_layers 1.5 raised TypeError mid-simulation.
+    ("runtime: {fsdp_prefetch_layers: 1.5}\n", "must be an integer in [0, 64]"),
+    ("runtime: {host_cores: 1.5}\n", "must be an integer"),
     ("runtime: {host_overhead_us: 1.0e+300}\n", "[0, 1e+06]"),
     ("gpus: [1, 2]\n", "gpus: list: must be a mapping"),
     ("fabrics: 3\n", "fabrics: 3: must be a mapping"),
     ("gpus:\n  default: {sm_count: true}\n", "sm_count: True"),
-], ids=["nan-overhead", "inf-call-latency", "slowdown-50", "nan-eff", "huge-host", "gpus-list",
-        "fabrics-int", "bool-sm"])
+], ids=["nan-overhead", "inf-call-latency", "slowdown-50", "nan-eff", "denormal-gemm-eff", "tiny-hbm-eff",
+        "tiny-fp8-eff", "float-prefetch", "float-host-cores", "huge-host", "gpus-list", "fabrics-int", "bool-sm"])
 def test_profile_numbers_bounded(tmp_path, text, needle):
     """Profile numbers are finite and in range, and `gpus`/`fabrics` are mappings. Before: a
     NaN kernel overhead made compute free (MFU 53 %), NaN call latency made TP free,
@@ -562,3 +569,36 @@ def test_an_empty_plan_profile_or_scenario_file_is_refused(capsys, tmp_path, fla
     assert len(err.splitlines()) == 1 and str(f) in err and f"the {what} is empty" in err
     f.write_text("{}\n")
     assert main(["simulate", "dgx-a100", flag, str(f), *steps, "--json"]) == 0
+
+
+def test_second_hostile_sweep_findings(tmp_path, capsys):
+    """Findings of a 700-case hostile sweep (2026-12-03), each now one line and exit 2:
+    a group naming an unknown node_type (ZeroDivisionError: its devices counted as none), an
+    integer of 5,000 digits (PyYAML's ValueError), a 100,000-character --model path (a
+    100 kB error line), a 50,000-row runs file (quadratic duplicate check: minutes)."""
+    def one(*argv):
+        code = main(list(argv))
+        err = capsys.readouterr().err
+        assert code == 2 and err.count("\n") == 1 and "Traceback" not in err, err
+        return err
+    topo = {**TOPOLOGY, "groups": [{"name": "g", "node_type": "nope", "nodes": 2}]}
+    assert "groups.0.node_type: unknown node type 'nope'" in one(
+        "simulate", _file(tmp_path, "t.yaml", topo), "--model", "gpt3-125m")
+    assert "more than 4,300 digits" in one("simulate", _file(tmp_path, "big.yaml", "num_layers: " + "9" * 5000))
+    assert len(one("simulate", "dgx-a100", "--model", "x" * 100_000)) < 600
+    rows = [ln for ln in (ROOT / "validate/data/published_runs.csv").read_text().splitlines()
+            if ln.strip() and not ln.startswith("#")]
+    body = "\n".join(f"r{i}" + rows[1][rows[1].index(","):] for i in range(6000))
+    assert "at most 5,000" in one("accuracy", "--rows", _file(tmp_path, "r.csv", rows[0] + "\n" + body + "\n"))
+
+
+def test_plan_file_layers_as_written_on_the_command_line(tmp_path):
+    """A plan file's `layers: 6:6` was YAML 1.1's base-60 integer 366 (refused as "must be
+    a valid list") and `layers: "5:7"` was refused too; both now read as the --plan string
+    does. The YAML reader has no base-60 numbers at all."""
+    from costmodel.yamlio import parse_yaml
+    assert parse_yaml("a: 6:6\nb: 1:30.5\nc: 12\nd: 0x1F\ne: 2.5\n", "x") == \
+        {"a": "6:6", "b": "1:30.5", "c": 12, "d": 31, "e": 2.5}
+    model = load_model("gpt3-125m")
+    for text, layers in (("pp: 2\nlayers: 6:6\n", (6, 6)), ('pp: 2\nlayers: "5:7"\n', (5, 7))):
+        assert resolve_plan(_file(tmp_path, "p.yaml", text), model, 2).layers == layers

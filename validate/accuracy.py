@@ -16,6 +16,7 @@ from __future__ import annotations
 import csv
 import math
 import time
+from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Sequence
@@ -226,6 +227,12 @@ def _check_shape(row: RunRow, src: str) -> None:
         raise InputError(src, f"{row.run_id}.{column}", err.message) from None
 
 
+# Rows a runs file may hold: accuracy simulates each once, calibrate --runs each many times
+# per fold (seconds each at thousands of GPUs), so beyond this a file is a mistake (a log
+# dump, the wrong file), not a study.
+MAX_RUN_ROWS = 5_000
+
+
 def load_rows(path: str | Path | None = None) -> list[RunRow]:
     """Rows of a published-runs CSV ('#' lines are comments); InputError names the row
     and column of a bad value."""
@@ -246,11 +253,14 @@ def load_rows(path: str | Path | None = None) -> list[RunRow]:
     missing = [c for c in _REQUIRED if c not in have]
     if lines and missing:
         raise InputError(src, missing[0], f"missing column; required columns: {', '.join(_REQUIRED)}")
+    if len(lines) - 1 > MAX_RUN_ROWS:
+        raise InputError(src, None, f"{len(lines) - 1:,} rows; a runs file may have at most {MAX_RUN_ROWS:,} "
+                                    "(each row is one simulation, and a fold fit simulates every row many times)")
     rows = [_row(raw, src, i + 2, len(header)) for i, raw in enumerate(reader)]
     if not rows:
         raise InputError(src, None, "no rows")
-    ids = [r.run_id for r in rows]
-    dup = sorted({i for i in ids if ids.count(i) > 1})
+    seen = Counter(r.run_id for r in rows)
+    dup = sorted(i for i, n in seen.items() if n > 1)
     if dup:
         raise InputError(src, f"{dup[0]}.run_id", "given twice")
     return rows

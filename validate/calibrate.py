@@ -42,7 +42,7 @@ from costmodel.dtypes import DTYPE_BYTES
 from costmodel.efficiency import causal_fraction, op_time_s, topk_compress_time_s
 from costmodel.flops import Op
 from costmodel.gpus import GpuSpec
-from costmodel.profile import COLLECTIVE_OPS, FabricEfficiency, GpuEfficiency
+from costmodel.profile import COLLECTIVE_OPS, EFF_MIN, FabricEfficiency, GpuEfficiency
 from validate.collective_bench import AFTER_COMPUTE_SUFFIX, CollectiveSample
 from validate.microbench import AttentionSample, GemmSample, MemorySample, MicrobenchResult, TopkSample
 
@@ -131,7 +131,7 @@ def fit_memory(samples: list[MemorySample], gpu: GpuSpec, base: GpuEfficiency, h
     def resid(x):
         eff = replace(base, hbm_eff=x[0])
         return [math.log(fit_time_s(_mem_op(s), s, gpu, eff, harness) / s.seconds) for s in samples]
-    return float(_least_squares(resid, [0.5], [1e-4], [1.0])[0])
+    return float(_least_squares(resid, [0.5], [EFF_MIN], [1.0])[0])
 
 
 def fit_attention(samples: list[AttentionSample], gpu: GpuSpec, base: GpuEfficiency,
@@ -140,7 +140,7 @@ def fit_attention(samples: list[AttentionSample], gpu: GpuSpec, base: GpuEfficie
     def resid(x):
         eff = replace(base, attention_eff=x[0], **CPU_ATTENTION_SHAPE)
         return [math.log(fit_time_s(_attn_op(a), a, gpu, eff, harness) / a.seconds) for a in samples]
-    return float(_least_squares(resid, [0.1], [1e-5], [1.0])[0])
+    return float(_least_squares(resid, [0.1], [EFF_MIN], [1.0])[0])
 
 
 def topk_kept(t: TopkSample) -> int:
@@ -175,7 +175,7 @@ def fit_gemm(samples: list[GemmSample], gpu: GpuSpec, base: GpuEfficiency,
     def resid(x):
         eff = replace(base, gemm_eff_max=x[0], gemm_k_half=x[1], gemm_dim_half=x[2], sm_count=0.0)
         return [math.log(fit_time_s(_gemm_op(g), g, gpu, eff, harness) / g.seconds) for g in samples]
-    x = _least_squares(resid, [0.5, 32.0, 32.0], [1e-4, 0.0, 0.0], [1.0, 8192.0, 8192.0])
+    x = _least_squares(resid, [0.5, 32.0, 32.0], [EFF_MIN, 0.0, 0.0], [1.0, 8192.0, 8192.0])
     return float(x[0]), float(x[1]), float(x[2])
 
 
@@ -237,7 +237,7 @@ def fit_collectives(samples: list[CollectiveSample], bw_Bps: float, latency_s: f
         fab = fab_of(x)
         return [math.log(collective_time_s(s.op, s.nbytes, s.n, bw_Bps, latency_s, fab) / s.seconds) for s in use]
     extra = [0.0] if per_rank else []
-    x = _least_squares(resid, [0.5, 50.0] + extra + [50.0] * k, [1e-4, 0.0] + extra + [0.0] * k,
+    x = _least_squares(resid, [0.5, 50.0] + extra + [50.0] * k, [EFF_MIN, 0.0] + extra + [0.0] * k,
                        [1.0, 1e5] + [1e5] * len(extra) + [1e5] * k)
     return fab_of(x)
 
