@@ -72,6 +72,12 @@ MAX_WORKERS = 256
 MAX_SCALE = 64
 
 
+def input_files(args) -> list[tuple[str, str | None]]:
+    """(flag, value) of the inputs of _add_common's flags that may name files: no output may be
+    one of them (reports.files.check_outputs)."""
+    return [("topology", args.topology), ("--model", args.model), ("--profile", args.profile)]
+
+
 def check_counts(args) -> None:
     """--top, --workers, --validate and --validate-steps in range (before any work).
     --validate K is 0 (off) or at most MAX_TOP; that K does not exceed the plans the search
@@ -99,6 +105,10 @@ def smallest_change(args, model, profile) -> str:
     if len({(n.group, n.node_type) for n in cluster.nodes}) != 1 or len(cluster.groups()) != 1:
         return "a heterogeneous cluster cannot be scaled with --nodes; add nodes to its groups or use a smaller model"
     nodes = len(cluster.nodes)
+    try:
+        load_topology(args.topology, nodes=nodes + 1)
+    except InputError as err:  # e.g. an explicit network, whose links name their nodes
+        return f"it cannot be scaled with --nodes ({err.message}); use a smaller model or GPUs with more memory"
 
     def fits(n: int) -> str | None:
         return best_estimated_plan(model, load_topology(args.topology, nodes=n), profile)
@@ -139,8 +149,9 @@ def cmd_search(args) -> int:
     check_counts(args)
     spec = executor_spec(args.executor, args.workers, args.address)
     if args.report is not None:
-        from reports.files import output_dir
-        output_dir(args.report, "--report")
+        from reports.files import check_outputs
+        from reports.report import FILES, TRACE
+        check_outputs([("--report", args.report, (*FILES, TRACE))], input_files(args))
     cluster, model, profile = _load_inputs(args)
     result = run_search(args, model, cluster, profile, top=args.top, workers=args.workers, executor=spec,
                         progress=None,  # progress bars on a terminal only
@@ -150,8 +161,10 @@ def cmd_search(args) -> int:
     chosen = validation_plans(args, result) if args.validate else None
     written = []
     if args.report:
+        from reports.files import staged
         from reports.report import write_report
-        written = write_report(args.report, result, result.ranked[0])
+        with staged():  # a write that fails leaves no folder this run created
+            written = write_report(args.report, result, result.ranked[0])
     ranking, skipped = validate_top(args, *chosen) if chosen else (None, [])
     if args.json:
         out = result.to_dict()

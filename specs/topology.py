@@ -478,6 +478,10 @@ def _with_nodes(topo: schema.TopologyFile, nodes: int, source: str) -> schema.To
         names = ", ".join(g.name for g in topo.groups)
         raise InputError(source, "--nodes", f"cannot scale a heterogeneous topology with {len(topo.groups)} "
                                             f"groups ({names[:200]}); edit groups[].nodes in the file instead")
+    net = topo.network
+    if net is not None and net.kind == "explicit" and nodes != topo.groups[0].nodes:
+        raise InputError(source, "--nodes", f"cannot scale an explicit network: its links name their "
+                                            f"{topo.groups[0].nodes} nodes; add nodes and links in the file instead")
     topo = topo.model_copy(update={"groups": [topo.groups[0].model_copy(update={"nodes": nodes})]})
     _check_size(topo, source)
     return topo
