@@ -6,7 +6,7 @@ import importlib
 import json
 import sys
 
-from costmodel.errors import InputError
+from costmodel.errors import InputError, clip
 
 DEFAULT_TOPOLOGY = "dgx-a100"
 # Subcommands that live in modules of their own; each module has register(subparsers),
@@ -88,17 +88,19 @@ _NOTES: list[str] = []
 def cmd_simulate(args) -> int:
     from plansim import cmd_multistep
     from plansim.summary import summary_text
-    from reports.files import output_dir, output_file
+    from reports.files import check_outputs, staged
     from reports.trace import write_trace
     from sim.metrics import simulate
     from specs.plan import resolve_plan
     from specs.topology import topology_devices
 
-    # Every output path is checked before any work, so a bad one leaves nothing written.
-    if args.trace is not None:
-        output_file(args.trace, "--trace")
-    if args.report is not None:
-        output_dir(args.report, "--report")
+    # Every output path is checked before any work, so a bad one leaves nothing written:
+    # writable, none an input of the command, not the same as or inside the other.
+    from reports.report import FILES, TRACE
+    names = cmd_multistep.REPORT_FILES if cmd_multistep.wanted(args) else (*FILES, TRACE)
+    check_outputs([("--trace", args.trace, None), ("--report", args.report, names)],
+                  [("topology", args.topology), ("--model", args.model), ("--plan", args.plan),
+                   ("--profile", args.profile), ("--scenario", args.scenario)])
     cmd_multistep.check_values(args)
     # A bad plan fails before the cluster is built (which takes seconds at 100k devices).
     _check_nodes(args)
@@ -108,11 +110,12 @@ def cmd_simulate(args) -> int:
     if cmd_multistep.wanted(args):  # --steps / --scenario / --adaptive: many steps in one run
         return cmd_multistep.run(args, model, plan, cluster, profile)
     res = simulate(model, plan, cluster, profile, record=args.trace is not None or args.report is not None)
-    if args.trace:
-        write_trace(res, args.trace)
-    if args.report:
-        from reports.report import write_simulation_report
-        write_simulation_report(args.report, res)
+    with staged():  # both outputs or neither
+        if args.trace:
+            write_trace(res, args.trace)
+        if args.report:
+            from reports.report import write_simulation_report
+            write_simulation_report(args.report, res)
     if args.json:
         print(json.dumps(res.to_dict(), indent=2))
     else:
@@ -187,8 +190,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"plansim: error: {err}", file=sys.stderr)
         return 2
     except OSError as err:  # unreadable input, unwritable output: still one line, exit 2
-        where = f"{err.filename}: " if err.filename else ""
-        print(f"plansim: error: {where}{err.strerror or err}", file=sys.stderr)
+        why = err.strerror or str(err)
+        print(f"plansim: error: {InputError(err.filename, None, why) if err.filename else clip(why)}",
+              file=sys.stderr)
         return 2
     except BrokenPipeError:
         return 0

@@ -49,12 +49,20 @@ def cmd_accuracy(args) -> int:
     jobs = args.jobs if args.jobs is not None else min(os.cpu_count() or 1, 4)
     if jobs < 1:
         raise InputError("--jobs", None, f"must be a positive integer (got {jobs})")
+    if args.report is not None:  # checked before any row is simulated
+        from reports.accuracy import FILES
+        from reports.files import check_outputs
+        from validate.accuracy import DEFAULT_ROWS
+        check_outputs([("--report", args.report, FILES)],
+                      [("--rows", args.rows or DEFAULT_ROWS), ("--profile", args.profile)])
     show = not args.json and sys.stderr.isatty()
     res = run_accuracy(args.rows, profile=args.profile, progress=_print_row if show else None, jobs=jobs,
                        runtime=args.runtime)
     if args.report:
         from reports.accuracy import write_accuracy_report
-        write_accuracy_report(args.report, res)
+        from reports.files import staged
+        with staged():  # a write that fails leaves no folder this run created
+            write_accuracy_report(args.report, res)
     if args.json:
         print(json.dumps(res.to_dict(), indent=2))
     else:

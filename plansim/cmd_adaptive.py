@@ -121,7 +121,8 @@ def cmd_validate_adaptive(args) -> int:
     out_path = None
     if args.out is not None:
         from reports.files import output_file
-        out_path = output_file(args.out, "--out")
+        out_path = output_file(args.out, "--out", [("topology", args.topology), ("--model", args.model),
+                                                    ("--profile", args.profile)])
     cluster, profile = _cluster_profile(args)
     mbs = args.mbs or (1 if args.mode == "dp" else 4)
     require_torch()

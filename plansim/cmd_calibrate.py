@@ -44,7 +44,8 @@ def register(subparsers) -> None:
                         "for --world 2 on a 2-core host; only the collectives are measured")
     p.add_argument("--json", action="store_true", help="print the measurements and the fit as one JSON object")
     p.add_argument("--runs", metavar="RUNS.csv", help="fit to measured step times of training runs instead")
-    p.add_argument("--folds", type=int, default=5, help="with --runs: k of the k-fold cross-validation")
+    p.add_argument("--folds", type=int, default=None,
+                   help="with --runs: k of the k-fold cross-validation (default 5, or the rows when fewer)")
     p.set_defaults(func=cmd_calibrate)
 
 
@@ -55,14 +56,15 @@ def _profile_text(path: str, mapping: dict) -> str:
 
 def _write_text(path: str, text: str) -> None:
     """Atomically (reports.files: a unique temporary beside the target, then a rename)."""
-    from reports.files import output_file, write_file
-    write_file(output_file(path, "--out"), text.encode("utf-8"))
+    from reports.files import write_file
+    write_file(Path(path), text.encode("utf-8"))
 
 
 def _from_runs(args) -> int:
-    from reports.files import output_file
+    from reports.files import check_outputs
     from validate.fit_runs import calibrate_from_runs, format_summary
-    output_file(args.out, "--out")  # checked before the (long) fit
+    # Checked before the (long) fit: writable, and not the runs file it reads.
+    check_outputs([("--out", args.out, None)], [("--runs", args.runs)])
     fit = calibrate_from_runs(args.runs, folds=args.folds)
     _write_text(args.out, fit.profile_yaml())
     if args.json:
@@ -94,6 +96,8 @@ def resolve_world(topology: str, world: int | None, flag: str = "--world", what:
 def cmd_calibrate(args) -> int:
     if args.runs and args.compute_from:
         raise InputError("--compute-from", None, "applies to microbenchmark calibration, not to --runs")
+    if args.folds is not None and not args.runs:
+        raise InputError("--folds", None, "applies to calibration from run logs (--runs), not to microbenchmarks")
     if args.runs:
         return _from_runs(args)
     if not args.topology:
@@ -112,9 +116,11 @@ def cmd_calibrate(args) -> int:
         if problem:
             raise InputError(flag, None, f"{str(value)[:60]}: {problem}")
     from reports.files import output_file
-    # Both files are checked before the microbenchmarks: the profile and its record beside it.
+    # Both files are checked before the microbenchmarks: the profile and its record beside it,
+    # writable and none of the inputs.
     from validate.microbench import bench_record_path
-    output_file(bench_record_path(output_file(args.out, "--out")), "--out (its .bench.json record)")
+    inputs = [("topology", args.topology), ("--model", args.model), ("--compute-from", args.compute_from)]
+    output_file(bench_record_path(output_file(args.out, "--out", inputs)), "--out (its .bench.json record)", inputs)
     from specs.model import load_model
     from validate.backend import require_torch
 

@@ -8,6 +8,9 @@ import json
 from costmodel.errors import InputError
 from costmodel.limits import MAX_SIM_STEPS, number_problem
 
+# The files a multi-step --report folder receives (reports/multistep.render), checked up front.
+REPORT_FILES = ("index.html", "report.md", "steps.csv")
+
 
 def add_arguments(sp) -> None:
     sp.add_argument("--steps", type=int, default=None,
@@ -74,8 +77,10 @@ def run(args, model, plan, cluster, profile) -> int:
     else:
         res = simulate_steps(model, plan, cluster, profile, steps, scenario)
     if args.report:
+        from reports.files import staged
         from reports.multistep import write_multistep_report
-        write_multistep_report(args.report, res, comparison)
+        with staged():  # a write that fails leaves no folder this run created
+            write_multistep_report(args.report, res, comparison)
     if args.json:
         out = res.to_dict()
         if comparison is not None:

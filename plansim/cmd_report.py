@@ -76,11 +76,13 @@ def cmd_report(args) -> int:
     from sim.metrics import simulate
     from specs.plan import resolve_plan
 
-    from plansim.cmd_search import check_counts, run_search
-    from reports.files import output_dir
+    from plansim.cmd_search import check_counts, input_files, run_search
+    from reports.files import check_outputs, staged
+    from reports.report import FILES, TRACE
 
     check_counts(args)
-    out = output_dir(args.out, "--out")
+    out, = check_outputs([("--out", args.out, (*FILES, TRACE))],
+                         input_files(args) + [("--plans", p) for p in args.plans or []])
     cluster, model, profile = _load_inputs(args)
     # Resolve every plan before simulating anything: bad input fails fast, nothing written.
     plans = [resolve_plan(p, model, cluster.num_devices) for p in (args.plans or [])]
@@ -95,7 +97,8 @@ def cmd_report(args) -> int:
     else:
         sr = SearchResult(topology=cluster.name, model=model.name, num_devices=cluster.num_devices,
                           ranked=rank_results(list(results.values())), pruned={})
-    paths = write_search_report(out, sr, model, cluster, profile)
+    with staged():  # a write that fails leaves no folder this run created
+        paths = write_search_report(out, sr, model, cluster, profile)
     best = sr.ranked[0]
     print(f"{len(sr.ranked)} plan(s) of {model.name} on {cluster.name} ({cluster.num_devices} devices); "
           f"best {best.plan}: {best.tokens_per_s:,.0f} tokens/s")

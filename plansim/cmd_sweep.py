@@ -39,6 +39,22 @@ def executor_spec(kind: str, jobs: int, address: str | None):
     return spec
 
 
+# The files a sweep --report folder receives (reports/sweep.render), checked up front.
+REPORT_FILES = ("index.html", "report.md", "sweep.csv", "scaling.png")
+
+
+def grid_files(path: str, grid) -> list[tuple[str, str | None]]:
+    """(what, path) of the grid file and every file it names (models, topologies, profiles;
+    bundled names are not files and are skipped by the check)."""
+    from pathlib import Path
+    folder = Path(path).resolve().parent
+    out: list[tuple[str, str | None]] = [("grid", path)]
+    for c in grid.cells:
+        out += [(f"{path}: models", str(folder / c.model_label)), (f"{path}: topologies", c.topology),
+                (f"{path}: profiles", c.profile)]
+    return list(dict.fromkeys(out))
+
+
 def register(subparsers) -> None:
     p = subparsers.add_parser("sweep", help="search a grid of models x topologies x node counts; one report")
     p.add_argument("grid", help="sweep grid YAML (see docs/sweeps.md; example: sweeps/example.yaml)")
@@ -70,16 +86,19 @@ def cmd_sweep(args) -> int:
     from search.sweep import run_sweep
     from specs.sweep import load_grid
 
-    if args.report is not None:
-        from reports.files import output_dir
-        output_dir(args.report, "--report")
+    from reports.files import check_outputs
+    report = [("--report", args.report, REPORT_FILES)]
+    check_outputs(report, [("grid", args.grid)])
     grid = load_grid(args.grid)
+    check_outputs(report, grid_files(args.grid, grid))  # the files the grid names, before any search
     jobs = args.jobs if args.jobs is not None else min(os.cpu_count() or 1, len(grid.cells), MAX_JOBS)
     spec = executor_spec(args.executor, jobs, args.address)
     result = run_sweep(grid, spec, progress=None)  # a progress bar on a terminal only
     if args.report:
+        from reports.files import staged
         from reports.sweep import write_sweep_report
-        write_sweep_report(args.report, result)
+        with staged():  # a write that fails leaves no folder this run created
+            write_sweep_report(args.report, result)
     if args.json:
         print(json.dumps(result.to_dict(), indent=2))
     else:

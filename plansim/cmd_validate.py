@@ -102,6 +102,7 @@ def validate_plans(topology: str, model_name: str, plans: list[str], profiles: d
     if prepared is None:
         prepared = prepare_plans(topology, model_name, plans, profiles, runtime)
     require_torch()
+    check_devices_match(topology, prepared)
     from validate.microbench import worker_threads_env
     from validate.runner import run_plan, run_plans
 
@@ -142,6 +143,24 @@ def validate_plans(topology: str, model_name: str, plans: list[str], profiles: d
         out.append(compare(rec, sim, drift=drift, drift_applied=applied,
                            calibrated_probe_s=profile.runtime.speed_probe_us * 1e-6, saved=saved))
     return out
+
+
+def check_devices_match(topology: str, prepared: list) -> None:
+    """The runs compute on the CPU (gloo) or on CUDA devices (nccl, validate/backend.py); a
+    topology of other devices would set an A100's prediction beside a CPU's measurement, a
+    comparison of nothing. InputError before anything runs: a CPU run needs a topology of
+    CPU devices (localhost-cpu), a CUDA run one of GPUs."""
+    from validate.backend import pick_backend
+    kind = pick_backend().kind
+    names = sorted({d.gpu.name for _, cluster, _, _ in prepared for d in cluster.devices})
+    cpu = names == ["CPU"]
+    if kind == "cpu" and not cpu:
+        raise InputError(topology, "topology", f"the plans would run on this host's CPU (no CUDA device, or "
+                         f"gloo chosen), but its devices are {', '.join(names)}: validate on localhost-cpu "
+                         "(or a topology file of CPU devices), or on a machine with those GPUs")
+    if kind == "cuda" and cpu:
+        raise InputError(topology, "topology", "the plans would run on CUDA devices (nccl), but the topology's "
+                         "devices are host CPUs: give the GPU node's topology, or PLANSIM_BACKEND=gloo")
 
 
 def prepare_plans(topology: str, model_name: str, plans: list[str], profiles: dict, runtime: str | None = None):
@@ -187,12 +206,19 @@ def cmd_validate(args) -> int:
     if not 1 <= args.launches <= 100:
         raise InputError("--launches", None, f"must be an integer from 1 to 100 (got {args.launches})")
     benches = None
-    if args.report:
-        from reports.files import output_dir
-        from reports.validation import load_benches
-        output_dir(args.report)
-        benches = load_benches(profile_for(args.profile))  # checked before the runs
     plans = args.plans or [args.plan]
+    if args.report is not None:
+        from reports.files import check_outputs
+        from reports.validation import load_benches
+        from validate.microbench import bench_record_path
+        profiles = [("--profile", p) for p in profile_for(args.profile).values()]
+        names = ("index.html", "report.md", "validation.csv", "validation.json",
+                 *(f"trace-{i}-{kind}.json" for i in range(1, len(plans) + 1) for kind in ("measured", "simulated")))
+        plan_flag = "--plans" if args.plans else "--plan"
+        check_outputs([("--report", args.report, names)],
+                      [("topology", args.topology), ("--model", args.model), *[(plan_flag, p) for p in plans],
+                       *profiles, *[("--profile (its .bench.json record)", bench_record_path(p)) for _, p in profiles]])
+        benches = load_benches(profile_for(args.profile))  # checked before the runs
     say = None if args.json else (lambda m: print(m, file=sys.stderr, flush=True))
     comps = validate_plans(args.topology, args.model, plans, profile_for(args.profile), steps=args.steps,
                            warmup=args.warmup, seed=args.seed, timeout_s=args.timeout,
@@ -200,8 +226,10 @@ def cmd_validate(args) -> int:
                            drift_correction=args.drift_correction, launches=args.launches, shared=args.shared)
     ranking = Ranking(comps)
     if args.report:
+        from reports.files import staged
         from reports.validation import write_validation_report
-        write_validation_report(args.report, ranking, profile_for(args.profile), benches)
+        with staged():  # a write that fails leaves no folder this run created
+            write_validation_report(args.report, ranking, profile_for(args.profile), benches)
     if args.json:
         d = comps[0].to_dict() if len(comps) == 1 else ranking.to_dict()
         print(json.dumps(d, indent=2))

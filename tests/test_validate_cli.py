@@ -631,3 +631,16 @@ def test_saved_activations_pairs_the_busiest_rank():
     none = SimpleNamespace(per_rank=[{"rank": 0, "saved_activation_bytes": 0}])
     assert saved_activations(none, {0: 95.0}, plan) == {}
     assert "ring attention" in saved_activations(rec, {0: 95.0, 1: 100.0}, SimpleNamespace(cp=2))["not_comparable"]
+
+
+def test_validate_refuses_a_topology_of_other_devices(capsys):
+    """On a host without CUDA the plans run on its CPU: validating against dgx-a100 would set
+    an A100 node's prediction beside a CPU measurement. One line naming the devices and
+    localhost-cpu, exit 2, in seconds and before any worker starts (it launched a real run)."""
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("CUDA present: the plans would run on GPUs")
+    from plansim.cli import main
+    assert main(["validate", "dgx-a100", "--plan", "tp=2", "--steps", "1", "--warmup", "0"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "A100-SXM4-80GB" in err and "localhost-cpu" in err

@@ -315,7 +315,25 @@ def _overlay(base_profile: str) -> dict:
     return data
 
 
-def calibrate_from_runs(runs_csv: str | Path | None, *, folds: int = 5, seed: int = 0,
+DEFAULT_FOLDS = 5
+
+
+def check_folds(n_rows: int, folds: int | None, src: str) -> int:
+    """The k of the k-fold cross-validation over ``n_rows`` rows of ``src``: ``folds``, or
+    min(DEFAULT_FOLDS, rows) when not given. InputError (one line) when the file has fewer than
+    2 rows, or ``folds`` is not in [2, rows]."""
+    if n_rows < 2:
+        raise InputError(src, "--runs", f"k-fold cross-validation needs at least 2 rows; the file has {n_rows}")
+    if folds is None:
+        return min(DEFAULT_FOLDS, n_rows)
+    if number_problem(folds, 2, n_rows, integer=True):
+        bound = f"at most {n_rows} (rows in {src})" if isinstance(folds, int) and folds > n_rows else \
+            f"an integer in [2, {n_rows}] ({n_rows} rows in {src})"
+        raise InputError("--folds", None, f"{str(folds)[:60]}: must be {bound}")
+    return folds
+
+
+def calibrate_from_runs(runs_csv: str | Path | None, *, folds: int | None = DEFAULT_FOLDS, seed: int = 0,
                         base_profile: str | None = None, jobs: int | None = None) -> RunsFit:
     """Fit ``fit_params`` of the rows to their measured figures and cross-validate.
 
@@ -329,6 +347,7 @@ def calibrate_from_runs(runs_csv: str | Path | None, *, folds: int = 5, seed: in
     t_start = time.perf_counter()
     src = str(runs_csv) if runs_csv else "validate/data/published_runs.csv"
     rows = load_rows(runs_csv)
+    folds = check_folds(len(rows), folds, src)
     k = fold_of(len(rows), folds, seed)
     if jobs is None:
         jobs = min(os.cpu_count() or 1, 4)
