@@ -23,6 +23,7 @@ from typing import Iterable
 
 from costmodel.dtypes import GRAD_REDUCE_CHOICES
 from costmodel.errors import InputError
+from costmodel.gpus import GPU_CATALOG
 from costmodel.limits import LATENCY_US_MAX, number_problem
 from costmodel.yamlio import bundled_file, bundled_names, decode, load_yaml_mapping, not_a_file, parse_yaml
 
@@ -247,6 +248,9 @@ _STR_CHOICES = {"grad_reduce_dtype": ("auto",) + GRAD_REDUCE_CHOICES,
 
 # Edge kinds of specs/topology's graph that belong to the inter-node network.
 NETWORK_KINDS = ("network", "nic", "leaf_spine", "explicit")
+# The link classes a profile's fabrics may name: the graph's edge kinds (intra-node hubs,
+# NVLink mesh edges, PCIe, the network's), 'network' for all of the latter, 'default'.
+FABRIC_KEYS = ("default", "nvswitch", "nvlink", "nvlink_mesh", "pcie", "loopback") + NETWORK_KINDS
 PROFILE_KEYS = ("name", "source", "gpus", "fabrics", "runtime")
 
 
@@ -320,10 +324,14 @@ def _merge(base: Profile, data: dict, source: str) -> Profile:
             raise InputError(source, key, f"{_short(data[key])}: must be a string")
     gpus = dict(base.gpus)
     for key, entry in (data.get("gpus") or {}).items():
+        if key != "default" and key not in GPU_CATALOG:  # a typo would silently calibrate nothing
+            raise InputError(source, f"gpus.{str(key)[:60]}", f"unknown GPU; allowed: default, {', '.join(GPU_CATALOG)}")
         _check_record(GpuEfficiency, entry, source, f"gpus.{key}")
         gpus[key] = replace(gpus.get(key, gpus.get("default", GpuEfficiency())), **entry)
     fabrics = dict(base.fabrics)
     for key, entry in (data.get("fabrics") or {}).items():
+        if key not in FABRIC_KEYS:
+            raise InputError(source, f"fabrics.{str(key)[:60]}", f"unknown link class; allowed: {', '.join(FABRIC_KEYS)}")
         _check_record(FabricEfficiency, entry, source, f"fabrics.{key}")
         fabrics[key] = replace(fabrics.get(key, fabrics.get("default", FabricEfficiency())), **entry)
         got = fabrics[key]

@@ -99,6 +99,11 @@ def cmd_calibrate(args) -> int:
     if args.folds is not None and not args.runs:
         raise InputError("--folds", None, "applies to calibration from run logs (--runs), not to microbenchmarks")
     if args.runs:
+        # Each run names its own cluster in the file; a TOPOLOGY or --world would go unused.
+        for flag, given in (("TOPOLOGY", args.topology), ("--world", args.world)):
+            if given is not None:
+                raise InputError(flag, None, "applies to microbenchmark calibration, not to --runs "
+                                             "(each run's cluster is in its row)")
         return _from_runs(args)
     if not args.topology:
         raise InputError("calibrate", "topology", "give a TOPOLOGY to calibrate from microbenchmarks, or --runs CSV")

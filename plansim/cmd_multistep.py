@@ -40,6 +40,10 @@ def check_values(args) -> None:
         raise InputError("--seed", None, f"{str(args.seed)[:60]}: must be an integer in [0, 2**63)")
     if args.scenario is not None and not args.scenario.strip():
         raise InputError("--scenario", None, "empty path; give a scenario file or a bundled scenario's name")
+    if not args.adaptive:  # these only steer the adaptive controller; unused they would mislead
+        for flag, given in (("--noise", args.noise is not None), ("--seed", args.seed != 0)):
+            if given:
+                raise InputError(flag, None, "applies to --adaptive runs only; add --adaptive or drop it")
 
 
 def _check(args) -> int:
@@ -66,6 +70,11 @@ def run(args, model, plan, cluster, profile) -> int:
     if args.report is not None:
         output_dir(args.report, "--report")
     scenario = load_scenario(args.scenario, cluster) if args.scenario else empty_scenario()
+    late = [e for e in scenario.events if e.step is not None and e.step > steps]
+    if late:  # it would never happen, and the run would look like the scenario's outcome
+        e = late[0]
+        raise InputError(scenario.source or str(args.scenario), f"events.{e.index}.step",
+                         f"{e.step} is after the run's last step ({steps}, --steps); raise --steps or move the event")
     comparison = None
     if args.adaptive:
         settings = ControllerSettings(seed=args.seed, **({} if args.noise is None else {"noise": args.noise}))

@@ -70,12 +70,14 @@ def profile_for(specs: list[str]) -> dict:
     out: dict = {}
     for s in specs:
         head, sep, tail = s.partition("=")
-        if sep and head.isdigit():
-            if not tail.strip():
-                raise InputError("--profile", s[:60], "no file after '='; give WORLD=FILE")
-            out[int(head)] = tail
-        else:
-            out[None] = s
+        key = int(head) if sep and head.isdigit() else None
+        if key is not None and not tail.strip():
+            raise InputError("--profile", s[:60], "no file after '='; give WORLD=FILE")
+        if key in out:  # the second would silently win
+            what = f"world {key}" if key is not None else "all plans"
+            raise InputError("--profile", s[:60], f"a second profile for {what} (first: {str(out[key])[:60]!r}); "
+                             "give one per world size")
+        out[key] = tail if key is not None else s
     return out
 
 

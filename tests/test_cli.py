@@ -190,12 +190,15 @@ def test_usage_errors_are_one_line(argv, names, capsys):
     (["--seed", "-1"], "--seed: -1: must be an integer in [0, 2**63)"),
     (["--seed", "99999999999999999999999"], "--seed: 99999999999999999999999: must be an integer"),
     (["--scenario", ""], "--scenario: empty path"),
-], ids=["noise-nan", "noise-negative", "seed-negative", "seed-1e23", "scenario-empty"])
+    (["--noise", "0.1"], "--noise: applies to --adaptive runs only"),
+    (["--seed", "7", "--steps", "3"], "--seed: applies to --adaptive runs only"),
+], ids=["noise-nan", "noise-negative", "seed-negative", "seed-1e23", "scenario-empty", "noise-unused", "seed-unused"])
 def test_multistep_flag_values_checked_on_a_single_step(capsys, tmp_path, argv, needle):
     """--noise and --seed are checked even on a one-step simulate (where they go unused),
     and an empty --scenario is refused, not taken as no scenario: exit 2, one line, no
     report written. Before: all five were accepted silently (--scenario '' ran 20 steps of
-    an empty scenario; --noise nan was refused only together with --steps)."""
+    an empty scenario; --noise nan was refused only together with --steps). A valid --noise
+    or --seed without --adaptive, which nothing would use, is refused too."""
     out = tmp_path / "r"
     code, _, err = run(capsys, "simulate", "--nodes", "1", "--model", "tiny", *argv, "--report", str(out))
     assert code == 2 and needle in err and err.count("\n") == 1, err

@@ -113,12 +113,15 @@ def test_topology_numbers_bounded(tmp_path, path, value, needle):
     # Integer fields take integers: fsdp_prefetch_layers 1.5 raised TypeError mid-simulation.
     ("runtime: {fsdp_prefetch_layers: 1.5}\n", "must be an integer in [0, 64]"),
     ("runtime: {host_cores: 1.5}\n", "must be an integer"),
+    # A misspelt GPU or link class calibrated nothing, silently.
+    ("gpus:\n  A100-SXM4-80G: {gemm_eff_max: 0.5}\n", "gpus.A100-SXM4-80G: unknown GPU; allowed: default, "),
+    ("fabrics:\n  nvswich: {bw_eff: 0.5}\n", "fabrics.nvswich: unknown link class; allowed: default, nvswitch"),
     ("runtime: {host_overhead_us: 1.0e+300}\n", "[0, 1e+06]"),
     ("gpus: [1, 2]\n", "gpus: list: must be a mapping"),
     ("fabrics: 3\n", "fabrics: 3: must be a mapping"),
     ("gpus:\n  default: {sm_count: true}\n", "sm_count: True"),
 ], ids=["nan-overhead", "inf-call-latency", "slowdown-50", "nan-eff", "denormal-gemm-eff", "tiny-hbm-eff",
-        "tiny-fp8-eff", "float-prefetch", "float-host-cores", "huge-host", "gpus-list", "fabrics-int", "bool-sm"])
+        "tiny-fp8-eff", "float-prefetch", "float-host-cores", "typo-gpu", "typo-fabric", "huge-host", "gpus-list", "fabrics-int", "bool-sm"])
 def test_profile_numbers_bounded(tmp_path, text, needle):
     """Profile numbers are finite and in range, and `gpus`/`fabrics` are mappings. Before: a
     NaN kernel overhead made compute free (MFU 53 %), NaN call latency made TP free,

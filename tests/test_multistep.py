@@ -394,3 +394,13 @@ def test_adaptive_text_summary_without_a_scenario(capsys):
     out, err = capsys.readouterr()
     assert code == 0, err
     assert "the fixed plan lost no throughput" in out and err == ""
+
+
+def test_scenario_event_after_the_last_step_is_refused(capsys):
+    """An event at step 3 of a 2-step run would never happen, and the run would pass for the
+    scenario's outcome: refused naming the event's step and --steps (it was ignored)."""
+    from plansim.cli import main
+    assert main(["simulate", "dgx-a100", "--nodes", "16", "--model", "gpt3-125m", "--scenario", "slow-node-175b",
+                 "--steps", "2"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "events.0.step: 3 is after the run's last step (2, --steps)" in err

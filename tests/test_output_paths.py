@@ -324,3 +324,16 @@ def test_calibrate_runs_default_folds_fit_the_rows(capsys, tmp_path):
                           tmp_path / "p.yaml", "--json")
     assert code == 0, err
     assert json.loads(out)["folds"] == 2 and (tmp_path / "p.yaml").is_file()
+
+
+def test_calibrate_runs_refuses_flags_it_would_not_use(capsys, tmp_path):
+    """calibrate --runs fits each row on that row's own cluster: a TOPOLOGY or --world given
+    with it would go unused (both were ignored silently); refused, one line, nothing written."""
+    from plansim.cli import main
+    out = tmp_path / "p.yaml"
+    for extra, flag in ((["localhost-cpu"], "TOPOLOGY"), (["--world", "0"], "--world")):
+        rows = str(Path(__file__).resolve().parent.parent / "validate/data/published_runs.csv")
+        assert main(["calibrate", *extra, "--runs", rows, "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"{flag}: applies to microbenchmark calibration" in err
+        assert not out.exists()
