@@ -644,3 +644,15 @@ def test_validate_refuses_a_topology_of_other_devices(capsys):
     assert main(["validate", "dgx-a100", "--plan", "tp=2", "--steps", "1", "--warmup", "0"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "A100-SXM4-80GB" in err and "localhost-cpu" in err
+
+
+def test_a_second_profile_for_one_world_is_refused():
+    """--profile 2=A --profile 2=B ran with B (the last silently won); now refused naming
+    both. One per world size, plus one for all plans, is still fine."""
+    from plansim.cmd_validate import profile_for
+    with pytest.raises(InputError) as exc:
+        profile_for(["2=a.yaml", "2=b.yaml"])
+    assert "a second profile for world 2 (first: 'a.yaml')" in str(exc.value)
+    with pytest.raises(InputError):
+        profile_for(["a.yaml", "b.yaml"])
+    assert profile_for(["2=a.yaml", "4=b.yaml", "c.yaml"]) == {2: "a.yaml", 4: "b.yaml", None: "c.yaml"}
