@@ -179,11 +179,8 @@ def test_report_files_checked_before_the_trace_is_written(capsys, tmp_path, monk
     assert _snapshot(tmp_path) == before
 
 
-def test_a_late_write_failure_leaves_no_output(capsys, tmp_path, monkeypatch):
-    """C3/C4: when writing the report still fails after the checks (here: the disk fills up
-    while index.html is written), the trace written before it is not left behind, an earlier
-    trace keeps its bytes, the report folder this run created is removed, and the one line
-    names the report file and --report, not a temporary. Before: the trace stayed written."""
+def _disk_full_at_index_html(monkeypatch) -> None:
+    """Every write of a report's index.html (its temporary) fails as a full disk would."""
     real = Path.write_bytes
 
     def full(self, data):
@@ -191,6 +188,14 @@ def test_a_late_write_failure_leaves_no_output(capsys, tmp_path, monkeypatch):
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self))
         return real(self, data)
     monkeypatch.setattr(Path, "write_bytes", full)
+
+
+def test_a_late_write_failure_leaves_no_output(capsys, tmp_path, monkeypatch):
+    """C3/C4: when writing the report still fails after the checks (here: the disk fills up
+    while index.html is written), the trace written before it is not left behind, an earlier
+    trace keeps its bytes, the report folder this run created is removed, and the one line
+    names the report file and --report, not a temporary. Before: the trace stayed written."""
+    _disk_full_at_index_html(monkeypatch)
     (tmp_path / "old.json").write_text("earlier trace")
     before = _snapshot(tmp_path)
     for trace in ("new.json", "old.json"):
@@ -208,13 +213,7 @@ def test_a_late_report_failure_leaves_no_folder(capsys, tmp_path, monkeypatch, a
     """C3/C4: a report folder write that fails after the checks (the disk fills up) leaves
     nothing: no file, no temporary, not even the folders this run created; the one line names
     the report file and the flag."""
-    real = Path.write_bytes
-
-    def full(self, data):
-        if self.name.startswith(".index.html."):
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self))
-        return real(self, data)
-    monkeypatch.setattr(Path, "write_bytes", full)
+    _disk_full_at_index_html(monkeypatch)
     code, _, err = _run(capsys, *[a.format(d=tmp_path) for a in argv])
     _refused(code, err, f"{tmp_path / 'a' / 'rep' / 'index.html'}: {flag}: cannot write: No space left")
     assert list(tmp_path.iterdir()) == []
