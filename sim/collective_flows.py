@@ -64,30 +64,65 @@ def _group(group: Sequence[int]) -> tuple[int, ...]:
     return g
 
 
-def ring_allreduce(group: Sequence[int], nbytes: float) -> list[Phase]:
+def ring_channels(g: tuple[int, ...], node_of: Callable[[int], int] | None) -> list[tuple[int, ...]]:
+    """The rings a ring collective runs on, each carrying an equal share of the buffer.
+
+    One ring through ``g`` in order, unless the group has m > 1 members on each of several
+    nodes: then m rings (NCCL's channels), ring c visiting each node's members rotated by c,
+    so that it leaves every node from a different member and enters the next at a different
+    one. NCCL builds several rings per communicator and gives each its own NIC across nodes
+    (NCCL's graph search, src/graph/search.cc, ncclTopoCompute: one channel per NIC found;
+    the nccl-tests bus bandwidth of a multi-node all-reduce is the sum of the NICs'), so the
+    inter-node traffic of a ring collective spreads over every member's NIC; one ring
+    through all members in order would send all of it through one NIC per node (the last
+    member's), an m-fold slower inter-node step than the hardware's."""
+    if node_of is None:
+        return [g]
+    blocks: dict[int, list[int]] = {}
+    for r in g:
+        blocks.setdefault(node_of(r), []).append(r)
+    sizes = {len(b) for b in blocks.values()}
+    if len(blocks) < 2 or len(sizes) != 1 or min(sizes) < 2:
+        return [g]
+    m = min(sizes)
+    return [tuple(r for b in blocks.values() for r in b[c:] + b[:c]) for c in range(m)]
+
+
+def _ring_phase(g: tuple[int, ...], per_rank_bytes: float, steps: int,
+                node_of: Callable[[int], int] | None) -> list[Phase]:
+    rings = ring_channels(g, node_of)
+    flows = [f for ring in rings for f in _ring_flows(ring, per_rank_bytes / len(rings))]
+    return [Phase(tuple(flows), steps, g)]
+
+
+def ring_allreduce(group: Sequence[int], nbytes: float,
+                   node_of: Callable[[int], int] | None = None) -> list[Phase]:
     """Pipelined ring: every rank sends 2(n-1)/n * S to its successor (reduce-scatter then
-    all-gather, n-1 steps each), paying 2(n-1) latency hops. One rank: nothing to do."""
+    all-gather, n-1 steps each), paying 2(n-1) latency hops, split over the rings of
+    ring_channels. One rank: nothing to do."""
     g = _group(group)
     n = len(g)
     if n < 2:
         return []
-    return [Phase(tuple(_ring_flows(g, 2 * (n - 1) / n * nbytes)), 2 * (n - 1), g)]
+    return _ring_phase(g, 2 * (n - 1) / n * nbytes, 2 * (n - 1), node_of)
 
 
-def allgather(group: Sequence[int], nbytes_total: float) -> list[Phase]:
+def allgather(group: Sequence[int], nbytes_total: float,
+              node_of: Callable[[int], int] | None = None) -> list[Phase]:
     """Ring all-gather of a buffer of ``nbytes_total`` (gathered size): each rank forwards
-    (n-1)/n of it to its successor over n-1 latency hops."""
+    (n-1)/n of it to its successor over n-1 latency hops, split over ring_channels' rings."""
     g = _group(group)
     n = len(g)
     if n < 2:
         return []
-    return [Phase(tuple(_ring_flows(g, (n - 1) / n * nbytes_total)), n - 1, g)]
+    return _ring_phase(g, (n - 1) / n * nbytes_total, n - 1, node_of)
 
 
-def reduce_scatter(group: Sequence[int], nbytes_total: float) -> list[Phase]:
+def reduce_scatter(group: Sequence[int], nbytes_total: float,
+                   node_of: Callable[[int], int] | None = None) -> list[Phase]:
     """Ring reduce-scatter of a buffer of ``nbytes_total`` (input size): same traffic as
     the ring all-gather, (n-1)/n of the buffer per rank over n-1 hops."""
-    return allgather(group, nbytes_total)
+    return allgather(group, nbytes_total, node_of)
 
 
 def sparse_allgather(group: Sequence[int], nnz_per_rank: float,
@@ -275,7 +310,7 @@ def build(algorithm: str, op: str, group: Sequence[int], nbytes: float,
                              "allowed for it: ring, hierarchical")
         return tree_allreduce(group, nbytes)
     return {"allreduce": ring_allreduce, "allgather": allgather,
-            "reduce_scatter": reduce_scatter}[o](group, nbytes)
+            "reduce_scatter": reduce_scatter}[o](group, nbytes, node_of)
 
 
 Route = Callable[[int, int], Sequence[Edge]]
