@@ -208,9 +208,9 @@ class GradientReducer(EnginePart):
         algo = self.prog.dp_algorithm[s]
         if op == "all_reduce":
             return cf.build(algo, "all_reduce", group, nbytes, node_of=self.cluster.node_of)
-        # Reduce-scatter and all-gather have ring and hierarchical forms (no tree): the
-        # hierarchical one spreads the inter-node traffic over every local member's NIC, as
-        # NCCL's multi-channel rings do.
+        # Reduce-scatter and all-gather have ring and hierarchical forms (no tree); both
+        # spread the inter-node traffic over every local member's NIC, the ring as NCCL's
+        # channels do (collective_flows.ring_channels).
         return cf.build("hierarchical" if algo == "hierarchical" else "ring", op, group, nbytes,
                         node_of=self.cluster.node_of)
 
