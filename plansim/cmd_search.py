@@ -110,6 +110,18 @@ def smallest_change(args, model, profile) -> str:
     except InputError as err:  # e.g. an explicit network, whose links name their nodes
         return f"it cannot be scaled with --nodes ({err.message}); use a smaller model or GPUs with more memory"
 
+    # A floor no plan goes below: the model state alone (bf16 weights, 16-bit gradients,
+    # the Adam states: the least any runtime keeps) sharded over every device, ZeRO-3. When even the largest cluster the doubling
+    # would try cannot hold it, say so without searching each size (an at-limits model
+    # took 47 s of searches to reach this answer).
+    from costmodel.memory import model_state_bytes
+    most = min(MAX_NODES, nodes * MAX_SCALE)
+    devices = most * cluster.gpus_per_node
+    floor = sum(model_state_bytes(float(model.total_params), devices, 3, grad_bytes=2).values())
+    if floor > cluster.devices[0].gpu.mem_bytes:
+        return (f"no node count up to {most} ({MAX_SCALE} x) fits either: the model state alone needs "
+                f"{floor / 2**30:,.1f} GiB per GPU on {devices:,} GPUs; use a smaller model or GPUs with more memory")
+
     def fits(n: int) -> str | None:
         return best_estimated_plan(model, load_topology(args.topology, nodes=n), profile)
 

@@ -227,3 +227,16 @@ def test_uncalibrated_gpu_gets_a_note(capsys, tmp_path):
     code, _, err = run(capsys, "simulate", "pcie-l40s", "--model", "gpt3-125m", "--plan", "dp=64",
                        "--profile", str(own), "--json")
     assert code == 0 and "no calibrated" not in err
+
+
+def test_search_that_cannot_fit_at_any_scale_answers_at_once(capsys, tmp_path):
+    """A model whose state alone (ZeRO-3 over 64 x the cluster) exceeds a GPU: the 'smallest
+    change' says so from that floor instead of searching every doubled cluster (an at-limits
+    model took 47 s). 96 layers of width 131,072: ~2e13 parameters, 16 B each over 512 A100s
+    is ~580 GiB per GPU."""
+    m = tmp_path / "m.yaml"
+    m.write_text("name: wide\nnum_layers: 96\nhidden_size: 131072\nnum_attention_heads: 128\n"
+                 "seq_length: 2048\nvocab_size: 51200\nglobal_batch_size: 64\n")
+    code, _, err = run(capsys, "search", "dgx-a100", "--nodes", "1", "--model", str(m))
+    assert code == 2 and err.count("\n") == 1
+    assert "no node count up to 64 (64 x) fits either: the model state alone needs" in err
