@@ -209,8 +209,8 @@ class GradientReducer(EnginePart):
         if op == "all_reduce":
             return cf.build(algo, "all_reduce", group, nbytes, node_of=self.cluster.node_of)
         # Reduce-scatter and all-gather have ring and hierarchical forms (no tree); both
-        # spread the inter-node traffic over every local member's NIC, the ring as NCCL's
-        # channels do (collective_flows.ring_channels).
+        # spread the inter-node traffic over every local member's NIC (a ring over several
+        # members per node is priced hierarchically: collective_flows.several_per_node).
         return cf.build("hierarchical" if algo == "hierarchical" else "ring", op, group, nbytes,
                         node_of=self.cluster.node_of)
 

@@ -237,22 +237,18 @@ def test_replicas_need_the_group_and_matching_sizes():
         run_phases(env, net, route, ring_allreduce([0, 1], S), replicas=[[2]])
 
 
-def test_ring_runs_one_channel_per_local_member_across_nodes():
-    """A ring over 2 nodes x 4 members runs as 4 rings of a quarter of the bytes each (NCCL's
-    channels), ring c visiting each node's members rotated by c: ring 0 leaves node 0 from
-    rank 3, ring 1 from rank 0, ring 2 from rank 1, ring 3 from rank 2, so the 8 inter-node
-    flows start at 8 different ranks (each its own NIC) where one ring in rank order had 2.
-    One member per node, or one node: the single ring."""
-    from sim.collective_flows import ring_allreduce, ring_channels
+def test_ring_over_several_members_per_node_is_priced_hierarchically():
+    """A ring collective over 2 nodes x 4 members is priced by the hierarchical phases (its
+    inter-node traffic over every member's NIC, as NCCL's channels spread it), not as one
+    ring in rank order that leaves each node through one member; one member per node, or
+    one node, stays the plain ring."""
+    from sim.collective_flows import build, hierarchical_allreduce, ring_allreduce, several_per_node
     node_of = lambda r: r // 4  # noqa: E731
     g = tuple(range(8))
-    rings = ring_channels(g, node_of)
-    assert rings == [(0, 1, 2, 3, 4, 5, 6, 7), (1, 2, 3, 0, 5, 6, 7, 4),
-                     (2, 3, 0, 1, 6, 7, 4, 5), (3, 0, 1, 2, 7, 4, 5, 6)]
-    (ph,) = ring_allreduce(g, 8.0, node_of)
-    cross = [f for f in ph.flows if node_of(f.src) != node_of(f.dst)]
-    assert sorted(f.src for f in cross) == list(range(8))
-    # Every rank still sends 2(n-1)/n of the buffer in all: 4 flows of 14/8 / 4 bytes.
-    assert all(sum(f.nbytes for f in ph.flows if f.src == r) == pytest.approx(2 * 7 / 8 * 8.0) for r in g)
-    assert ph.latency_steps == 14 and ph.group == g
-    assert ring_channels((0, 4), node_of) == [(0, 4)] and ring_channels((0, 1, 2), node_of) == [(0, 1, 2)]
+    assert several_per_node(g, node_of) and not several_per_node((0, 4), node_of)
+    assert not several_per_node((0, 1, 2), node_of)
+    assert build("ring", "allreduce", g, 8.0, node_of=node_of) == hierarchical_allreduce(g, 8.0, node_of)
+    cross = {f.src for ph in build("ring", "allreduce", g, 8.0, node_of=node_of) for f in ph.flows
+             if node_of(f.src) != node_of(f.dst)}
+    assert cross == set(g)  # every member sends across nodes: each its own NIC
+    assert build("ring", "allreduce", (0, 4), 8.0, node_of=node_of) == ring_allreduce((0, 4), 8.0)

@@ -37,13 +37,7 @@ CASES = [
 @pytest.mark.parametrize("topology,nodes,model,plan", CASES, ids=[f"{c[0]}:{c[3]}" for c in CASES])
 def test_symmetric_matches_explicit(topology, nodes, model, plan):
     """The step time with representative DP flows equals the explicit one within 0.1 %
-    (in practice to float rounding), the busiest links carry the same bytes, and the
-    exposed DP time agrees within 1 %. That last one is the traffic the refinement cannot
-    see (sim/symmetric_collective.py: the simulated replica's pipeline sends): since ring
-    collectives run on one ring per local member (sim/collective_flows.ring_channels),
-    several flows of a class share the first rank's links with those sends, and on
-    dgx-h100 tp=2 x pp=4 placed tp-dp-pp the explicit run's exposed DP time is 0.5 % longer
-    (17.31 against 17.23 ms; step 0.07 % apart)."""
+    (in practice to float rounding), and the busiest links carry the same bytes."""
     cluster = load_topology(topology, nodes=nodes)
     m = load_model(model)
     profile = load_profile(None, bundled=cluster.profiles)
@@ -51,7 +45,7 @@ def test_symmetric_matches_explicit(topology, nodes, model, plan):
     sym = simulate(m, p, cluster, profile)
     exp = simulate(m, p, cluster, profile, symmetric_dp=False)
     assert sym.step_time_s == pytest.approx(exp.step_time_s, rel=1e-3)
-    assert sym.breakdown["dp"] == pytest.approx(exp.breakdown["dp"], rel=1e-2, abs=1e-9)
+    assert sym.breakdown["dp"] == pytest.approx(exp.breakdown["dp"], rel=1e-3, abs=1e-9)
     assert [x["bytes"] for x in sym.busiest_links] == pytest.approx([x["bytes"] for x in exp.busiest_links],
                                                                     rel=1e-9)
 
