@@ -23,11 +23,12 @@ import yaml
 from costmodel.errors import InputError
 
 # Input files are hand-written descriptions of a cluster, a model or a plan: the largest
-# bundled one is a few kB. 8 MiB leaves room for a machine-written explicit network of
-# ~100k links (about 60 B a link) while bounding what a mistaken path (a dataset, a binary)
+# bundled one is a few kB. 2 MiB leaves room for a machine-written explicit network of
+# ~30k links (about 60 B a link) while bounding what a mistaken path (a dataset, a binary)
 # can make us read and how long reading it takes: parsing is linear in the scalars, about
-# 10 us each here even with libyaml, so 16 MiB of one-line keys took 21 s to refuse.
-MAX_FILE_BYTES = 8 * 2**20
+# 30 us each with PyYAML's Python parser here, so 16 MiB of one-line keys took over 60 s
+# to refuse, 4 MiB of one-item list lines 34 s, 2 MiB about 17.
+MAX_FILE_BYTES = 2 * 2**20
 # YAML nodes that aliases may add beyond the ones written in the file. Sharing a block of
 # settings a few times adds tens of nodes; an alias bomb adds millions.
 MAX_ALIAS_NODES = 10_000
@@ -78,13 +79,10 @@ def decode(data: bytes, source: str) -> str:
                                        "save the file as UTF-8") from None
 
 
-# libyaml's parser where PyYAML was built with it (pip wheels are): the pure-Python one
-# took over 60 s on a 16 MB file of a million keys. Resolving and constructing stay in
-# Python either way, so the rules below hold for both.
-_BASE = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-
-
-class _Loader(_BASE):
+# The pure-Python parser, not libyaml's (yaml.CSafeLoader): libyaml overflows its C stack
+# on a deeply nested document (a 200 kB file of nested lists killed the process with
+# SIGSEGV), where the Python parser raises RecursionError, refused below in one line.
+class _Loader(yaml.SafeLoader):
     """SafeLoader that rejects a mapping key given twice and reads no base-60 numbers."""
 
 

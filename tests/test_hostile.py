@@ -605,3 +605,12 @@ def test_plan_file_layers_as_written_on_the_command_line(tmp_path):
     model = load_model("gpt3-125m")
     for text, layers in (("pp: 2\nlayers: 6:6\n", (6, 6)), ('pp: 2\nlayers: "5:7"\n', (5, 7))):
         assert resolve_plan(_file(tmp_path, "p.yaml", text), model, 2).layers == layers
+
+
+def test_deeply_nested_yaml_is_one_line_not_a_crash(tmp_path, capsys):
+    """100,000 nested flow lists (200 kB): PyYAML's Python parser raises RecursionError,
+    refused in one line; libyaml's C parser (tried for speed in session 10) overflowed its
+    stack and killed the process with SIGSEGV."""
+    code = main(["simulate", _file(tmp_path, "deep.yaml", "[" * 100_000 + "]" * 100_000), "--model", "gpt3-125m"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "nested too deeply" in err
