@@ -205,16 +205,15 @@ class RuntimeSettings:
 
 
 def _typed(kind: str) -> set[tuple[type, str]]:
-    """(record class, field name) of every field annotated ``kind`` ('bool', 'str'), so
-    fields added to a record later are checked by their type without touching this file."""
+    """(record class, field name) of every field annotated ``kind`` ('bool', 'str', 'int'),
+    so fields added to a record later are checked by their type without touching this file."""
     return {(cls, f.name) for cls in (GpuEfficiency, FabricEfficiency, RuntimeSettings)
-            for f in fields(cls) if f.type in (kind, {"bool": bool, "str": str}[kind])}
+            for f in fields(cls) if f.type in (kind, {"bool": bool, "str": str, "int": int}[kind])}
 
 
 _BOOL_FIELDS = _typed("bool")
 _STR_FIELDS = _typed("str")
-_INT_FIELDS = {(cls, f.name) for cls in (GpuEfficiency, FabricEfficiency, RuntimeSettings)
-               for f in fields(cls) if f.type in ("int", int)}
+_INT_FIELDS = _typed("int")
 # The smallest share of a peak a profile may give: 0.1 %. Nothing trains that slowly, and
 # below it the numbers stop meaning anything (an efficiency of 5e-324, inside (0, 1],
 # divided a GEMM's time by zero and made the flow solver spin on denormal rates).

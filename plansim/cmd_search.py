@@ -99,14 +99,14 @@ def smallest_change(args, model, profile) -> str:
     up from the last size that failed."""
     from costmodel.limits import MAX_NODES
     from search.search import best_estimated_plan
-    from specs.topology import load_topology
+    from specs.topology import load_topology, topology_devices
 
     cluster = load_topology(args.topology, nodes=args.nodes)
     if len({(n.group, n.node_type) for n in cluster.nodes}) != 1 or len(cluster.groups()) != 1:
         return "a heterogeneous cluster cannot be scaled with --nodes; add nodes to its groups or use a smaller model"
     nodes = len(cluster.nodes)
     try:
-        load_topology(args.topology, nodes=nodes + 1)
+        topology_devices(args.topology, nodes + 1)  # the file's checks for --nodes, nothing built
     except InputError as err:  # e.g. an explicit network, whose links name their nodes
         return f"it cannot be scaled with --nodes ({err.message}); use a smaller model or GPUs with more memory"
 

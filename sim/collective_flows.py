@@ -171,10 +171,15 @@ def tree_allreduce(group: Sequence[int], nbytes: float) -> list[Phase]:
     return [Phase(tuple(up), steps, g), Phase(tuple(down), steps, g)]
 
 
-def _split_by_node(g: tuple[int, ...], node_of: Callable[[int], int]) -> list[list[int]]:
+def _members_by_node(g: tuple[int, ...], node_of: Callable[[int], int]) -> dict[int, list[int]]:
     nodes: dict[int, list[int]] = {}
     for r in g:
         nodes.setdefault(node_of(r), []).append(r)
+    return nodes
+
+
+def _split_by_node(g: tuple[int, ...], node_of: Callable[[int], int]) -> list[list[int]]:
+    nodes = _members_by_node(g, node_of)
     sizes = {len(m) for m in nodes.values()}
     if len(sizes) != 1:
         raise ValueError(f"hierarchical collective needs the same number of group members "
@@ -294,11 +299,8 @@ def several_per_node(g: tuple[int, ...], node_of: Callable[[int], int]) -> bool:
     the hierarchical form moves the same share through each NIC, 2(N-1)/N of S/m on N
     nodes where m rings move 2(n-1)/n of it (n = mN; at most (N/(N-1)) x, 1.33 x at N = 4,
     less), at the cost of one inter-node ring per local index."""
-    blocks: dict[int, int] = {}
-    for r in g:
-        k = node_of(r)
-        blocks[k] = blocks.get(k, 0) + 1
-    sizes = set(blocks.values())
+    blocks = _members_by_node(g, node_of)
+    sizes = {len(m) for m in blocks.values()}
     return len(blocks) > 1 and len(sizes) == 1 and min(sizes) > 1
 
 

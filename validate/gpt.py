@@ -256,6 +256,7 @@ class GPTChunk:
                  or (last and s.name in (self.out_name, "lnf.w", "lnf.b"))
                  or any(s.name.startswith(f"l{i}.") for i in self.layers)]
         self.specs = {s.name: s for s in specs}
+        self._angle_cache: dict = {}  # RoPE's (cos, sin) per (positions, device): _angles
         self.params = {s.name: torch.nn.Parameter(local_weight(weights[s.name], s, tp, ti).to(device))
                        for s in specs}
 
@@ -305,8 +306,6 @@ class GPTChunk:
         """RoPE's (cos, sin) for this rank's s positions (its ring positions under CP)."""
         import torch
         key = (s, str(device))
-        if getattr(self, "_angle_cache", None) is None:
-            self._angle_cache = {}
         if key not in self._angle_cache:
             pos = self.ring.positions(self.model.seq_length) if self.ring else torch.arange(s)
             self._angle_cache[key] = rope_angles(pos, self.model.head_dim, device)
