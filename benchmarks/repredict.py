@@ -5,8 +5,9 @@
 Each RESULTS_DIR is what benchmarks/validate_cpu.sh wrote: validation.json (the measured
 steps, the plans, the host-speed probe of each run) and cpu-w<N>.yaml (the profile
 calibrated at N processes, used for the plans of N processes). Every plan is simulated
-again with its run's profile, slowed or sped up by the drift factor the run applied
-(validate/probe.py), and compared with the same measured median step time.
+again with its run's profile, slowed or sped up by the drift factor this tree would take
+from the run's speed probes (validate/probe.py; run_drift), and compared with the same
+measured median step time.
 
 What it is for: a change to the simulator or the cost model can be tried against every
 run already measured (results/validate-cpu-*/) in a second instead of a new five-minute
@@ -91,6 +92,12 @@ def load_run(path: Path) -> dict:
             raise InputError(src, f"plans[{i}].speed_probe", "expected a mapping")
         if probe.get("applied"):
             times.append(("speed_probe.drift_factor", probe.get("drift_factor")))
+        launches = probe.get("launches_s") or []
+        if not isinstance(launches, list) or not all(isinstance(x, list) and len(x) == 2 for x in launches):
+            raise InputError(src, f"plans[{i}].speed_probe.launches_s", "expected a list of [before, after] seconds")
+        times += [(f"speed_probe.launches_s[{j}][{k}]", v) for j, x in enumerate(launches) for k, v in enumerate(x)]
+        if launches and probe.get("calibrated_s"):  # 0: a profile calibrated without the probe
+            times.append(("speed_probe.calibrated_s", probe.get("calibrated_s")))
         for key, v in times:
             problem = number_problem(v, 0.0, math.inf, lo_open=True, hi_open=True)
             if problem:
@@ -146,12 +153,24 @@ def repredict(path: Path, aggregate: str | None = None, drift: bool = True,
             raise InputError(str(path / "validation.json"), f"plans[{i}].plan", f"{e.field or ''} {e.message}".strip()) from None
         profile = (refit_profile(path, world, aggregate, cluster) if aggregate or refit
                    else load_profile(str(prof_file), bundled=cluster.profiles))
-        probe = p.get("speed_probe") or {}
-        factor = probe.get("drift_factor") if probe.get("applied") and drift else None
+        factor = run_drift(p) if drift else None
         sim = simulate(model, plan, cluster, slowed_profile(profile, factor) if factor else profile)
         out.append((p["plan"], world, float(p["measured_step_time_s"]), float(p["predicted_step_time_s"]),
                     float(sim.step_time_s)))
     return out
+
+
+def run_drift(plan_row: dict) -> float | None:
+    """The drift factor this tree's validator would apply to a saved plan's run: its
+    launches' probes (speed_probe.launches_s) merged as validate/probe.run_probe_s merges
+    them, over the calibrated probe; runs saved without launch probes keep the factor they
+    applied."""
+    from validate.probe import drift_factor, run_probe_s
+    probe = plan_row.get("speed_probe") or {}
+    launches, calibrated = probe.get("launches_s") or [], float(probe.get("calibrated_s") or 0.0)
+    if launches and calibrated > 0:
+        return drift_factor(run_probe_s(launches), calibrated * 1e6)
+    return probe.get("drift_factor") if probe.get("applied") else None
 
 
 def main(argv: list[str]) -> int:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from costmodel.errors import InputError
 from costmodel.profile import load_profile
 from plansim.cmd_calibrate import resolve_world
 from sim.core_sharing import slowed_profile
@@ -59,6 +60,23 @@ def test_repredict_applies_the_runs_profile_and_drift(tmp_path):
     assert (world, measured, saved) == (2, 0.1, 0.09)
     assert now == pytest.approx(with_drift, rel=1e-12)
     assert with_drift > without * 1.1
+
+
+def test_repredict_takes_the_drift_from_the_launch_probes(tmp_path):
+    """A run saved with its launches' probes ([before, after] of three launches: 10/12,
+    11/15, 13/14 ms) against 10 ms at calibration is predicted with the factor this tree's
+    validator would take, median(10, 11, 12, 13, 14, 15) / 10 = 1.25, not the factor the
+    run applied (1.1 here): the same step time as _saved_run's drift of 1.25."""
+    d, with_drift, _ = _saved_run(tmp_path, 1.25)
+    data = json.loads((d / "validation.json").read_text())
+    data["plans"][0]["speed_probe"] = {"drift_factor": 1.1, "applied": True, "calibrated_s": 0.010,
+                                       "launches_s": [[0.010, 0.012], [0.011, 0.015], [0.013, 0.014]]}
+    (d / "validation.json").write_text(json.dumps(data))
+    assert _load().repredict(d)[0][4] == pytest.approx(with_drift, rel=1e-12)
+    data["plans"][0]["speed_probe"]["launches_s"] = [[0.010, "fast"]]
+    (d / "validation.json").write_text(json.dumps(data))
+    with pytest.raises(InputError, match=r"launches_s\[0\]\[1\]"):
+        _load().repredict(d)
 
 
 def test_repredict_no_drift_ignores_the_probe(tmp_path):

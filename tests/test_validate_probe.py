@@ -9,7 +9,7 @@ from validate.record import RunRecord
 
 
 def test_drift_factor_by_hand():
-    """4.4 ms before the run against 4,000 us at calibration: the host computes 1.1x slower.
+    """4.4 ms during the run against 4,000 us at calibration: the host computes 1.1x slower.
     Unknown probes (0) and ratios outside [0.5, 2] give None (not applied)."""
     assert drift_factor(4.4e-3, 4000.0) == pytest.approx(1.1)
     assert drift_factor(3.0e-3, 4000.0) == pytest.approx(0.75)
@@ -27,20 +27,30 @@ def _worker(rank, probes):
     return out
 
 
-def test_record_probe_is_the_median_over_ranks_of_the_probe_before_the_steps():
+def test_record_probe_is_the_median_of_the_launch_probes_before_and_after():
     """Rank 0 probed 6 ms before its steps and 2 ms after, rank 1 5 and 5 ms, rank 2 3 and
-    3 ms: the record's probe is the median of the before probes 6, 5, 3 = 5 ms (the
-    median of the means 4, 5, 3 would be 4 ms); a record without probes has 0."""
+    3 ms: the launch's probes are the medians over ranks, 5 ms before (6, 5, 3) and 3 ms
+    after (2, 5, 3), and the record's probe their median, (5 + 3) / 2 = 4 ms. Pooled with
+    a second launch whose ranks all probed 9 and 8 ms, the four draws 3, 5, 8, 9 give
+    (5 + 8) / 2 = 6.5 ms (the mean of the launches' before probes, the rule until
+    2026-12-03, would say 7). A record without probes has 0; a worker that probed only
+    before its steps gives that probe."""
     ws = [_worker(0, [6e-3, 2e-3]), _worker(1, [5e-3, 5e-3]), _worker(2, [3e-3, 3e-3])]
     rec = RunRecord.from_workers(ws, model="tiny", plan="dp=3", backend="gloo", device="cpu",
                                  steps=1, warmup=0, seed=0)
-    assert rec.speed_probe_s == pytest.approx(5e-3)
-    # the launch's probes kept for analysis: medians of the befores (5) and the afters (2, 5, 3 -> 3)
     assert rec.launch_probes_s == [[pytest.approx(5e-3), pytest.approx(3e-3)]]
+    assert rec.speed_probe_s == pytest.approx(4e-3)
     assert RunRecord.pooled([rec, rec]).launch_probes_s == [rec.launch_probes_s[0]] * 2
+    other = RunRecord.from_workers([_worker(r, [9e-3, 8e-3]) for r in range(3)], model="tiny", plan="dp=3",
+                                   backend="gloo", device="cpu", steps=1, warmup=0, seed=0)
+    assert RunRecord.pooled([rec, other]).speed_probe_s == pytest.approx(6.5e-3)
+    assert RunRecord.pooled([RunRecord.pooled([rec, other]), rec]).speed_probe_s == pytest.approx(5e-3)
     old = RunRecord.from_workers([_worker(0, None)], model="tiny", plan="dp=1", backend="gloo",
                                  device="cpu", steps=1, warmup=0, seed=0)
     assert old.speed_probe_s == 0.0 and old.launch_probes_s == []
+    before_only = RunRecord.from_workers([_worker(0, [7e-3])], model="tiny", plan="dp=1", backend="gloo",
+                                         device="cpu", steps=1, warmup=0, seed=0)
+    assert before_only.speed_probe_s == pytest.approx(7e-3) and before_only.launch_probes_s == []
 
 
 def test_comparison_reports_the_drift():
@@ -50,7 +60,7 @@ def test_comparison_reports_the_drift():
                                  device="cpu", steps=1, warmup=0, seed=0)
     sim = SimpleNamespace(step_time_s=1.0, breakdown={"compute": 1.0})  # what compare() reads
     c = compare(rec, sim, drift=1.1, drift_applied=True, calibrated_probe_s=4e-3)
-    assert "4.40 ms before the run, 4.00 ms at calibration (compute predicted x1.100)" in format_comparison(c)
+    assert "4.40 ms during the run, 4.00 ms at calibration (compute predicted x1.100)" in format_comparison(c)
     assert c.to_dict()["speed_probe"] == {"run_s": pytest.approx(4.4e-3), "calibrated_s": 4e-3,
                                           "launches_s": [[4.4e-3, 4.4e-3]], "drift_factor": 1.1, "applied": True}
     off = compare(rec, sim, drift=1.1, drift_applied=False, calibrated_probe_s=4e-3)

@@ -279,7 +279,7 @@ def format_comparison(c: Comparison) -> str:
     if run_probe > 0 and c.calibrated_probe_s > 0:
         how = (f"compute predicted x{c.drift:.3f}" if c.drift_applied else
                "not applied" if c.drift is not None else f"outside {DRIFT_MIN:g}..{DRIFT_MAX:g}, not applied")
-        lines.append(f"  host speed probe: {run_probe * 1e3:.2f} ms before the run, {c.calibrated_probe_s * 1e3:.2f} ms "
+        lines.append(f"  host speed probe: {run_probe * 1e3:.2f} ms during the run, {c.calibrated_probe_s * 1e3:.2f} ms "
                      f"at calibration ({how})")
     if c.saved:
         sv = c.saved

@@ -7,9 +7,8 @@ and 49.0 and 49.9 ms in two launches ten minutes later, no other job running: th
 move under it. Any cluster drifts the same way (a node throttled, a neighbour busy).
 
 So calibration times a probe (``probe_s``) in every compute worker, and the validator's
-runner times the same probe in every rank right before its steps (and after them, for the
-record: a process that has just trained probes slower than a fresh one, validate/record.py,
-so only the probe before the steps is compared with calibration's). The
+runner times the same probe in every rank right before its steps and right after them; the
+run's figure is the median of those of all its launches (run_probe_s). The
 ratio, run over calibration, is how much slower the host computes now; the validator
 predicts with the profile's compute slowed by that factor (sim/core_sharing.slowed_profile:
 every rate divided, every per-op cost multiplied), prints it, and can be told not to
@@ -101,6 +100,19 @@ def in_rounds(world: int, kind: str, fn):
             got = fn()
     dist.barrier()
     return got
+
+
+def run_probe_s(launch_probes: list) -> float:
+    """The host's speed during a plan's run, seconds of probe: the median of every probe its
+    launches took, before and after their steps ([[before, after], ...], each already the
+    median over ranks); 0.0 when there are none. Why both and the median
+    (docs/validation-cpu.md mechanism 42): one probe is one moment of a host whose speed
+    moves by a third within minutes, and over 1,032 launches of 2026-12-01..03 the probe
+    after the steps read the same host as the one before (after/before median 1.007, 0.989
+    to 1.038 by plan): twice the draws, and the median against the one that caught a fast or
+    slow moment."""
+    got = sorted(float(x) for pair in launch_probes for x in pair if x > 0)
+    return float(statistics.median(got)) if got else 0.0
 
 
 def drift_factor(run_probe_s: float, calibrated_probe_us: float) -> float | None:

@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from sim.result import CATEGORIES, Segment
+from validate.probe import run_probe_s
 
 
 def _step_statistics(step_times) -> dict:
@@ -57,11 +58,10 @@ class RunRecord:
     per_rank: list[dict]
     losses: list[float]
     segments: list[dict] = field(default_factory=list)
-    # validate/probe.py's probe right before the steps (median over ranks), seconds; 0 in
-    # records written before it. Each rank also probes after its steps (its record's
-    # probe_s[1]), which is not used: a process that just trained probes slower than one
-    # that has not, by 2-3 % after dp=2 and 7-21 % after pp=2 here (the allocator's state
-    # after the run), while calibration probes a fresh process.
+    # The host's speed during the run, seconds of validate/probe.py's probe: the median of
+    # every launch's probes before and after its steps (probe.run_probe_s; each the median
+    # over ranks), or the probe before the steps where a record has no launch probes; 0 in
+    # records written before the probe.
     speed_probe_s: float = 0.0
     launches: int = 1  # separate launches of fresh processes whose steps this record pools
     # Each launch's median step time, seconds, in launch order: a launch is one draw of
@@ -117,14 +117,16 @@ class RunRecord:
                              "peak_memory_bytes": max(int(x["peak_memory_bytes"]) for x in ranks),
                              "saved_activation_bytes": max(int(x.get("saved_activation_bytes", 0)) for x in ranks)})
         probes = [r.speed_probe_s for r in records]
+        launch_probes = [p for r in records for p in r.launch_probes_s]
         return replace(
             first, steps=sum(r.steps for r in records), created_utc=records[-1].created_utc,
             **_step_statistics([t for r in records for t in r.step_times_s]),
             phases_s=mean_of([r.phases_s for r in records]), detail_s=mean_of([r.detail_s for r in records]),
-            per_rank=per_rank, speed_probe_s=float(statistics.fmean(probes)) if all(probes) else 0.0,
+            per_rank=per_rank, speed_probe_s=(run_probe_s(launch_probes) if all(r.launch_probes_s for r in records)
+                                              else float(statistics.fmean(probes)) if all(probes) else 0.0),
             launches=sum(r.launches for r in records),
             launch_medians_s=[m for r in records for m in (r.launch_medians_s or [r.median_step_time_s])],
-            launch_probes_s=[p for r in records for p in r.launch_probes_s])
+            launch_probes_s=launch_probes)
 
     @classmethod
     def from_workers(cls, workers: list[dict], *, model: str, plan: str, backend: str, device: str,
@@ -174,17 +176,19 @@ class RunRecord:
         for w in workers:
             segments += [dict(s, device=w["rank"]) for s in w["segments"]]
         stats = _step_statistics(step_times)
+        launch_probes = ([[float(statistics.median(w["probe_s"][i] for w in workers)) for i in (0, 1)]]
+                         if all(len(w.get("probe_s") or []) > 1 for w in workers) else [])
         return cls(
             model=model, plan=plan, world=n, backend=backend, device=device, steps=steps,
             warmup=warmup, seed=seed, created_utc=datetime.now(timezone.utc).isoformat(timespec="seconds"),
             **stats,
             phases_s=_median_over_steps(phases_per_step), detail_s=_median_over_steps(detail_per_step),
             per_rank=per_rank, losses=losses, segments=segments,
-            speed_probe_s=float(statistics.median(w["probe_s"][0] for w in workers))
-            if all(w.get("probe_s") for w in workers) else 0.0,
+            speed_probe_s=(run_probe_s(launch_probes) if launch_probes
+                           else float(statistics.median(w["probe_s"][0] for w in workers))
+                           if all(w.get("probe_s") for w in workers) else 0.0),
             launch_medians_s=[stats["median_step_time_s"]],
-            launch_probes_s=[[float(statistics.median(w["probe_s"][i] for w in workers)) for i in (0, 1)]]
-            if all(len(w.get("probe_s") or []) > 1 for w in workers) else [],
+            launch_probes_s=launch_probes,
         )
 
 
