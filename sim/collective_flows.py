@@ -198,16 +198,17 @@ def _concurrent(per_group: list[list[Phase]], g: tuple[int, ...]) -> list[Phase]
 
 
 def hierarchical_allreduce(group: Sequence[int], nbytes: float,
-                           node_of: Callable[[int], int]) -> list[Phase]:
-    """Intra-node ring reduce-scatter of S, inter-node ring all-reduce of S/n_local among
-    members with the same local index, intra-node ring all-gather of S. With one member per
-    node it is the plain ring all-reduce."""
+                           node_of: Callable[[int], int],
+                           inter: Callable[[Sequence[int], float], list[Phase]] = ring_allreduce) -> list[Phase]:
+    """Intra-node ring reduce-scatter of S, inter-node all-reduce of S/n_local among
+    members with the same local index (``inter``: a ring, or tree_allreduce), intra-node
+    ring all-gather of S. With one member per node it is the plain inter-node all-reduce."""
     g = _group(group)
     nodes = _split_by_node(g, node_of)
     n_local = len(nodes[0])
     rails = [[members[j] for members in nodes] for j in range(n_local)]
     return (_concurrent([reduce_scatter(m, nbytes) for m in nodes], g)
-            + _concurrent([ring_allreduce(r, nbytes / n_local) for r in rails], g)
+            + _concurrent([inter(r, nbytes / n_local) for r in rails], g)
             + _concurrent([allgather(m, nbytes) for m in nodes], g))
 
 
@@ -280,6 +281,14 @@ def build(algorithm: str, op: str, group: Sequence[int], nbytes: float,
             raise InputError("plan", "collective.algorithm",
                              f"algorithm 'tree' is for allreduce only, not {o}; "
                              "allowed for it: ring, hierarchical")
+        if node_of is not None and several_per_node(_group(group), node_of):
+            # NCCL's tree all-reduce across nodes: within a node a chain to the member
+            # whose NIC the channel leaves by, between nodes a pair of binary trees, one
+            # such tree per channel and the channels over every NIC (src/graph/search.cc,
+            # src/graph/trees.cc). One pair of trees in rank order would leave each node
+            # through a member or two; the chain is priced here as the node's ring
+            # reduce-scatter and all-gather, the trees over S/m per local index.
+            return hierarchical_allreduce(group, nbytes, node_of, inter=tree_allreduce)
         return tree_allreduce(group, nbytes)
     return {"allreduce": ring_allreduce, "allgather": allgather,
             "reduce_scatter": reduce_scatter}[o](group, nbytes)

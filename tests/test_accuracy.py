@@ -282,6 +282,19 @@ def test_hierarchical_reduce_scatter_spreads_over_nics():
     assert run_engine(hier)[1].exposed_comm_s["dp"] == pytest.approx(0.3 * S / 1e10, rel=1e-9)
 
 
+def test_tree_all_reduce_spreads_over_nics():
+    """dp=4 on 2 nodes x 2 GPUs (100 GB/s inside a node, a 10 GB/s NIC per GPU), all-reduce
+    of S after backward with allreduce=tree: the node's reduce-scatter sends S/2 per GPU
+    (0.05 S / 1e10), the two-member tree per local index moves its S/2 as two halves, up
+    and then down, each half one way over each NIC (S/4 up, S/4 down: 0.5 S / 1e10), the
+    all-gather 0.05: 0.6 S / 1e10, as the ring's hierarchical phases. One pair of trees in
+    rank order took 2.0 S / 1e10."""
+    S = 1e9
+    for alg in ("tree", "ring"):
+        prog = _program(f"dp=4,mbs=2,overlap_grad_reduce=false,allreduce={alg}", 0.0, 0.01, grad=[S], params=0.0)
+        assert run_engine(prog)[1].exposed_comm_s["dp"] == pytest.approx(0.6 * S / 1e10, rel=1e-9), alg
+
+
 def test_h100_rows_fit_in_memory():
     """Every row of Megatron-LM's H100 table, as the accuracy harness simulates it (its
     plan, the megatron-core runtime: fused attention, distributed optimizer), fits in the

@@ -252,3 +252,29 @@ def test_ring_over_several_members_per_node_is_priced_hierarchically():
              if node_of(f.src) != node_of(f.dst)}
     assert cross == set(g)  # every member sends across nodes: each its own NIC
     assert build("ring", "allreduce", (0, 4), 8.0, node_of=node_of) == ring_allreduce((0, 4), 8.0)
+
+
+def test_tree_over_several_members_per_node_runs_a_tree_per_local_index():
+    """allreduce=tree over 2 nodes x 4 members: within each node the ring reduce-scatter and
+    all-gather, between nodes a pair of binary trees per local index over S/4 (NCCL's tree
+    per channel, one channel per NIC), so every member's NIC carries inter-node traffic;
+    one pair of trees in rank order sent all of S through one member's NIC. One
+    member per node, or one node, stays the plain pair of trees."""
+    from sim.collective_flows import build, hierarchical_allreduce, tree_allreduce
+    node_of = lambda r: r // 4  # noqa: E731
+    g = tuple(range(8))
+    phases = build("tree", "allreduce", g, 8.0, node_of=node_of)
+    assert phases == hierarchical_allreduce(g, 8.0, node_of, inter=tree_allreduce)
+    cross = [f for ph in phases for f in ph.flows if node_of(f.src) != node_of(f.dst)]
+    assert {f.src for f in cross} == set(g)
+    # 4 local indices x 2 trees x (up + down) x half of S/4: 16 bytes, 2 S
+    assert sum(f.nbytes for f in cross) == pytest.approx(4 * 2 * 2 * (8.0 / 4 / 2))
+    def most_one_member_sends(phs):
+        sent: dict[int, float] = {}
+        for f in (f for ph in phs for f in ph.flows if node_of(f.src) != node_of(f.dst)):
+            sent[f.src] = sent.get(f.src, 0.0) + f.nbytes
+        return max(sent.values())
+    assert most_one_member_sends(phases) == pytest.approx(8.0 / 4)  # S/4: each its rail's half up, half down
+    assert most_one_member_sends(tree_allreduce(g, 8.0)) == pytest.approx(8.0)  # in rank order: S through one NIC
+    assert build("tree", "allreduce", (0, 4), 8.0, node_of=node_of) == tree_allreduce((0, 4), 8.0)
+    assert build("tree", "allreduce", (0, 1, 2), 8.0, node_of=node_of) == tree_allreduce((0, 1, 2), 8.0)
