@@ -50,11 +50,13 @@ class Strict(BaseModel):
 
 def _number(lo: float, hi: float, integer: bool, lo_open: bool, hi_open: bool):
     def check(value):
-        if integer and isinstance(value, str):  # --plan strings: "8" is 8, "8.0" or "true" are not
+        # --plan strings: "8" is 8, "8.0" or "true" are not; ASCII only (Python's int() and
+        # float() also read other scripts' digits, as "\uff18" for 8)
+        if integer and isinstance(value, str) and value.isascii():
             text = value.strip()
             if text.lstrip("+-").isdigit() and len(text) <= 12:
                 value = int(text)
-        elif not integer and isinstance(value, str):
+        elif not integer and isinstance(value, str) and value.isascii():
             try:
                 value = float(value)
             except ValueError:

@@ -173,6 +173,18 @@ def test_plan_values_bounded(plan, field):
     assert exc.value.field == field
 
 
+@pytest.mark.parametrize("plan,field", [("tp=\uff12,dp=4", "tp"), ("dp=\u0668", "dp"), ({"mbs": "\uff11"}, "mbs")],
+                         ids=["fullwidth-2", "arabic-indic-8", "yaml-fullwidth-1"])
+def test_plan_numbers_are_ascii_digits(plan, field):
+    """A degree written in another script's digits is refused (Python's int() reads
+    fullwidth "\uff12" as 2 and Arabic-Indic "\u0668" as 8, and plans took them), while the
+    ASCII string "4" from a plan string stays a number."""
+    with pytest.raises(InputError) as exc:
+        resolve_plan(plan, load_model("gpt3-125m"), 8)
+    assert exc.value.field == field
+    assert resolve_plan("tp=2,dp=4", load_model("gpt3-125m"), 8).tp == 2
+
+
 @pytest.mark.parametrize("argv", [["--nodes", "1000000000000000000"], ["--nodes", "1000000"]],
                          ids=["1e18", "1e6"])
 def test_huge_node_count_refused_at_once(capsys, argv):
