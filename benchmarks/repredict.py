@@ -6,7 +6,7 @@ Each RESULTS_DIR is what benchmarks/validate_cpu.sh wrote: validation.json (the 
 steps, the plans, the host-speed probe of each run) and cpu-w<N>.yaml (the profile
 calibrated at N processes, used for the plans of N processes). Every plan is simulated
 again with its run's profile, slowed or sped up by the drift factor this tree would take
-from the run's speed probes (validate/probe.py; run_drift), and compared with the same
+from the run's speed probes (validate/probe.validation_drift; run_drift), and compared with the same
 measured median step time.
 
 What it is for: a change to the simulator or the cost model can be tried against every
@@ -141,7 +141,8 @@ def repredict(path: Path, aggregate: str | None = None, drift: bool = True,
 
     model = load_model("tiny")
     out = []
-    for i, p in enumerate(load_run(path)["plans"]):
+    rows = load_run(path)["plans"]
+    for i, p in enumerate(rows):
         world = int(p["world"])
         prof_file = path / f"cpu-w{world}.yaml"
         if not prof_file.exists():
@@ -153,24 +154,25 @@ def repredict(path: Path, aggregate: str | None = None, drift: bool = True,
             raise InputError(str(path / "validation.json"), f"plans[{i}].plan", f"{e.field or ''} {e.message}".strip()) from None
         profile = (refit_profile(path, world, aggregate, cluster) if aggregate or refit
                    else load_profile(str(prof_file), bundled=cluster.profiles))
-        factor = run_drift(p) if drift else None
+        factor = run_drift(rows, i) if drift else None
         sim = simulate(model, plan, cluster, slowed_profile(profile, factor) if factor else profile)
         out.append((p["plan"], world, float(p["measured_step_time_s"]), float(p["predicted_step_time_s"]),
                     float(sim.step_time_s)))
     return out
 
 
-def run_drift(plan_row: dict) -> float | None:
-    """The drift factor this tree's validator would apply to a saved plan's run: its
-    launches' probes (speed_probe.launches_s) merged as validate/probe.run_probe_s merges
-    them, over the calibrated probe; runs saved without launch probes keep the factor they
-    applied."""
-    from validate.probe import drift_factor, run_probe_s
-    probe = plan_row.get("speed_probe") or {}
-    launches, calibrated = probe.get("launches_s") or [], float(probe.get("calibrated_s") or 0.0)
-    if launches and calibrated > 0:
-        return drift_factor(run_probe_s(launches), calibrated * 1e6)
-    return probe.get("drift_factor") if probe.get("applied") else None
+def run_drift(plan_rows: list[dict], i: int) -> float | None:
+    """The drift factor this tree's validator would apply to plan ``i`` of a saved run:
+    one for the whole run from every plan's launch probes (speed_probe.launches_s, each
+    over its calibrated probe: validate/probe.validation_drift); runs saved without launch
+    probes keep the factor each plan applied."""
+    from validate.probe import validation_drift
+    probes = [p.get("speed_probe") or {} for p in plan_rows]
+    pooled = validation_drift([(pr.get("launches_s") or [], float(pr.get("calibrated_s") or 0.0) * 1e6)
+                               for pr in probes])
+    if pooled is not None:
+        return pooled
+    return probes[i].get("drift_factor") if probes[i].get("applied") else None
 
 
 def main(argv: list[str]) -> int:

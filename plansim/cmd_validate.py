@@ -98,7 +98,7 @@ def validate_plans(topology: str, model_name: str, plans: list[str], profiles: d
     from sim.core_sharing import slowed_profile
     from validate.compare import compare, predicted_saved_bytes, saved_activations
     from validate.profile_file import runtime_facts
-    from validate.probe import drift_factor
+    from validate.probe import drift_factor, validation_drift
 
     model = load_model(model_name)
     if prepared is None:
@@ -133,9 +133,13 @@ def validate_plans(topology: str, model_name: str, plans: list[str], profiles: d
             with worker_threads_env(plan.num_devices):  # the threads calibration measured with
                 runs[i].append(run_plan(model, plan, steps=steps, warmup=warmup, seed=seed, timeout_s=timeout_s))
     out = []
-    for (plan, cluster, profile, prof_path), recs in zip(prepared, runs):
-        rec = RunRecord.pooled(recs)
-        drift = drift_factor(rec.speed_probe_s, profile.runtime.speed_probe_us)
+    records = [RunRecord.pooled(recs) for recs in runs]
+    # One factor for the whole validation where every plan has its probes (probe.validation_drift);
+    # a plan's own otherwise.
+    pooled = validation_drift([(rec.launch_probes_s, profile.runtime.speed_probe_us)
+                               for rec, (_, _, profile, _) in zip(records, prepared)])
+    for (plan, cluster, profile, prof_path), rec in zip(prepared, records):
+        drift = pooled if pooled is not None else drift_factor(rec.speed_probe_s, profile.runtime.speed_probe_us)
         applied = drift_correction and drift is not None
         sim = simulate(model, plan, cluster, slowed_profile(profile, drift) if applied else profile, record=record)
         # The run is the project's runner whatever the profile: its memory follows the
@@ -143,7 +147,8 @@ def validate_plans(topology: str, model_name: str, plans: list[str], profiles: d
         runner_rt = replace(profile.runtime, **runtime_facts("cuda" if rec.backend == "nccl" else "cpu"))
         saved = saved_activations(rec, predicted_saved_bytes(model, plan, runner_rt, rec.per_rank), plan)
         out.append(compare(rec, sim, drift=drift, drift_applied=applied,
-                           calibrated_probe_s=profile.runtime.speed_probe_us * 1e-6, saved=saved))
+                           calibrated_probe_s=profile.runtime.speed_probe_us * 1e-6, saved=saved,
+                           drift_plans=len(prepared) if pooled is not None else 1))
     return out
 
 

@@ -65,8 +65,9 @@ def test_repredict_applies_the_runs_profile_and_drift(tmp_path):
 def test_repredict_takes_the_drift_from_the_launch_probes(tmp_path):
     """A run saved with its launches' probes ([before, after] of three launches: 10/12,
     11/15, 13/14 ms) against 10 ms at calibration is predicted with the factor this tree's
-    validator would take, median(10, 11, 12, 13, 14, 15) / 10 = 1.25, not the factor the
-    run applied (1.1 here): the same step time as _saved_run's drift of 1.25."""
+    validator would take (validate/probe.validation_drift over the run's one plan),
+    median(10, 11, 12, 13, 14, 15) / 10 = 1.25, not the factor the run applied (1.1
+    here): the same step time as _saved_run's drift of 1.25."""
     d, with_drift, _ = _saved_run(tmp_path, 1.25)
     data = json.loads((d / "validation.json").read_text())
     data["plans"][0]["speed_probe"] = {"drift_factor": 1.1, "applied": True, "calibrated_s": 0.010,

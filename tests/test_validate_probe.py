@@ -62,6 +62,24 @@ def test_comparison_reports_the_drift():
     c = compare(rec, sim, drift=1.1, drift_applied=True, calibrated_probe_s=4e-3)
     assert "4.40 ms during the run, 4.00 ms at calibration (compute predicted x1.100)" in format_comparison(c)
     assert c.to_dict()["speed_probe"] == {"run_s": pytest.approx(4.4e-3), "calibrated_s": 4e-3,
-                                          "launches_s": [[4.4e-3, 4.4e-3]], "drift_factor": 1.1, "applied": True}
+                                          "launches_s": [[4.4e-3, 4.4e-3]], "drift_factor": 1.1, "drift_plans": 1,
+                                          "applied": True}
+    pooled = compare(rec, sim, drift=1.1, drift_applied=True, calibrated_probe_s=4e-3, drift_plans=8)
+    assert "(compute predicted x1.100, the median over the 8 plans' probes)" in format_comparison(pooled)
     off = compare(rec, sim, drift=1.1, drift_applied=False, calibrated_probe_s=4e-3)
     assert "(not applied)" in format_comparison(off)
+
+
+def test_validation_drift_is_one_median_over_every_plans_probes():
+    """Two plans calibrated at 10 ms and one at 5 ms (another process count): the ratios of
+    their probes are 1.0, 1.2 | 0.9, 1.5 | 1.2, 1.4 (6 and 7 ms over 5), and every plan
+    gets their median (1.2 + 1.2) / 2 = 1.2, not its own (1.1, 1.2, 1.3). A plan without
+    launch probes, or a profile without a calibrated probe, leaves no pooled factor (None),
+    and so does a median outside [DRIFT_MIN, DRIFT_MAX]."""
+    from validate.probe import validation_drift
+    plans = [([[10e-3, 12e-3]], 10_000.0), ([[9e-3, 15e-3]], 10_000.0), ([[6e-3, 7e-3]], 5_000.0)]
+    assert validation_drift(plans) == pytest.approx(1.2)
+    assert validation_drift(plans + [([], 10_000.0)]) is None
+    assert validation_drift(plans + [([[1e-3, 1e-3]], 0.0)]) is None
+    assert validation_drift([([[30e-3, 30e-3]], 10_000.0)]) is None  # 3x: not drift
+    assert validation_drift([]) is None

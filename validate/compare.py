@@ -30,6 +30,7 @@ class Comparison:
     drift: float | None = None
     drift_applied: bool = False
     calibrated_probe_s: float = 0.0
+    drift_plans: int = 1  # plans whose probes the factor pools (probe.validation_drift)
     # Activations kept for backward, measured on the first step (validate/saved_bytes.py)
     # and predicted by the cost model's memory (costmodel/device_memory.py), per rank.
     saved: dict = field(default_factory=dict)
@@ -59,7 +60,7 @@ class Comparison:
                                 # each launch's (before, after its steps), seconds
                                 "launches_s": [[float(x) for x in p] for p in self.record.get("launch_probes_s", [])],
                                 "calibrated_s": self.calibrated_probe_s, "drift_factor": self.drift,
-                                "applied": self.drift_applied},
+                                "drift_plans": self.drift_plans, "applied": self.drift_applied},
                 "activation_memory": self.saved,
                 "phases_by_stage": {str(s): v for s, v in self.stages.items()}}
 
@@ -138,7 +139,7 @@ def phases_by_stage(per_rank: list[dict], sim: StepResult) -> dict[int, dict[str
 
 
 def compare(record, sim: StepResult, *, drift: float | None = None, drift_applied: bool = False,
-            calibrated_probe_s: float = 0.0, saved: dict | None = None) -> Comparison:
+            calibrated_probe_s: float = 0.0, saved: dict | None = None, drift_plans: int = 1) -> Comparison:
     """Pair a run record with the simulated step of the same plan (simulated with the
     profile slowed by ``drift`` when ``drift_applied``); ``saved``: saved_activations'."""
     measured = dict(record.phases_s)
@@ -149,7 +150,7 @@ def compare(record, sim: StepResult, *, drift: float | None = None, drift_applie
                       predicted_step_time_s=float(sim.step_time_s),
                       p10_step_time_s=float(record.p10_step_time_s), p90_step_time_s=float(record.p90_step_time_s),
                       phases=phases, record=record.to_dict(), sim=sim, drift=drift, drift_applied=drift_applied,
-                      calibrated_probe_s=calibrated_probe_s, saved=saved or {},
+                      calibrated_probe_s=calibrated_probe_s, saved=saved or {}, drift_plans=drift_plans,
                       stages=phases_by_stage(record.per_rank, sim))
 
 
@@ -277,7 +278,8 @@ def format_comparison(c: Comparison) -> str:
                      f"land): the measured median is that uncertain; more --launches narrow it")
     run_probe = float(c.record.get("speed_probe_s", 0.0))
     if run_probe > 0 and c.calibrated_probe_s > 0:
-        how = (f"compute predicted x{c.drift:.3f}" if c.drift_applied else
+        over = f", the median over the {c.drift_plans} plans' probes" if c.drift_plans > 1 else ""
+        how = (f"compute predicted x{c.drift:.3f}{over}" if c.drift_applied else
                "not applied" if c.drift is not None else f"outside {DRIFT_MIN:g}..{DRIFT_MAX:g}, not applied")
         lines.append(f"  host speed probe: {run_probe * 1e3:.2f} ms during the run, {c.calibrated_probe_s * 1e3:.2f} ms "
                      f"at calibration ({how})")

@@ -115,6 +115,29 @@ def run_probe_s(launch_probes: list) -> float:
     return float(statistics.median(got)) if got else 0.0
 
 
+def validation_drift(plans: list) -> float | None:
+    """One drift factor for every plan of a validation: the median, over all the probes
+    every plan's launches took (before and after their steps), of probe over the
+    calibrated probe of that plan's profile; ``plans`` is [(launch probes [[before,
+    after], ...], calibrated probe us)]. None when a plan lacks either, or the factor is
+    outside [DRIFT_MIN, DRIFT_MAX]. Why one for the run and not one per plan
+    (docs/validation-cpu.md mechanism 42): over the two minutes of a validation the
+    probes of consecutive plans moved by more than their steps did (`v-1` of 2026-12-03,
+    session 11: per-plan factors 0.84-1.18 on 2-process plans whose steps ran 113-134 ms;
+    GPipe -17.3 %, top-k -14.2 %, dp=2 +13.6 %), so a plan's own probes are mostly noise
+    about the host's speed through the run."""
+    ratios = []
+    for launches, calibrated_us in plans:
+        got = [float(x) for pair in launches for x in pair if x > 0]
+        if not got or calibrated_us <= 0:
+            return None
+        ratios += [x / (calibrated_us * 1e-6) for x in got]
+    if not ratios:
+        return None
+    f = float(statistics.median(ratios))
+    return f if DRIFT_MIN <= f <= DRIFT_MAX else None
+
+
 def drift_factor(run_probe_s: float, calibrated_probe_us: float) -> float | None:
     """How much slower the host computes now than at calibration (run probe over calibrated
     probe); None when either is unknown (0) or the ratio is outside [DRIFT_MIN, DRIFT_MAX]."""
