@@ -285,8 +285,8 @@ def build(algorithm: str, op: str, group: Sequence[int], nbytes: float,
             # NCCL's tree all-reduce across nodes: within a node a chain to the member
             # whose NIC the channel leaves by, between nodes a pair of binary trees, one
             # such tree per channel and the channels over every NIC (src/graph/search.cc,
-            # src/graph/trees.cc). One pair of trees in rank order would leave each node
-            # through a member or two; the chain is priced here as the node's ring
+            # src/graph/trees.cc). One pair of trees in rank order sent up to all of S
+            # through one member's NIC (tests/test_collective_flows.py); the chain is priced here as the node's ring
             # reduce-scatter and all-gather, the trees over S/m per local index.
             return hierarchical_allreduce(group, nbytes, node_of, inter=tree_allreduce)
         return tree_allreduce(group, nbytes)
