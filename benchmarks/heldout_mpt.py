@@ -96,17 +96,28 @@ def topology_40gb() -> str:
     return text
 
 
+def simulate_step_s(args: list[str], what: str) -> float:
+    """Step time of `plansim simulate ARGS --json`, run as a user runs it; a failure ends
+    the benchmark naming ``what`` and the command."""
+    cmd = [sys.executable, "-m", "plansim", "simulate", *args, "--json"]
+    out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    if out.returncode:
+        raise SystemExit(f"{what}: {' '.join(cmd)}: {out.stderr.strip()}")
+    return float(json.loads(out.stdout)["step_time_s"])
+
+
+def json_out(argv: list[str]) -> Path | None:
+    """The file after --json, if given."""
+    i = argv.index("--json") + 1 if "--json" in argv else 0
+    return Path(argv[i]) if 0 < i < len(argv) else None
+
+
 def predict(tmp: Path, row) -> dict:
     rid, table, model, seq, gpus, mbs, gb, ac, measured = row
     topo = {"A100-80GB": "dgx-a100", "H100-80GB": "dgx-h100", "A100-40GB": str(tmp / "dgx-a100-40gb.yaml")}[table]
     plan = f"dp={gpus},zero=3,mbs={mbs}" + (",recompute=full" if ac else "")
-    cmd = [sys.executable, "-m", "plansim", "simulate", topo, "--nodes", str(gpus // 8),
-           "--model", str(tmp / f"mpt-{model}.yaml"), "--seq", str(seq), "--global-batch", str(gb),
-           "--plan", plan, "--runtime", "torchtitan", "--json"]
-    out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
-    if out.returncode:
-        raise SystemExit(f"{rid}: {' '.join(cmd)}: {out.stderr.strip()}")
-    step = json.loads(out.stdout)["step_time_s"]
+    step = simulate_step_s([topo, "--nodes", str(gpus // 8), "--model", str(tmp / f"mpt-{model}.yaml"),
+                            "--seq", str(seq), "--global-batch", str(gb), "--plan", plan, "--runtime", "torchtitan"], rid)
     predicted = seq * gb / step / gpus
     return {"row": rid, "table": table, "model": f"mpt-{model}", "seq": seq, "gpus": gpus,
             "measured_tokens_per_s_per_gpu": measured, "predicted_tokens_per_s_per_gpu": predicted,
@@ -114,7 +125,7 @@ def predict(tmp: Path, row) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    out_json = argv[argv.index("--json") + 1] if "--json" in argv and argv.index("--json") + 1 < len(argv) else None
+    out_json = json_out(argv)
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         for name in MODELS:
@@ -135,7 +146,7 @@ def main(argv: list[str]) -> int:
           f"seq 1k-2k: {len(short)} rows, mean |error| {statistics.fmean(short):.1f} %; "
           f"seq > 2k: {min(long_):+.1f} to {max(long_):+.1f} %")
     if out_json:
-        Path(out_json).write_text(json.dumps(rows, indent=2))
+        out_json.write_text(json.dumps(rows, indent=2))
     return 0
 
 

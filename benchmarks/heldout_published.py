@@ -28,12 +28,14 @@ from __future__ import annotations
 
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.heldout_mpt import json_out, simulate_step_s  # noqa: E402
 
 
 def eq3_flops(batch: int, seq: int, layers: int, hidden: int, vocab: int) -> float:
@@ -98,15 +100,11 @@ def rows(tmp: Path) -> list[dict]:
 
 
 def main(argv: list[str]) -> int:
-    out_json = argv[argv.index("--json") + 1] if "--json" in argv and argv.index("--json") + 1 < len(argv) else None
+    out_json = json_out(argv)
     results = []
     with tempfile.TemporaryDirectory() as d:
         for r in rows(Path(d)):
-            cmd = [sys.executable, "-m", "plansim", "simulate", *r["args"], "--json"]
-            p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
-            if p.returncode:
-                raise SystemExit(f"{r['id']}: {' '.join(cmd)}: {p.stderr.strip()}")
-            step = json.loads(p.stdout)["step_time_s"]
+            step = simulate_step_s(r["args"], r["id"])
             err = 100.0 * (step / r["published_step_s"] - 1.0)
             results.append({"set": r["set"], "id": r["id"], "published_step_s": r["published_step_s"],
                             "predicted_step_s": step, "error_pct": err})
@@ -118,7 +116,7 @@ def main(argv: list[str]) -> int:
         print(f"{s:30s} {len(e):>2} rows  mean |error| {statistics.fmean(map(abs, e)):5.1f} %  "
               f"({min(e):+.1f} to {max(e):+.1f} %)")
     if out_json:
-        Path(out_json).write_text(json.dumps(results, indent=2))
+        out_json.write_text(json.dumps(results, indent=2))
     return 0
 
 
