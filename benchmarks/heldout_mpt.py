@@ -112,6 +112,11 @@ def json_out(argv: list[str]) -> Path | None:
     return Path(argv[i]) if 0 < i < len(argv) else None
 
 
+def save_rows(out_json: Path | None, rows: list[dict]) -> int:
+    """Write the rows to --json's file when given; the exit code."""
+    return save_rows(out_json, rows)
+
+
 def predict(tmp: Path, row) -> dict:
     rid, table, model, seq, gpus, mbs, gb, ac, measured = row
     topo = {"A100-80GB": "dgx-a100", "H100-80GB": "dgx-h100", "A100-40GB": str(tmp / "dgx-a100-40gb.yaml")}[table]
@@ -145,9 +150,7 @@ def main(argv: list[str]) -> int:
     print(f"\n{len(rows)} rows: mean |error| {statistics.fmean(errs):.1f} %, median {statistics.median(errs):.1f} %; "
           f"seq 1k-2k: {len(short)} rows, mean |error| {statistics.fmean(short):.1f} %; "
           f"seq > 2k: {min(long_):+.1f} to {max(long_):+.1f} %")
-    if out_json:
-        out_json.write_text(json.dumps(rows, indent=2))
-    return 0
+    return save_rows(out_json, rows)
 
 
 if __name__ == "__main__":

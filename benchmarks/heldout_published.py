@@ -26,7 +26,6 @@ Error: predicted step time over published, minus 1 (negative = plansim too fast)
 """
 from __future__ import annotations
 
-import json
 import statistics
 import sys
 import tempfile
@@ -35,7 +34,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.heldout_mpt import json_out, simulate_step_s  # noqa: E402
+from benchmarks.heldout_mpt import json_out, save_rows, simulate_step_s  # noqa: E402
 
 
 def eq3_flops(batch: int, seq: int, layers: int, hidden: int, vocab: int) -> float:
@@ -115,9 +114,7 @@ def main(argv: list[str]) -> int:
         e = [r["error_pct"] for r in results if r["set"] == s]
         print(f"{s:30s} {len(e):>2} rows  mean |error| {statistics.fmean(map(abs, e)):5.1f} %  "
               f"({min(e):+.1f} to {max(e):+.1f} %)")
-    if out_json:
-        out_json.write_text(json.dumps(results, indent=2))
-    return 0
+    return save_rows(out_json, results)
 
 
 if __name__ == "__main__":
