@@ -114,7 +114,9 @@ def json_out(argv: list[str]) -> Path | None:
 
 def save_rows(out_json: Path | None, rows: list[dict]) -> int:
     """Write the rows to --json's file when given; the exit code."""
-    return save_rows(out_json, rows)
+    if out_json:
+        out_json.write_text(json.dumps(rows, indent=2))
+    return 0
 
 
 def predict(tmp: Path, row) -> dict:
