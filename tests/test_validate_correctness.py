@@ -334,6 +334,20 @@ def test_cuda_nccl_matches_cpu_reference(one_thread):
     assert all(r["peak_memory_bytes"] > 0 for r in rec.per_rank)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2,
+                    reason="needs 2 CUDA devices (NCCL pipeline)")
+@pytest.mark.parametrize("plan_text", ["pp=2,schedule=1f1b", "pp=2,vpp=2,schedule=interleaved"])
+def test_cuda_nccl_pipeline_matches_cpu_reference(one_thread, plan_text):
+    """On 2 GPUs with NCCL, which matches point-to-point messages by order and not by tag,
+    1F1B and the interleaved schedule (whose activations travel both ways between the two
+    ranks, on groups of their own: validate/p2p_order.py) finish, and their losses match
+    the CPU reference within 1e-3 relative."""
+    from validate.runner import run_plan
+    rec = run_plan(MODEL, resolve_plan(plan_text, MODEL, 2), steps=2, warmup=1, backend="nccl", timeout_s=300)
+    assert rec.backend == "nccl"
+    np.testing.assert_allclose(rec.losses, _ref(MODEL, 3)["losses"], rtol=1e-3)
+
+
 def _dp_vs_backward(workers):
     """(first DP collective launch, end of the last backward) of each rank's last step."""
     out = []

@@ -180,7 +180,7 @@ def launched(one_thread):
             runs.append((GQA, resolve_plan(PLANS_CP_2[0], GQA, 2), _cfg()))
             keys.append("gqa-cp")
         for model, plan, cfg in runs:
-            check_supported(model, plan, cfg.backend)
+            check_supported(model, plan)
         per_rank = launch(_ring_then_runs, world, (runs,), timeout_s=240)
         out[f"ring{world}"] = [r["ring"] for r in per_rank]
         out.update({k: [r["runs"][i] for r in per_rank] for i, k in enumerate(keys)})

@@ -34,7 +34,7 @@ def launched(one_thread):
     from validate.launch import launch
     runs = [(MODEL, resolve_plan(p, MODEL, 2), _cfg()) for p in PLANS]
     for model, plan, cfg in runs:
-        check_supported(model, plan, cfg.backend)
+        check_supported(model, plan)
     per_rank = launch(_freed_then_runs, 2, (runs,), timeout_s=240)
     out = {p: [r["runs"][i] for r in per_rank] for i, p in enumerate(PLANS)}
     out["freed"] = [r["freed"] for r in per_rank]

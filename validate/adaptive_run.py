@@ -357,8 +357,9 @@ def check_configs(model, cfgs: list[AdaptiveConfig]) -> None:
             raise InputError("--world", None, f"{c.world} ranks need at least one unit each; {c.mode} has {units}")
         if c.mode == "pp" and model.global_batch_size // c.mbs < c.world:
             raise InputError("--mbs", None, f"a {c.world}-stage pipeline needs >= {c.world} microbatches")
-        if c.mode == "pp":
-            # The backend the workers will pick (validate/backend.pick_backend: the config's,
-            # else $PLANSIM_BACKEND, else nccl where CUDA is): the main runner's refusal.
-            from validate.runner import check_pp_backend
-            check_pp_backend(c.backend or pick_backend(None).name, c.world, "--mode")
+        # The backend the workers will pick (validate/backend.pick_backend: the config's, else
+        # $PLANSIM_BACKEND, else nccl where CUDA is). Moving layers between stages
+        # (validate/migrate.py) receives into host buffers, which NCCL cannot fill.
+        if c.mode == "pp" and (c.backend or pick_backend(None).name) == "nccl":
+            raise InputError("--mode", "pp", "adaptive pipeline runs move layers through host buffers, "
+                             "which NCCL cannot fill: gloo only for now; set PLANSIM_BACKEND=gloo")

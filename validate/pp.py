@@ -11,8 +11,11 @@ is deadlock-free, which sim/schedules.list_schedule_makespan checks for every sc
 Messages between the same two ranks are told apart by tag (direction, virtual stage,
 microbatch), so their order on the wire does not matter.
 
-Every receive of the step is posted before the step's first action (gloo, the one
-backend pipeline plans run on: runner.check_pp_backend). gloo's TCP pairs are a
+Every receive of the step is posted before the step's first action. On NCCL, which
+ignores tags and matches a pair's messages by order, that is safe because every process
+group carries a pair's messages one way only (validate/p2p_order.py: group_of, and a
+replay of every schedule shape under NCCL's rules in tests/test_p2p_order.py). gloo's
+TCP pairs are a
 rendezvous (gloo/transport/tcp/pair.cc: a send waits in localPendingSend_ until the
 peer's NOTIFY_RECV_READY), so a receive posted after its send has to wake the sender's
 transport thread; on a host whose cores are all computing, that thread's event loop then
@@ -35,6 +38,7 @@ post a send and to wait for sends still in flight at the end of the step is ``pp
 from __future__ import annotations
 
 from sim.schedules import Action, make_schedule
+from validate.p2p_order import Message, group_of
 from validate.timeline import Recorder
 
 
@@ -58,6 +62,11 @@ class PipelineStage:
     def actions(self, schedule: str, m: int) -> list[Action]:
         return make_schedule(schedule, self.p, m, self.v)[self.stage]
 
+    def _group(self, msg: Message):
+        """The process group ``msg`` travels on (validate/p2p_order.group_of; None: the
+        default group, when the runner made none)."""
+        return self.groups.get(group_of(msg, self.p))
+
     def _tag(self, kind: str, vstage: int, mb: int, m: int) -> int:
         return ((0 if kind == "F" else 1) * (self.last_vstage + 1) + vstage) * m + mb
 
@@ -78,7 +87,8 @@ class PipelineStage:
         def send(t, dst_vstage: int, kind: str, mb: int, label: str):
             with rec.span("pp", "pp_send", f"send {label}"):
                 t = t.contiguous()
-                w = dist.isend(t, self.peer(dst_vstage % self.p), group=self.groups.get(kind),
+                msg = Message(kind, dst_vstage + (1 if kind == "B" else -1), dst_vstage, mb)
+                w = dist.isend(t, self.peer(dst_vstage % self.p), group=self._group(msg),
                                tag=self._tag(kind, dst_vstage, mb, m))
             rec.sent("pp", t.numel() * t.element_size())
             sends.append([w, rec.now(), f"send {label}", t])
@@ -91,7 +101,7 @@ class PipelineStage:
             src = k - 1 if a.kind == "F" else k + 1
             if 0 <= src <= self.last_vstage:
                 buf = torch.empty(self.act_shape, device=self.device)
-                work = dist.irecv(buf, self.peer(src % self.p), group=self.groups.get(a.kind),
+                work = dist.irecv(buf, self.peer(src % self.p), group=self._group(Message(a.kind, src, k, a.mb)),
                                   tag=self._tag(a.kind, k, a.mb, m))
                 posted[(src, a.kind, k, a.mb)] = (buf, work)
 
@@ -145,9 +155,12 @@ class PipelineStage:
         return loss_sum
 
 
-def pipeline_groups(pipelines: list[list[int]], rank: int) -> dict | None:
+def pipeline_groups(pipelines: list[list[int]], rank: int, interleaved: bool = False) -> dict | None:
     """{"F": group, "B": group} of the pipeline holding ``rank`` (None if none): two process
-    groups over each pipeline's ranks, activations on one and gradients on the other.
+    groups over each pipeline's ranks, activations on one and gradients on the other, and
+    when ``interleaved`` two more, "Fw" and "Bw", for the messages that wrap around from
+    the last rank to the first and back (validate/p2p_order.group_of: on every group a pair
+    of ranks then talks one way only, which NCCL, matching messages by order, needs).
     Collective over the whole world: every rank creates every group, in the same order.
 
     Why two: gloo's TCP pair serialises its socket under one lock, and the transport
@@ -164,7 +177,7 @@ def pipeline_groups(pipelines: list[list[int]], rank: int) -> dict | None:
     import torch.distributed as dist
     mine = None
     for ranks in pipelines:
-        gs = {kind: dist.new_group(ranks) for kind in ("F", "B")}
+        gs = {kind: dist.new_group(ranks) for kind in (("F", "B", "Fw", "Bw") if interleaved else ("F", "B"))}
         if rank in ranks:
             mine = gs
     return mine

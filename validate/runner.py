@@ -199,7 +199,7 @@ def _worker(rank: int, world: int, model: ModelSpec, plan: Plan, cfg: RunConfig)
     seq = model.seq_length // plan.cp
     seq = seq // plan.tp if sp else seq
     pp_groups = (pipeline_groups([[plan.rank(dd, ss, tt, cc) for ss in range(p)] for dd in range(plan.dp)
-                                  for tt in range(plan.tp) for cc in range(plan.cp)], rank) if p > 1 else None)
+                                  for tt in range(plan.tp) for cc in range(plan.cp)], rank, v > 1) if p > 1 else None)
     stage = PipelineStage(s, p, v, chunks, lambda st: plan.rank(d, st, t, c_idx),
                           (plan.mbs, seq, model.hidden_size), rec, reducer, device, pp_groups)
     m = plan.mb_shares[d]
@@ -280,24 +280,10 @@ def host_counters(before, after) -> dict[str, int]:
             "involuntary_switches": after.ru_nivcsw - before.ru_nivcsw}
 
 
-def check_pp_backend(backend: str | None, pp: int, source: str = "--plan") -> None:
-    """Pipeline parallelism is refused on NCCL (the runner's and the adaptive runs' one check).
-
-    validate/pp.py posts each send alone (isend) and tells messages apart by tag. NCCL
-    ignores tags and runs a pair's sends and receives in order on one stream, so two
-    neighbours sending to each other at once (1F1B's steady state) would wait on each
-    other; that needs Megatron-style batched send+recv, not written yet. Refuse rather
-    than hang."""
-    if backend == "nccl" and pp > 1:
-        raise InputError(source, "pp", "pipeline parallelism runs on gloo only for now "
-                         "(NCCL point-to-point needs batched send/recv); set PLANSIM_BACKEND=gloo")
-
-
-def check_supported(model: ModelSpec, plan: Plan, backend: str | None = None) -> None:
+def check_supported(model: ModelSpec, plan: Plan) -> None:
     """What the runner does not implement is an input error before any process starts."""
     from validate.gpt import check_tp
     check_tp(model, plan.tp)
-    check_pp_backend(backend, plan.pp)
     if plan.cp > 1 and plan.cp_comm != "ring":
         raise InputError("--plan", "cp_comm", f"the runner implements cp_comm=ring (validate/cp.py), "
                          f"not {plan.cp_comm}")
@@ -340,7 +326,7 @@ def run_workers_many(runs: list[tuple[ModelSpec, Plan, RunConfig]], timeout_s: f
     plans run so stayed within the spread of separate launches (docs/validation-cpu.md
     mechanism 31). Returns, per run, every rank's raw measurements."""
     for model, plan, cfg in runs:
-        check_supported(model, plan, cfg.backend)
+        check_supported(model, plan)
     worlds = {plan.num_devices for _, plan, _ in runs}
     backends = {cfg.backend for _, _, cfg in runs}
     if len(worlds) != 1 or len(backends) != 1:
