@@ -264,14 +264,16 @@ def host_time_s(n_ops: int, runtime: RuntimeSettings | None) -> float:
 
 
 def ops_time_s(ops: Iterable[Op], gpu: GpuSpec, eff: GpuEfficiency, precision: str,
-               runtime: RuntimeSettings | None = None) -> float:
+               runtime: RuntimeSettings | None = None, extra_host_s: float = 0.0) -> float:
     """Seconds for a sequence of ops: GPU time, combined with the CPU time to issue them
-    (max of the two with asynchronous launches, their sum with launch blocking)."""
+    (max of the two with asynchronous launches, their sum with launch blocking).
+    ``extra_host_s``: host time the framework spends around them besides the per-op cost
+    (a checkpointed region's, RuntimeSettings.checkpoint_region_s)."""
     ops = transform_ops(list(ops), runtime)
     if fp8_native(gpu, precision):
         ops = fp8_cast_ops(ops)
     gpu_t = sum(op_time_s(op, gpu, eff, precision) for op in ops)
-    host_t = host_time_s(len(ops), runtime)
+    host_t = host_time_s(len(ops), runtime) + (extra_host_s if runtime is not None else 0.0)
     if runtime is not None and runtime.launch_blocking:
         return gpu_t + host_t
     return max(gpu_t, host_t)

@@ -201,7 +201,22 @@ class RuntimeSettings:
     # straggler_row: 1.1-1.4 ms with 2 gloo processes on 2 cores, 6.4-9.9 ms with 4; 2026-11-30).
     # 0: replicas stay in step (a device each, no sharing measured).
     straggler_us: float = 0.0
+    # Host time activation checkpointing adds per checkpointed region and microbatch, on
+    # top of the recomputed ops (each priced as any op): torch.utils.checkpoint's
+    # Python-side work (saving and restoring RNG state, pack/unpack hooks per saved tensor,
+    # re-entering the region in backward). One region per layer: the whole layer under
+    # recompute=full, core attention under selective. Measured by plansim calibrate on the
+    # runner's own layers at negligible width (validate/compute_bench.recompute_drawer: 0.55
+    # and 0.26 ms here on a 2-core CPU, 2026-12-04); 0: not measured, as for GPU runtimes,
+    # whose host runs ahead of the kernels (costmodel/efficiency.ops_time_s).
+    checkpoint_full_region_us: float = 0.0
+    checkpoint_selective_region_us: float = 0.0
     source: str = "built-in default"
+
+    def checkpoint_region_s(self, recompute: str) -> float:
+        """Host seconds of one checkpointed region under ``recompute`` (0 for 'none')."""
+        us = {"full": self.checkpoint_full_region_us, "selective": self.checkpoint_selective_region_us}
+        return us.get(recompute, 0.0) * 1e-6
 
 
 def _typed(kind: str) -> set[tuple[type, str]]:

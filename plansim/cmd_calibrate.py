@@ -160,5 +160,8 @@ def cmd_calibrate(args) -> int:
         print(format_collectives(cal.bench.collectives))
     print(format_residuals(cal.fit))
     print("fitted: " + format_params(cal.fit))
+    if cal.bench.checkpoint_region_us:
+        print("measured: " + " ".join(f"checkpoint_{k}_region_us={v:.1f}"
+                                      for k, v in sorted(cal.bench.checkpoint_region_us.items())))
     print(f"microbenchmarks took {cal.bench.wall_s:.1f} s; profile written to {args.out}")
     return 0

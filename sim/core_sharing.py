@@ -67,7 +67,9 @@ def slowed_profile(profile: Profile, f: float) -> Profile:
                        topk_select_ns_per_elem=g.topk_select_ns_per_elem * f,
                        topk_select_ns_per_kept=g.topk_select_ns_per_kept * f)
             for k, g in profile.gpus.items()}
-    rt = replace(profile.runtime, host_overhead_us=profile.runtime.host_overhead_us * f)
+    r = profile.runtime
+    rt = replace(r, host_overhead_us=r.host_overhead_us * f, checkpoint_full_region_us=r.checkpoint_full_region_us * f,
+                 checkpoint_selective_region_us=r.checkpoint_selective_region_us * f)
     return replace(profile, gpus=gpus, runtime=rt)
 
 

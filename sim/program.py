@@ -304,7 +304,9 @@ def chunk_work(model: ModelSpec, plan: Plan, cluster: Cluster, profile: Profile,
     cpw = (cp_layer_work(local, b, tp, cp, plan.cp_comm, prec, gpu, eff, rt, f_ops, b_ops + r_ops)
            if cp > 1 else None)
     fwd_s = layers * secs(f_ops)
-    bwd_s = layers * (secs(b_ops + grad_accumulation_ops(model, 1, tp, False, False, prec, rt)) + secs(r_ops))
+    # Backward re-runs each layer's checkpointed part first (r_ops), one region a layer.
+    r_s = ops_time_s(r_ops, gpu, eff, prec, rt, rt.checkpoint_region_s(plan.recompute)) if r_ops else 0.0
+    bwd_s = layers * (secs(b_ops + grad_accumulation_ops(model, 1, tp, False, False, prec, rt)) + r_s)
     fwd_fl = layers * matmul_flops(f_ops)
     bwd_fl = layers * (matmul_flops(b_ops) + matmul_flops(r_ops))
     if cpw is not None:  # cp K/V blocks of attention instead of the one the local ops hold

@@ -173,6 +173,15 @@ def test_calibrate_and_validate_smoke(tmp_path, capsys):
     assert len(bench.overhead_draws) == 4 + POSTED_LAUNCHES and min(min(d) for d in bench.overhead_draws) > 0
     for i, o in enumerate(bench.overhead):
         assert o.seconds == pytest.approx(statistics.median(d[i] for d in bench.overhead_draws), rel=1e-12)
+    # Activation checkpointing's region cost: two draws of the chain under recompute none,
+    # full and selective in the compute worker, each step positive; the profile's figures
+    # are the record's (compute_bench.checkpoint_region_us of the draws' medians), and a
+    # checkpointed region costs the runner something on top of its recomputed ops.
+    assert len(bench.recompute_draws) == 2 and min(min(d) for d in bench.recompute_draws) > 0
+    rt = _load(str(prof)).runtime
+    assert (rt.checkpoint_full_region_us, rt.checkpoint_selective_region_us) == (
+        round(bench.checkpoint_region_us["full"], 1), round(bench.checkpoint_region_us["selective"], 1))
+    assert rt.checkpoint_full_region_us > 0 and rt.checkpoint_selective_region_us > 0
     rep = tmp_path / "report"
     assert main(["validate", "localhost-cpu", "--model", "tiny", "--plan", "dp=2",
                  "--profile", str(prof), "--steps", "3", "--warmup", "1", "--launches", "2", "--json",

@@ -50,9 +50,9 @@ def chain_op_counts(runtime) -> tuple[int, int]:
     return f, CHAIN_MICROBATCHES * (f + b)
 
 
-def chain_functions(torch, dev):
-    """CHAIN_MODEL as the runner trains it on one rank (see above). Returns (plain forward
-    of one microbatch, one step of CHAIN_MICROBATCHES microbatches)."""
+def _chain_trainer(torch, dev, recompute: str = "none"):
+    """(chunk, one training step of CHAIN_MICROBATCHES microbatches) of CHAIN_MODEL as the
+    runner trains it on one rank, with ``recompute`` applied as the runner applies it."""
     from validate.comm import Comm
     from validate.dp import GradReducer
     from validate.gpt import GPTChunk, batch_tokens, full_weights
@@ -60,17 +60,13 @@ def chain_functions(torch, dev):
     from validate.timeline import Recorder
     m = CHAIN_MODEL
     rec = Recorder()
-    chunk = GPTChunk(m, list(range(m.num_layers)), True, True, full_weights(m, 0), None, False, "none", dev)
+    chunk = GPTChunk(m, list(range(m.num_layers)), True, True, full_weights(m, 0), None, False, recompute, dev)
     reducer = GradReducer([(0, chunk.params)], Comm("dp", [0], 0, rec), bucket_bytes=25e6,
                           overlap=True, zero=0, topk=None, late=set())
     stage = PipelineStage(0, 1, 1, {0: chunk}, lambda st: 0, (1, m.seq_length, m.hidden_size), rec, reducer, dev)
     acts = stage.actions("1f1b", CHAIN_MICROBATCHES)
     tokens = batch_tokens(m, 0, 0).to(dev)
     mbs = [(tokens[i:i + 1, :-1], tokens[i:i + 1, 1:]) for i in range(CHAIN_MICROBATCHES)]
-
-    def plain():
-        with torch.no_grad():
-            chunk.forward(*mbs[0])
 
     def train():
         rec.begin_step()
@@ -79,7 +75,66 @@ def chain_functions(torch, dev):
         reducer.mark_late_ready()
         reducer.finish()
         rec.end_step()
+    return chunk, mbs, train
+
+
+def chain_functions(torch, dev):
+    """CHAIN_MODEL as the runner trains it on one rank (see above). Returns (plain forward
+    of one microbatch, one step of CHAIN_MICROBATCHES microbatches)."""
+    chunk, mbs, train = _chain_trainer(torch, dev)
+
+    def plain():
+        with torch.no_grad():
+            chunk.forward(*mbs[0])
     return plain, train
+
+
+# Activation checkpointing's own cost: the chain trained with recompute none, full and
+# selective, in this order (RuntimeSettings.checkpoint_*_region_us).
+RECOMPUTE_KINDS = ("none", "full", "selective")
+
+
+def recompute_drawer(torch, dev, dsync, repeats: int):
+    """A function that takes one draw of the chain's training step under each of
+    RECOMPUTE_KINDS: [seconds] in that order, each the median of ``repeats`` x 2 windows
+    of about COMPUTE_WINDOW_S, interleaved (none, full, selective, none, ...) so that all
+    three see the same host. At width 8 the recomputed ops cost what issuing them costs,
+    so a region's figure (checkpoint_region_us) is what the checkpointing itself adds."""
+    fns = [_chain_trainer(torch, dev, r)[2] for r in RECOMPUTE_KINDS]
+    inner = []
+    for f in fns:
+        f()
+        t0 = time.perf_counter()
+        f()
+        inner.append(_inner_for(time.perf_counter() - t0))
+
+    def draw() -> list[float]:
+        times = [[] for _ in fns]
+        with torch.enable_grad():
+            for _ in range(repeats * 2):
+                for i, f in enumerate(fns):
+                    times[i].append(_median_time(f, 1, inner[i], dsync))
+        return [statistics.median(t) for t in times]
+    return draw
+
+
+def checkpoint_region_us(steps_s: list[float], train_per_op_s: float, runtime) -> dict[str, float]:
+    """{'full': us, 'selective': us}: what one checkpointed region adds besides its
+    recomputed ops, from the chain's step under RECOMPUTE_KINDS (``steps_s``, seconds) and
+    the chain's per-op training cost (OverheadSample 'train'). Each recomputed op the cost
+    model lists for the region (costmodel/flops.recompute_ops under ``runtime``'s op
+    transforms) is priced at that per-op cost, as the simulator prices it at this width;
+    the rest of the difference from the plain step, per region (one a layer and
+    microbatch), is the region's. Never below 0."""
+    from costmodel.efficiency import transform_ops
+    m = CHAIN_MODEL
+    regions = m.num_layers * CHAIN_MICROBATCHES
+    none = steps_s[0]
+    out = {}
+    for kind, t in zip(RECOMPUTE_KINDS[1:], steps_s[1:]):
+        n_ops = len(transform_ops(fl.recompute_ops(m, 1, 1, False, kind, 4), runtime))
+        out[kind] = max(0.0, ((t - none) / regions - n_ops * train_per_op_s) * 1e6)
+    return out
 
 
 def chain_drawer(torch, dev, dsync, repeats: int):
@@ -204,10 +259,15 @@ def compute_worker(rank: int, world: int, cfg: ComputeConfig) -> dict:
     # (c) the overhead chain (CHAIN_MODEL), drawn several times over the worker (chain_drawer).
     draw = chain_drawer(torch, dev, dsync, cfg.repeats)
     draws = []
+    rdraw = recompute_drawer(torch, dev, dsync, cfg.repeats)
+    rdraws = []
 
-    def chain_draw():
+    def chain_draw(recompute: bool = False):
         sync()
         draws.append(draw())
+        if recompute:  # twice per worker (after the memory ops and at the end)
+            sync()
+            rdraws.append(rdraw())
 
     out = {"gemm": [], "memory": [], "attention": [], "topk": [], "harness": []}
     # The speed probe (validate/probe.py), every rank at once, first: the runner probes its
@@ -260,7 +320,7 @@ def compute_worker(rank: int, world: int, cfg: ComputeConfig) -> dict:
                     "softmax": lambda: torch.softmax(x, -1),
                 }[op]
                 out["memory"].append([op, elems, memory_op_bytes(op, elems, 4, row), timed(f)])
-        chain_draw()
+        chain_draw(recompute=True)
         for (bh, sq, d) in cfg.attn_shapes:
             q, k, v = (torch.randn(1, bh, sq, d, device=dev) for _ in range(3))
             f = lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)  # noqa: E731
@@ -284,7 +344,7 @@ def compute_worker(rank: int, world: int, cfg: ComputeConfig) -> dict:
                     times.append(time.perf_counter() - t0)
             out["topk"].append([elems, frac, times])
         chain_draw()
-    chain_draw()
+    chain_draw(recompute=True)
     # Four draws (after the GEMMs, the memory ops, attention and top-k, and once more at
     # the end), [plain s, train s] each; validate/microbench.py takes each draw's median
     # over the ranks and the figure's median over the draws: one draw moved with the host
@@ -294,6 +354,7 @@ def compute_worker(rank: int, world: int, cfg: ComputeConfig) -> dict:
     # Each collective launch adds one more (microbench._pool_overhead_draws).
     assert len(draws) == WORKER_CHAIN_DRAWS  # what --compute-from reuses (microbench.reused_compute)
     out["overhead_draws"] = draws
+    out["recompute_draws"] = rdraws  # [none s, full s, selective s] per draw (recompute_drawer)
     return out
 
 

@@ -157,6 +157,13 @@ class MicrobenchResult:
     # processes), in the order taken; ``overhead`` holds their median. [] in records
     # written before 2026-12-03 (one draw, which ``overhead`` holds).
     overhead_draws: list = field(default_factory=list)
+    # Each draw of the chain's training step under recompute none, full and selective,
+    # [seconds] in that order (compute_bench.recompute_drawer; median over the compute
+    # processes), and what one checkpointed region adds from their median
+    # (compute_bench.checkpoint_region_us: {'full': us, 'selective': us}). Empty in records
+    # written before 2026-12-04 (then not measured: 0 in the profile).
+    recompute_draws: list = field(default_factory=list)
+    checkpoint_region_us: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -177,7 +184,9 @@ class MicrobenchResult:
                    straggler_s=d.get("straggler_s", 0.0), posted_busy_s=d.get("posted_busy_s", 0.0),
                    posted_idle_s=d.get("posted_idle_s", 0.0), preposted_s=d.get("preposted_s", 0.0),
                    preposted_call_s=d.get("preposted_call_s", 0.0), launch_samples=list(d.get("launch_samples", [])),
-                   overhead_draws=list(d.get("overhead_draws", [])))
+                   overhead_draws=list(d.get("overhead_draws", [])),
+                   recompute_draws=list(d.get("recompute_draws", [])),
+                   checkpoint_region_us=dict(d.get("checkpoint_region_us", {})))
 
 
 # ------------------------------------------------------------------------ shapes
@@ -412,6 +421,16 @@ def reused_compute(src: MicrobenchResult, source: str, world: int, backend: str,
     if not isinstance(draws, list) or any(not isinstance(d, list) or len(d) != 2 for d in draws):
         raise InputError(source, "overhead_draws", "expected a list of [plain seconds, train seconds] pairs")
     figures += [(f"overhead_draws[{j}][{i}]", d[i]) for j, d in enumerate(draws) for i in range(2)]
+    rdraws = src.recompute_draws
+    if not isinstance(rdraws, list) or any(not isinstance(d, list) or len(d) != 3 for d in rdraws):
+        raise InputError(source, "recompute_draws", "expected a list of [none, full, selective] seconds")
+    figures += [(f"recompute_draws[{j}][{i}]", d[i]) for j, d in enumerate(rdraws) for i in range(3)]
+    regions = src.checkpoint_region_us
+    if not isinstance(regions, dict) or set(regions) - {"full", "selective"}:
+        raise InputError(source, "checkpoint_region_us", "expected {'full': us, 'selective': us}")
+    for k, v in regions.items():
+        if number_problem(v, 0.0, 1e6):
+            raise InputError(source, f"checkpoint_region_us.{k}", f"{v!r}: microseconds in [0, 1e6]")
     for where, v in figures:
         if number_problem(v, 0.0, 60.0, lo_open=True, hi_open=True):
             raise InputError(source, where, f"{v!r}: a measured time must be a number of seconds in (0, 60)")
@@ -439,6 +458,7 @@ def reused_compute(src: MicrobenchResult, source: str, world: int, backend: str,
                             memory=[mem[(op, n)] for op in MEMORY_OPS for n in mem_sizes],
                             attention=[attn[tuple(sh)] for sh in attn_shapes], topk=[tk[k] for k in topk],
                             overhead=overhead, overhead_draws=mine,
+                            recompute_draws=[list(d) for d in rdraws], checkpoint_region_us=dict(regions),
                             probe_s=compute_draw, probe_draws_s=[compute_draw],
                             harness=dict(src.harness))
 
@@ -511,7 +531,7 @@ def _measure_compute(world: int, gemm_shapes, mem_sizes, attn_shapes, topk, runt
     """(a)-(c'), the speed probe and the harness figures, in compute_processes(world)
     processes at once; each figure the median over the ranks."""
     from costmodel.profile import RuntimeSettings
-    from validate.compute_bench import ComputeConfig, chain_op_counts, compute_worker
+    from validate.compute_bench import ComputeConfig, chain_op_counts, checkpoint_region_us, compute_worker
     from validate.launch import launch
 
     cw = compute_processes(world, "cuda" if be_name == "nccl" else "cpu")
@@ -544,6 +564,12 @@ def _measure_compute(world: int, gemm_shapes, mem_sizes, attn_shapes, topk, runt
                           for j in range(len(per_rank[0]["overhead_draws"]))]
     for i, (what, ops) in enumerate((("plain", n_fwd), ("train", n_train))):
         res.overhead.append(OverheadSample(what, ops, statistics.median(d[i] for d in res.overhead_draws)))
+    rdraws = per_rank[0].get("recompute_draws", [])
+    res.recompute_draws = [[statistics.median(r["recompute_draws"][j][i] for r in per_rank) for i in range(3)]
+                           for j in range(len(rdraws))]
+    if res.recompute_draws:
+        steps = [statistics.median(d[i] for d in res.recompute_draws) for i in range(3)]
+        res.checkpoint_region_us = checkpoint_region_us(steps, res.overhead[1].per_op_s, runtime or RuntimeSettings())
     return res
 
 

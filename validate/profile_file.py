@@ -91,6 +91,7 @@ def profile_mapping(fit: FitResult, res: MicrobenchResult, gpu_name: str, link_k
                     "comm_busy_fraction": round(res.comm_busy_fraction, 4) if device_kind == "cpu" else 0.0,
                     "speed_probe_us": round(res.probe_s * 1e6, 2),
                     "straggler_us": round(res.straggler_s * 1e6, 1),
+                    **{f"checkpoint_{k}_region_us": round(v, 1) for k, v in sorted(res.checkpoint_region_us.items())},
                     "source": (f"host_overhead_us FIT by plansim calibrate ({where}): per cost-model op, "
                                f"forward+backward of tiny-op chains under autograd minus the plain per-op cost. "
                                f"host_cores: the cores the worker processes share (affinity mask), compute "
@@ -101,6 +102,8 @@ def profile_mapping(fit: FitResult, res: MicrobenchResult, gpu_name: str, link_k
                                f"(validate/collective_bench.busy_fraction_row). "
                                f"straggler_us: the extra wait of a 32 KiB all-reduce closing about 50 ms of "
                                f"GEMMs over one closing 1 ms (validate/collective_bench.straggler_row). "
+                               f"checkpoint_*_region_us: what one checkpointed region adds to the runner's layer "
+                               f"chain at width 8 beyond its recomputed ops (validate/compute_bench.recompute_drawer). "
                                f"Other fields: how validate/'s eager torch runner drives the device.")},
     }
     if fit.fabric is not None and link_kind:
