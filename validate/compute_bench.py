@@ -96,9 +96,10 @@ RECOMPUTE_KINDS = ("none", "full", "selective")
 
 def recompute_drawer(torch, dev, dsync, repeats: int):
     """A function that takes one draw of the chain's training step under each of
-    RECOMPUTE_KINDS: [seconds] in that order, each the median of ``repeats`` x 2 windows
-    of about COMPUTE_WINDOW_S, interleaved (none, full, selective, none, ...) so that all
-    three see the same host. At width 8 the recomputed ops cost what issuing them costs,
+    RECOMPUTE_KINDS: [seconds] in that order, each the median of ``repeats`` windows of
+    about COMPUTE_WINDOW_S, interleaved (none, full, selective, none, ...) so that all
+    three see the same host (0.45 s a draw at 5 repeats: calibration's share of the
+    benchmark's 5 minutes stays small). At width 8 the recomputed ops cost what issuing them costs,
     so a region's figure (checkpoint_region_us) is what the checkpointing itself adds."""
     fns = [_chain_trainer(torch, dev, r)[2] for r in RECOMPUTE_KINDS]
     inner = []
@@ -111,7 +112,7 @@ def recompute_drawer(torch, dev, dsync, repeats: int):
     def draw() -> list[float]:
         times = [[] for _ in fns]
         with torch.enable_grad():
-            for _ in range(repeats * 2):
+            for _ in range(repeats):
                 for i, f in enumerate(fns):
                     times[i].append(_median_time(f, 1, inner[i], dsync))
         return [statistics.median(t) for t in times]
