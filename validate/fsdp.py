@@ -203,8 +203,16 @@ class FSDP:
         full = _GATHER.apply(unit.shard, self, unit)
         self.live[full.untyped_storage().data_ptr()] = unit
         unit.full = full
-        for n, shape, off in zip(unit.names, unit.shapes, unit.offsets):
-            ch.params[n] = full[off:off + _numel(shape)].view(shape)
+        # One split of the flat buffer (its padding the last piece), as PyTorch FSDP's
+        # flat parameter makes its views (torch.split): autograd then gathers the weights'
+        # gradients with one concatenation into the flat gradient. Slicing each weight
+        # instead made every slice's backward write a zero-filled copy of the whole unit
+        # and autograd add them up: 2 x (weights per unit) unit-sized passes a microbatch,
+        # which doubled tiny's zero=3 step at one process (100 -> 211 ms).
+        sizes = [_numel(shape) for shape in unit.shapes]
+        pieces = full.split(sizes + ([full.numel() - unit.numel] if full.numel() > unit.numel else []))
+        for n, shape, piece in zip(unit.names, unit.shapes, pieces):
+            ch.params[n] = piece.view(shape)
         self._prefetch(unit.chunk, self.fwd_order[unit.chunk], name, "fwd")
 
     def release(self, ch: ShardedChunk, name: str) -> None:
