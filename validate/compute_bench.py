@@ -101,22 +101,7 @@ def recompute_drawer(torch, dev, dsync, repeats: int):
     three see the same host (0.45 s a draw at 5 repeats: calibration's share of the
     benchmark's 5 minutes stays small). At width 8 the recomputed ops cost what issuing them costs,
     so a region's figure (checkpoint_region_us) is what the checkpointing itself adds."""
-    fns = [_chain_trainer(torch, dev, r)[2] for r in RECOMPUTE_KINDS]
-    inner = []
-    for f in fns:
-        f()
-        t0 = time.perf_counter()
-        f()
-        inner.append(_inner_for(time.perf_counter() - t0))
-
-    def draw() -> list[float]:
-        times = [[] for _ in fns]
-        with torch.enable_grad():
-            for _ in range(repeats):
-                for i, f in enumerate(fns):
-                    times[i].append(_median_time(f, 1, inner[i], dsync))
-        return [statistics.median(t) for t in times]
-    return draw
+    return _interleaved_drawer(torch, [_chain_trainer(torch, dev, r)[2] for r in RECOMPUTE_KINDS], repeats, dsync)
 
 
 def checkpoint_region_us(steps_s: list[float], train_per_op_s: float, runtime) -> dict[str, float]:
@@ -146,21 +131,27 @@ def chain_drawer(torch, dev, dsync, repeats: int):
     both see the same host. Calibration takes such draws spread over its compute worker
     and at the start of every collective launch, and its figure is their median, as the
     probe's is over its draws (validate/probe.py, validate/microbench.py)."""
-    plain, train = chain_functions(torch, dev)
+    return _interleaved_drawer(torch, chain_functions(torch, dev), repeats * 2, dsync)
+
+
+def _interleaved_drawer(torch, fns, windows: int, dsync):
+    """A function that times ``fns`` in ``windows`` rounds of one window of about
+    COMPUTE_WINDOW_S each, interleaved (f0, f1, .., f0, ..) so that all see the same host,
+    and returns each one's median seconds per call, in order."""
     inner = []
-    for f in (plain, train):
+    for f in fns:
         f()
         t0 = time.perf_counter()
         f()
         inner.append(_inner_for(time.perf_counter() - t0))
 
     def draw() -> list[float]:
-        times = ([], [])
+        times = [[] for _ in fns]
         with torch.enable_grad():  # some draws are taken inside the rates' no_grad block
-            for _ in range(repeats * 2):
-                for i, f in enumerate((plain, train)):
+            for _ in range(windows):
+                for i, f in enumerate(fns):
                     times[i].append(_median_time(f, 1, inner[i], dsync))
-        return [statistics.median(times[0]), statistics.median(times[1])]
+        return [statistics.median(t) for t in times]
     return draw
 
 
