@@ -206,8 +206,8 @@ class RuntimeSettings:
     # Python-side work (saving and restoring RNG state, pack/unpack hooks per saved tensor,
     # re-entering the region in backward). One region per layer: the whole layer under
     # recompute=full, core attention under selective. Measured by plansim calibrate on the
-    # runner's own layers at negligible width (validate/compute_bench.recompute_drawer: 0.55
-    # and 0.26 ms here on a 2-core CPU, 2026-12-04); 0: not measured, as for GPU runtimes,
+    # runner's own layers at negligible width (validate/compute_bench.recompute_drawer: 0.56
+    # and 0.30 ms here on a 2-core CPU, 2026-12-04); 0: not measured, as for GPU runtimes,
     # whose host runs ahead of the kernels (costmodel/efficiency.ops_time_s).
     checkpoint_full_region_us: float = 0.0
     checkpoint_selective_region_us: float = 0.0

@@ -4,26 +4,33 @@ schedule's action lists (sim/schedules.py), like the schedule itself.
 
 The runner (validate/pp.py) posts every receive of a step before its first action and
 each send right after the action that produced it; gloo tells messages apart by tag.
-NCCL ignores tags: between two ranks of one communicator, the j-th send from a to b
-fills the j-th receive b posted from a, and each rank runs its point-to-point calls on
-that communicator in the order it issued them (NCCL user guide, "Point-to-point
+NCCL ignores tags: the j-th send from a to b fills the j-th receive b posted from a, and a
+rank runs its point-to-point calls on a communicator in the order it issued them, one
+after another on that communicator's stream (NCCL user guide, "Point-to-point
 communication"; torch.distributed.batch_isend_irecv's docstring: the order of several
-operations between the same pair in the same direction is what matches them). torch
-gives each process group its own communicator for a pair of ranks (ProcessGroupNCCL:
-one NCCL communicator and stream per peer key of a group).
+operations between the same pair in the same direction is what matches them). Which
+communicator torch uses depends on how the process group was set up
+(ProcessGroupNCCL::pointToPoint): a lazily initialised group opens a two-rank
+communicator per pair of peers (getKeySendRecv), an eagerly initialised one
+(init_process_group with a device_id) sends everything over the group's own
+communicator, so a rank's sends to one peer queue behind its receives from another.
 
-So the runner puts messages on groups such that on every group a pair of ranks talks in
-one direction only (``group_of``): activations and gradients apart, and, when the
-pipeline is interleaved, the wrap-around messages (the last rank's activations to the
-first rank's next chunk, the first rank's gradients back to the last) on groups of their
-own. With two stages and no such split, ranks 0 and 1 send activations to each other on
-one group: both post their receives first and both streams wait there for ever.
+So the runner puts every pipeline edge and direction on a process group of its own
+(``group_of``: the activations from stage r to r+1, the gradients back, and an
+interleaved pipeline's wrap-around messages between the last and the first stage): on
+each group a rank only sends or only receives, in the order both sides' action lists
+give, whichever way torch maps groups to communicators. With one group per kind instead,
+a two-stage interleaved pipeline sends activations both ways on one group and, on a
+shared stream, a middle stage of a 1F1B pipeline waits in its receives from the previous
+stage before it can send to the next.
 
-``replay`` checks an assignment: it runs one step of every rank (actions in order, each
-group's operations per rank in the order they were posted, a send and its receive ending
-together once both are at the front of their ranks' queues) and reports a receive that
-would get another message than it expects, or a step that cannot end. The tests run it
-over every schedule shape the runner accepts, and show the unsplit assignment fails.
+``replay`` checks an assignment: it runs one step of every rank (actions in order; on
+each communicator a rank's operations in the order it posted them; a send and its
+receive end together once both are at the front of their queues) and reports a receive
+that would get another message than it expects, or a step that cannot end, with
+``shared`` False (a communicator per pair and group) or True (one per group). The tests
+run it over every schedule shape the runner accepts, and show that one group per kind
+fails.
 """
 from __future__ import annotations
 
@@ -44,11 +51,26 @@ class Message(NamedTuple):
 
 
 def group_of(msg: Message, p: int) -> str:
-    """The runner's group for ``msg`` in a p-stage pipeline: 'F' and 'B' for messages to
-    the next and the previous rank, 'Fw' and 'Bw' for the wrap-around ones between the last
-    and the first rank of an interleaved pipeline."""
-    wrap = (msg.src % p == p - 1) if msg.kind == "F" else (msg.src % p == 0)
-    return msg.kind + ("w" if wrap and p > 1 else "")
+    """The runner's group for ``msg`` in a p-stage pipeline: its kind and the pipeline
+    stages it goes from and to ('F0>1': activations from stage 0 to stage 1; 'F3>0' in an
+    interleaved 4-stage pipeline: from the last stage's chunk to the first stage's next)."""
+    return f"{msg.kind}{msg.src % p}>{msg.dst % p}"
+
+
+def pipeline_edges(p: int, interleaved: bool) -> list[tuple[str, int, int]]:
+    """Every group group_of can name for a p-stage pipeline, as (name, from stage, to
+    stage), in one fixed order (every rank creates them in this order)."""
+    out = []
+    for kind, step in (("F", 1), ("B", -1)):
+        for a in range(p):
+            b = a + step
+            wrap = not 0 <= b < p
+            if wrap and not interleaved:
+                continue
+            b %= p
+            if a != b:
+                out.append((f"{kind}{a}>{b}", a, b))
+    return out
 
 
 def by_kind(msg: Message, p: int) -> str:
@@ -72,40 +94,48 @@ def makes(a: Action, stage: int, p: int, last: int) -> Message | None:
 
 
 def replay(schedule: str, p: int, m: int, v: int,
-           group: Callable[[Message, int], str] = group_of) -> str | None:
-    """One step of ``schedule`` under NCCL's rules with messages on ``group``; None when
-    every receive gets its own message and every rank finishes, else what goes wrong."""
-    return replay_lists(make_schedule(schedule, p, m, v), v, group)
+           group: Callable[[Message, int], str] = group_of, shared: bool = False) -> str | None:
+    """One step of ``schedule`` under NCCL's rules with messages on ``group`` (``shared``:
+    one communicator per group, else one per pair of ranks and group); None when every
+    receive gets its own message and every rank finishes, else what goes wrong."""
+    return replay_lists(make_schedule(schedule, p, m, v), v, group, shared)
 
 
-def replay_lists(lists: list[list[Action]], v: int,
-                 group: Callable[[Message, int], str] = group_of) -> str | None:
+def replay_lists(lists: list[list[Action]], v: int, group: Callable[[Message, int], str] = group_of,
+                 shared: bool = False) -> str | None:
     """``replay`` of explicit per-rank action lists (one per pipeline rank)."""
     p = len(lists)
     last = p * v - 1
-    # queues[(rank, group, peer)]: this rank's operations with that peer on that group,
-    # in the order it posts them: every receive first, then its sends as produced.
-    queues: dict[tuple[int, str, int], deque] = {}
+    # queues[(rank, communicator)]: this rank's operations on it in the order it posts
+    # them, every receive first, then its sends as produced: (op, message, peer, action).
+    queues: dict[tuple, deque] = {}
+
+    def comm(g: str, r: int, peer: int) -> tuple:
+        return (g,) if shared else (g, min(r, peer), max(r, peer))
+
     for r, acts in enumerate(lists):
         for a in acts:
             if (msg := needs(a, r, p, last)) is not None:
-                queues.setdefault((r, group(msg, p), msg.src % p), deque()).append(("recv", msg, None))
+                g, peer = group(msg, p), msg.src % p
+                queues.setdefault((r, comm(g, r, peer)), deque()).append(("recv", msg, peer, None))
         for i, a in enumerate(acts):
             if (msg := makes(a, r, p, last)) is not None:
-                queues.setdefault((r, group(msg, p), msg.dst % p), deque()).append(("send", msg, i))
+                g, peer = group(msg, p), msg.dst % p
+                queues.setdefault((r, comm(g, r, peer)), deque()).append(("send", msg, peer, i))
     done = [0] * p  # actions each rank has run
     arrived: set[tuple[int, Message]] = set()
     moved = True
     while moved:
         moved = False
-        for (r, g, peer), q in queues.items():
-            if not q or q[0][0] != "send" or q[0][2] >= done[r]:
+        for (r, c), q in queues.items():
+            if not q or q[0][0] != "send" or q[0][3] >= done[r]:
                 continue  # only a send whose data exists can start a pair
-            other = queues.get((peer, g, r))
-            if not other or other[0][0] != "recv":
+            peer = q[0][2]
+            other = queues.get((peer, c))
+            if not other or other[0][0] != "recv" or other[0][2] != r:
                 continue
             if other[0][1] != q[0][1]:
-                return (f"group {g}: rank {r} sends {tuple(q[0][1])} to rank {peer}, whose receive "
+                return (f"group {c[0]}: rank {r} sends {tuple(q[0][1])} to rank {peer}, whose receive "
                         f"at the front expects {tuple(other[0][1])}")
             arrived.add((peer, other.popleft()[1]))
             q.popleft()
@@ -122,4 +152,4 @@ def replay_lists(lists: list[list[Action]], v: int,
             a = acts[done[r]]
             return f"deadlock: rank {r} waits before {a.kind}{a.chunk}.{a.mb} for {tuple(needs(a, r, p, last))}"
     left = [k for k, q in queues.items() if q]
-    return f"deadlock: rank {left[0][0]} still has operations on group {left[0][1]}" if left else None
+    return f"deadlock: rank {left[0][0]} still has operations on group {left[0][1][0]}" if left else None

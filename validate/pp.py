@@ -12,8 +12,8 @@ Messages between the same two ranks are told apart by tag (direction, virtual st
 microbatch), so their order on the wire does not matter.
 
 Every receive of the step is posted before the step's first action. On NCCL, which
-ignores tags and matches a pair's messages by order, that is safe because every process
-group carries a pair's messages one way only (validate/p2p_order.py: group_of, and a
+ignores tags and matches a pair's messages by order, that is safe because every pipeline
+edge and direction has a process group of its own (validate/p2p_order.py: group_of, and a
 replay of every schedule shape under NCCL's rules in tests/test_p2p_order.py). gloo's
 TCP pairs are a
 rendezvous (gloo/transport/tcp/pair.cc: a send waits in localPendingSend_ until the
@@ -52,8 +52,8 @@ class PipelineStage:
     def __init__(self, stage: int, p: int, v: int, chunks: dict, peer, act_shape, rec: Recorder,
                  reducer, device, groups: dict | None = None):
         self.stage, self.p, self.v = stage, p, v
-        # {"F": group, "B": group}: activations and gradients on process groups of their
-        # own (pipeline_groups); None: the default group for both.
+        # {group name: process group}, one per pipeline edge and direction
+        # (pipeline_groups); None: the default group for everything.
         self.groups = groups or {}
         self.chunks, self.peer, self.act_shape = chunks, peer, tuple(act_shape)
         self.rec, self.reducer, self.device = rec, reducer, device
@@ -64,7 +64,7 @@ class PipelineStage:
 
     def _group(self, msg: Message):
         """The process group ``msg`` travels on (validate/p2p_order.group_of; None: the
-        default group, when the runner made none)."""
+        default group, when the runner made none: a one-stage pipeline)."""
         return self.groups.get(group_of(msg, self.p))
 
     def _tag(self, kind: str, vstage: int, mb: int, m: int) -> int:
@@ -156,28 +156,33 @@ class PipelineStage:
 
 
 def pipeline_groups(pipelines: list[list[int]], rank: int, interleaved: bool = False) -> dict | None:
-    """{"F": group, "B": group} of the pipeline holding ``rank`` (None if none): two process
-    groups over each pipeline's ranks, activations on one and gradients on the other, and
-    when ``interleaved`` two more, "Fw" and "Bw", for the messages that wrap around from
-    the last rank to the first and back (validate/p2p_order.group_of: on every group a pair
-    of ranks then talks one way only, which NCCL, matching messages by order, needs).
-    Collective over the whole world: every rank creates every group, in the same order.
+    """{group name: process group} of the pipeline holding ``rank`` (None if none): a
+    two-rank group for every edge and direction of each pipeline (validate/p2p_order:
+    pipeline_edges names them, group_of picks one for a message), activations from stage r
+    to r+1, gradients back, and when ``interleaved`` the wrap-around messages between the
+    last stage and the first. On each group a rank then only sends or only receives, which
+    NCCL, matching messages by order, needs (p2p_order's module doc). Collective over the
+    whole world: every rank creates every group, in the same order.
 
-    Why two: gloo's TCP pair serialises its socket under one lock, and the transport
-    thread that reads a message only try-locks it (gloo/transport/tcp/pair.cc,
-    Pair::handleEvents: "attempt to lock the pair and skip handling the events until the
-    next tick"). In 1F1B's steady state the two neighbours send to each other at once, so
-    a message arrives on the very pair whose lock the receiving rank's isend holds; its
-    transport thread then spins on the level-triggered event, taking the core from the
-    thread that holds the lock. Measured here (2026-12-01, tiny, pp=2 1F1B, receives posted
-    first, one pair): isend calls of 3-5 ms on both ranks at the same instant, where one
-    usually takes 0.06-0.1 ms. With a pair per direction an arriving message never
-    waits on the lock of a pair the receiving rank is writing, as two NCCL peers' send
-    and receive proceed without each other's host."""
+    gloo needs the directions apart too: its TCP pair serialises its socket under one
+    lock, and the transport thread that reads a message only try-locks it
+    (gloo/transport/tcp/pair.cc, Pair::handleEvents: "attempt to lock the pair and skip
+    handling the events until the next tick"). In 1F1B's steady state the two neighbours
+    send to each other at once, so a message arriving on the very pair whose lock the
+    receiving rank's isend holds makes its transport thread spin on the level-triggered
+    event, taking the core from the thread that holds the lock. Measured here (2026-12-01,
+    tiny, pp=2 1F1B, receives posted first, one pair): isend calls of 3-5 ms on both ranks
+    at the same instant, where one usually takes 0.06-0.1 ms; with a pair per direction
+    an arriving message never waits on the lock of a pair the receiving rank is writing,
+    as two NCCL peers' send and receive proceed without each other's host. (A two-stage
+    interleaved pipeline of tiny: 81-82 ms a step with its wrap-around messages apart,
+    86 ms with them on the same groups, 2026-12-04.)"""
     import torch.distributed as dist
+    from validate.p2p_order import pipeline_edges
     mine = None
     for ranks in pipelines:
-        gs = {kind: dist.new_group(ranks) for kind in (("F", "B", "Fw", "Bw") if interleaved else ("F", "B"))}
+        gs = {name: dist.new_group(sorted((ranks[a], ranks[b]))) for name, a, b in
+              pipeline_edges(len(ranks), interleaved)}
         if rank in ranks:
             mine = gs
     return mine
