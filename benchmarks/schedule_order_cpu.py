@@ -2,9 +2,9 @@
 
     python3 benchmarks/schedule_order_cpu.py [--model tiny] [--layers 2] [--microbatches 2 4 8 16]
 
-Runs the runner's own stage code (validate/pp.PipelineStage over a one-stage pipeline of
-``--layers`` layers of the model, with the first stage's embedding and the last stage's
-output layer and loss, validate/dp.GradReducer's buckets) in GPipe order (every forward,
+Runs the runner's own stage code (validate/compute_bench.stage_trainer: a one-stage
+pipeline of ``--layers`` layers of the model, with the embedding and the output layer and
+loss, validate/dp.GradReducer's buckets) in GPipe order (every forward,
 then every backward) and in 1F1B order (each forward followed by its backward), nothing
 communicated, the two interleaved step by step, nine steps each. The work is the same;
 what differs is how many microbatches' activations are alive when each backward reads
@@ -23,35 +23,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
-def stage_step(model, schedule: str, microbatches: int, layers: int):
-    """One training step of a one-stage pipeline in ``schedule``'s order, as a function."""
-    from validate.comm import Comm
-    from validate.dp import GradReducer
-    from validate.gpt import GPTChunk, batch_tokens, full_weights
-    from validate.pp import PipelineStage
-    from validate.timeline import Recorder
-    rec = Recorder()
-    chunk = GPTChunk(model, list(range(layers)), True, True, full_weights(model, 0), None, False, "none", "cpu")
-    red = GradReducer([(0, chunk.params)], Comm("dp", [0], 0, rec), bucket_bytes=25e6, overlap=True, zero=0,
-                      topk=None, late=set())
-    stage = PipelineStage(0, 1, 1, {0: chunk}, lambda st: 0, (1, model.seq_length, model.hidden_size), rec, red, "cpu")
-    acts = stage.actions(schedule, microbatches)
-    tokens = batch_tokens(model, 0, 0)
-    mbs = [(tokens[i:i + 1, :-1], tokens[i:i + 1, 1:]) for i in range(microbatches)]
-
-    def step():
-        rec.begin_step()
-        red.begin_step()
-        stage.run(acts, mbs, 1.0 / microbatches)
-        red.mark_late_ready()
-        red.finish()
-        rec.end_step()
-    return step
-
-
 def main(argv: list[str]) -> int:
     import torch
     from specs.model import load_model
+    from validate.compute_bench import stage_trainer
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="tiny")
     ap.add_argument("--layers", type=int, default=2)
@@ -64,7 +39,7 @@ def main(argv: list[str]) -> int:
         if m > model.global_batch_size:
             print(f"{m} microbatches: more than the model's {model.global_batch_size} sequences, skipped")
             continue
-        steps = {s: stage_step(model, s, m, a.layers) for s in ("1f1b", "gpipe")}
+        steps = {s: stage_trainer(model, a.layers, m, "cpu", schedule=s)[2] for s in ("1f1b", "gpipe")}
         for f in steps.values():
             f()
         times = {s: [] for s in steps}

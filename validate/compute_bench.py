@@ -50,32 +50,40 @@ def chain_op_counts(runtime) -> tuple[int, int]:
     return f, CHAIN_MICROBATCHES * (f + b)
 
 
-def _chain_trainer(torch, dev, recompute: str = "none"):
-    """(chunk, one training step of CHAIN_MICROBATCHES microbatches) of CHAIN_MODEL as the
-    runner trains it on one rank, with ``recompute`` applied as the runner applies it."""
+def stage_trainer(model, layers: int, microbatches: int, dev, recompute: str = "none", schedule: str = "1f1b"):
+    """(chunk, microbatches, one training step) of ``layers`` layers of ``model`` (with the
+    embedding and the output layer and loss) as the runner trains a one-stage pipeline
+    on one rank: validate/pp.PipelineStage executing ``schedule``'s action list over
+    ``microbatches`` microbatches of one sequence, validate/dp.GradReducer's buckets,
+    ``recompute`` applied as the runner applies it."""
     from validate.comm import Comm
     from validate.dp import GradReducer
     from validate.gpt import GPTChunk, batch_tokens, full_weights
     from validate.pp import PipelineStage
     from validate.timeline import Recorder
-    m = CHAIN_MODEL
     rec = Recorder()
-    chunk = GPTChunk(m, list(range(m.num_layers)), True, True, full_weights(m, 0), None, False, recompute, dev)
+    chunk = GPTChunk(model, list(range(layers)), True, True, full_weights(model, 0), None, False, recompute, dev)
     reducer = GradReducer([(0, chunk.params)], Comm("dp", [0], 0, rec), bucket_bytes=25e6,
                           overlap=True, zero=0, topk=None, late=set())
-    stage = PipelineStage(0, 1, 1, {0: chunk}, lambda st: 0, (1, m.seq_length, m.hidden_size), rec, reducer, dev)
-    acts = stage.actions("1f1b", CHAIN_MICROBATCHES)
-    tokens = batch_tokens(m, 0, 0).to(dev)
-    mbs = [(tokens[i:i + 1, :-1], tokens[i:i + 1, 1:]) for i in range(CHAIN_MICROBATCHES)]
+    stage = PipelineStage(0, 1, 1, {0: chunk}, lambda st: 0, (1, model.seq_length, model.hidden_size), rec,
+                          reducer, dev)
+    acts = stage.actions(schedule, microbatches)
+    tokens = batch_tokens(model, 0, 0).to(dev)
+    mbs = [(tokens[i:i + 1, :-1], tokens[i:i + 1, 1:]) for i in range(microbatches)]
 
     def train():
         rec.begin_step()
         reducer.begin_step()
-        stage.run(acts, mbs, 1.0 / CHAIN_MICROBATCHES)
+        stage.run(acts, mbs, 1.0 / microbatches)
         reducer.mark_late_ready()
         reducer.finish()
         rec.end_step()
     return chunk, mbs, train
+
+
+def _chain_trainer(torch, dev, recompute: str = "none"):
+    """stage_trainer of CHAIN_MODEL, every layer, CHAIN_MICROBATCHES microbatches."""
+    return stage_trainer(CHAIN_MODEL, CHAIN_MODEL.num_layers, CHAIN_MICROBATCHES, dev, recompute)
 
 
 def chain_functions(torch, dev):
