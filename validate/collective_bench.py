@@ -115,9 +115,8 @@ def _collective_call(op: str, count: int, n: int, group, first: int, nxt: int, p
     a ring of simultaneous sends to ``nxt`` and receives from ``prv``."""
     import torch
     import torch.distributed as dist
-    # torch 2.13 renamed *_into_tensor / *_tensor to *_single (same arguments).
-    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-    scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    from validate.comm import tensor_collectives
+    gather, scatter = tensor_collectives()
     if op == "all_gather":
         send, recv = torch.ones(count // n, device=dev), torch.empty(count, device=dev)
         return lambda: gather(recv, send, group=group)

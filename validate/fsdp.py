@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from validate.comm import Comm
+from validate.comm import Comm, tensor_collectives
 from validate.dp import adam_update
 from validate.gpt import GPTChunk
 
@@ -160,16 +160,15 @@ class FSDP:
     # -- gathers -------------------------------------------------------------------
     def _launch_gather(self, unit: Unit, why: str):
         import torch
-        import torch.distributed as dist
         t0 = self.rec.now()
         if self.n == 1:  # nothing to gather: the shard is the whole
             unit.pending = (None, unit.shard.detach().clone(), t0, why)
             return
         buf = torch.empty(unit.shard.numel() * self.n, dtype=unit.shard.dtype, device=unit.shard.device)
+        gather, _ = tensor_collectives()
         with self.rec.span("dp", "fsdp_all_gather", f"launch gather {unit.name} ({why})"):
-            # list form (gloo has no all_gather_into_tensor); the parts are views of buf
-            work = dist.all_gather(list(buf.chunk(self.n)), unit.shard.detach(), group=self.comm.group,
-                                   async_op=True)
+            # the tensor form, as PyTorch FSDP calls it (validate/comm.tensor_collectives)
+            work = gather(buf, unit.shard.detach(), group=self.comm.group, async_op=True)
         self.comm.count("all_gather", buf.numel() * buf.element_size())
         unit.pending = (work, buf, t0, why)
 
@@ -258,7 +257,6 @@ class FSDP:
 
     def reduce_scatter(self, unit: Unit, g) -> None:
         import torch
-        import torch.distributed as dist
         unit.bwd_full = None  # the unit's backward is done: free its weights
         self._wait_rs()
         g = g.contiguous()
@@ -267,8 +265,9 @@ class FSDP:
             unit.grad = g.clone() if unit.grad is None else unit.grad.add_(g)
             return
         out = torch.empty_like(unit.shard)
+        _, scatter = tensor_collectives()
         with self.rec.span("dp", "fsdp_reduce_scatter", f"launch reduce-scatter {unit.name}"):
-            work = dist.reduce_scatter(out, list(g.chunk(self.n)), group=self.comm.group, async_op=True)
+            work = scatter(out, g, group=self.comm.group, async_op=True)
         self.comm.count("reduce_scatter", g.numel() * g.element_size())
         self._rs = (unit, work, out, g, t0)
 
