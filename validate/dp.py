@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from validate.comm import Comm
+from validate.comm import Comm, tensor_collectives
 from validate.topk import TopKCompressor
 
 # Adam (Kingma and Ba 2015, Algorithm 1); betas as in GPT-3 (Brown et al. 2020, App. B).
@@ -188,10 +188,10 @@ class GradReducer:
                 b.state = ("topk", self.topk.start(b.index, b.flat_grad, self.rec.span(
                     "compute", "topk_select", f"top-k select c{b.chunk}b{b.index}")))
             elif self.zero >= 1:
-                parts = list(b.flat_grad.chunk(self.comm.size))
-                b.shard_grad = self._torch.empty_like(parts[self.comm.index])
-                b.state = ("work", dist.reduce_scatter(b.shard_grad, parts, group=self.comm.group,
-                                                       async_op=True))
+                # the tensor form, as calibration times it (validate/comm.tensor_collectives)
+                _, scatter = tensor_collectives()
+                b.shard_grad = self._torch.empty_like(b.flat_grad.chunk(self.comm.size)[self.comm.index])
+                b.state = ("work", scatter(b.shard_grad, b.flat_grad, group=self.comm.group, async_op=True))
                 self.comm.count("reduce_scatter", b.flat_grad.numel() * b.flat_grad.element_size())
             else:
                 b.state = ("work", dist.all_reduce(b.flat_grad, group=self.comm.group, async_op=True))
@@ -225,7 +225,6 @@ class GradReducer:
     def step(self, step: int) -> None:
         """Adam on every bucket (on this rank's shard under ZeRO), then, under ZeRO,
         all-gather the updated parameters."""
-        import torch.distributed as dist
         torch = self._torch
         sharded = self.zero >= 1 and self.comm.size > 1
         with self.rec.span("compute", "optimizer", "optimizer"):
@@ -243,9 +242,9 @@ class GradReducer:
         if sharded:
             t0 = self.rec.now()
             with self.rec.span("dp", "dp_all_gather", "param all-gather"):
+                gather, _ = tensor_collectives()
                 for b in self.buckets:
-                    parts = list(b.flat_param.chunk(self.comm.size))
-                    mine = parts[self.comm.index].clone()
-                    dist.all_gather(parts, mine, group=self.comm.group)
+                    mine = b.flat_param.chunk(self.comm.size)[self.comm.index].clone()
+                    gather(b.flat_param, mine, group=self.comm.group)
                     self.comm.count("all_gather", b.flat_param.numel() * b.flat_param.element_size())
             self.rec.segment("dp", "collective", t0, self.rec.now(), "param all-gather")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 
 from costmodel.dtypes import TOPK_INDEX_BYTES
+from validate.comm import tensor_collectives
 from validate.comm import Comm
 
 # Values travel in the gradient buffer's own dtype (fp32 here: the runner trains in fp32),
@@ -49,7 +50,6 @@ class TopKCompressor:
         import contextlib
 
         import torch
-        import torch.distributed as dist
         with selecting if selecting is not None else contextlib.nullcontext():
             idx32, vals, self.residual[key] = select(grad, self.residual.get(key), self.kept(grad.numel()))
         k = idx32.numel()
@@ -59,8 +59,10 @@ class TopKCompressor:
         # indices travel bit for bit in fp32 slots (a view, no conversion), so a kept entry
         # is 4 + 4 B either way.
         packed = torch.cat([idx32.view(vals.dtype), vals])
-        parts = [torch.empty_like(packed) for _ in range(n)]
-        work = dist.all_gather(parts, packed, group=self.comm.group, async_op=True)
+        gather, _ = tensor_collectives()  # the tensor form, as calibration times it
+        out = packed.new_empty(n * packed.numel())
+        work = gather(out, packed, group=self.comm.group, async_op=True)
+        parts = list(out.chunk(n))
         self.comm.count("all_gather", n * k * (TOPK_INDEX_BYTES + vals.element_size()))
         return work, parts, k
 
