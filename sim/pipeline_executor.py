@@ -457,38 +457,51 @@ class PipelineExecutor(EnginePart):
 
 
 class _LayerGathers:
-    """ZeRO-3 / FSDP with prefetch, one layer at a time (FSDP wraps each transformer block:
+    """ZeRO-3 / FSDP with prefetch, one unit at a time (FSDP wraps each transformer block:
     TorchTitan's apply_fsdp, torchtitan/models/llama3/infra/parallelize.py; DeepSpeed's
-    ZeRO-3 prefetches by module too): the all-gather of the next layer's weights starts
-    when a layer starts computing, so it hides behind that layer's compute; a layer waits
-    only for what its own gather has left. The sequence of layers runs on across actions
-    (the last layer of one action prefetches the first of the next). After each layer's
-    backward its gradients are reduce-scattered. A chunk's embedding or output layer
-    weights are spread evenly over its layers' gathers. The runtime says how far ahead it
-    gathers (fsdp_prefetch_layers, at least one unit) and whether a gathered layer is freed
-    after its forward (re-gathered for every use) or kept for the rest of the step (gathered
-    once per step: TorchTitan with pp > 1, costmodel/profile.reshard_after_forward)."""
+    ZeRO-3 prefetches by module too): the all-gather of the next unit's weights starts
+    when a unit starts computing, so it hides behind that unit's compute; a unit waits
+    only for what its own gather has left. The sequence of units runs on across actions
+    (the last unit of one action prefetches the first of the next). After each unit's
+    backward its gradients are reduce-scattered. A chunk's weights outside its layers
+    (the embedding, the final norm and output layer) are a unit of their own, gathered
+    before the chunk's layers in forward and backward: FSDP's root unit (TorchTitan's
+    fully_shard of the whole model after its blocks; PyTorch FSDP paper, Zhao et al.
+    2023, Sec. 3.2: the root's parameters are what no wrapped submodule holds); its
+    compute is the chunk's, so nothing hides its gather but the previous unit's compute.
+    The runtime says how far ahead it gathers (fsdp_prefetch_layers, at least one unit)
+    and whether a gathered unit is freed after its forward (re-gathered for every use) or
+    kept for the rest of the step (gathered once per step: TorchTitan with pp > 1,
+    costmodel/profile.reshard_after_forward)."""
 
     def __init__(self, ex: "PipelineExecutor", pi: int, s: int, actions, scatters: list):
         self.ex, self.pi, self.s, self.scatters = ex, pi, s, scatters
         pipe = ex.prog.pipelines[pi]
-        # (chunk work, layer fraction) of every layer unit in the order the rank runs them
-        self.units = [(pipe.chunks[(s, a.chunk)], a.kind, a.mb, a.chunk, j) for a in actions
-                      for j in range(pipe.chunks[(s, a.chunk)].layers)]
+        # (chunk work, kind, microbatch, chunk, unit, share of the chunk's weights) of every
+        # unit in the order the rank runs them; unit -1 is the chunk's outer weights.
+        self.units = [(w, a.kind, a.mb, a.chunk, j, f) for a in actions
+                      for w in (pipe.chunks[(s, a.chunk)],) for j, f in self._shares(w)]
         rt = ex.prog.profile.runtime
         self.keep = not reshard_after_forward(rt, ex.plan.pp)
-        self.held: set[tuple[int, int]] = set()  # (chunk, layer) gathered and kept this step
+        self.held: set[tuple[int, int]] = set()  # (chunk, unit) gathered and kept this step
         self.ahead = max(1, rt.fsdp_prefetch_layers)
         self.pos = 0
         self.last = None  # the latest gather issued
-        self.ready = ex.env.event()  # what a kept layer waits for: nothing
+        self.ready = ex.env.event()  # what a kept unit waits for: nothing
         self.ready.succeed()
         self.pending = deque(self._gather(u) for u in range(self.ahead))
+
+    def _shares(self, w) -> list[tuple[int, float]]:
+        """(unit, share of the chunk's weights) of a chunk's units in order: its outer
+        weights first (unit -1) when it has any, then each layer."""
+        outer = w.outer_params / w.params if w.params > 0 else 0.0
+        layer = (1.0 - outer) / w.layers
+        return ([(-1, outer)] if outer > 0 else []) + [(j, layer) for j in range(w.layers)]
 
     def _gather(self, u: int):
         if u >= len(self.units):
             return None
-        w, kind, mb, chunk, j = self.units[u]
+        w, kind, mb, chunk, j, share = self.units[u]
         if self.keep:
             if (chunk, j) in self.held:
                 return self.ready
@@ -496,26 +509,29 @@ class _LayerGathers:
         label = f"fsdp gather {kind}{mb}"
         prev, self.last = self.last, None
         if prev is None or prev.triggered:
-            got = self.ex.reducer.zero3_gather_layer(self.s, w, 1.0 / w.layers, label)
+            got = self.ex.reducer.zero3_gather_layer(self.s, w, share, label)
         else:
             # Gathers further ahead queue behind the one in flight (one communication
             # stream, NCCL runs its collectives in order) rather than sharing the links.
-            got = self.ex.env.process(self._after(prev, w, label))
+            got = self.ex.env.process(self._after(prev, w, share, label))
         self.last = got
         return got
 
-    def _after(self, prev, w, label: str):
+    def _after(self, prev, w, share: float, label: str):
         yield prev
-        yield self.ex.reducer.zero3_gather_layer(self.s, w, 1.0 / w.layers, label)
+        yield self.ex.reducer.zero3_gather_layer(self.s, w, share, label)
 
     def run(self, key: RankKey, w, backward: bool, label: str):
-        """One action's compute, layer by layer, each after its weights are gathered."""
+        """One action's compute, unit by unit, each after its weights are gathered (the
+        chunk's compute spread over its layers; its outer unit computes nothing of its own)."""
         ex, n = self.ex, w.layers
         dt = w.bwd_s if backward else w.fwd_s
-        for j in range(n):
+        for j, share in self._shares(w):
             ready, self.pos = self.pending.popleft(), self.pos + 1
-            yield from ex._wait(key, ready, "dp", f"fsdp gather {label} l{j}")
+            name = "outer" if j < 0 else f"l{j}"
+            yield from ex._wait(key, ready, "dp", f"fsdp gather {label} {name}")
             self.pending.append(self._gather(self.pos + self.ahead - 1))  # prefetch ahead
-            yield from ex._compute(key, self.pi, self.s, w, backward, dt / n, f"{label} l{j}", n)
+            if j >= 0:
+                yield from ex._compute(key, self.pi, self.s, w, backward, dt / n, f"{label} {name}", n)
             if backward:
-                self.scatters.append(ex.reducer.zero3_reduce_scatter(self.s, w, 1.0 / n))
+                self.scatters.append(ex.reducer.zero3_reduce_scatter(self.s, w, share))

@@ -57,6 +57,9 @@ class ChunkWork:
     cp_bwd_block_s: float = 0.0
     cp_fwd_bytes: float = 0.0
     cp_bwd_bytes: float = 0.0
+    # Of ``params``, those outside the chunk's layers (embedding, final norm, output layer):
+    # ZeRO-3/FSDP gathers them as a unit of their own (sim/pipeline_executor._LayerGathers).
+    outer_params: float = 0.0
 
 
 @dataclass
@@ -343,6 +346,7 @@ def chunk_work(model: ModelSpec, plan: Plan, cluster: Cluster, profile: Profile,
         layers=layers, first=first, last=last, fwd_s=fwd_s, bwd_s=bwd_s,
         fwd_tp_s=fwd_tp, bwd_tp_s=bwd_tp, fwd_flops=fwd_fl, bwd_flops=bwd_fl,
         p2p_bytes=p2p, params=params, grad_buckets=_buckets(grad_bytes, layers),
+        outer_params=params - mem.stage_params(model, layers, tp, False, False),
         **({} if cpw is None else dict(
             cp_fwd_block_s=layers * cpw.fwd_block_s, cp_bwd_block_s=layers * cpw.bwd_block_s,
             cp_fwd_bytes=layers * cpw.fwd_bytes, cp_bwd_bytes=layers * cpw.bwd_bytes)),

@@ -25,7 +25,9 @@ def fixed_program(cluster, model, plan_text, f, b, grad_bytes=(), p2p=0.0, param
         for key, w in pipe.chunks.items():
             pipe.chunks[key] = replace(w, fwd_s=f, bwd_s=b, fwd_tp_s=0.0, bwd_tp_s=0.0, p2p_bytes=p2p,
                                        grad_buckets=tuple(grad_bytes),
-                                       params=w.params if params is None else params)
+                                       params=w.params if params is None else params,
+                                       # given params are all the layers' (no outer FSDP unit)
+                                       outer_params=w.outer_params if params is None else 0.0)
         pipe.optimizer_s = (0.0,) * plan.pp
         pipe.embedding_sync_s = 0.0
     return prog

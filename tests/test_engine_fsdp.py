@@ -83,3 +83,36 @@ def test_fsdp_deeper_prefetch_queues_gathers(layer_s, gather_s):
     m, _, fwd_end = _fsdp_run(layer_s, gather_s, fsdp_prefetch_layers=3)
     n = m * LAYERS
     assert fwd_end == pytest.approx(n * layer_s + gather_s + (n - 1) * max(0.0, gather_s - layer_s), rel=1e-9)
+
+
+def test_outer_weights_are_a_unit_of_their_own(monkeypatch):
+    """ZeRO-3 of tiny on one stage (first and last): the chunk's weights outside its layers
+    are gathered as a unit before its layers, worked by hand. A layer holds QKV 128x384 +
+    384, projection 128x128 + 128, fc1 128x512 + 512, fc2 512x128 + 128 and two LayerNorms
+    (2 x 256): 198,272 parameters; outside them the tied 512 x 128 embedding, the 64 x 128
+    positions and the final LayerNorm (256): 73,984. Every microbatch's forward and
+    backward then issue 1 + 4 gathers, the outer share first, and each pass's shares sum to
+    the chunk's weights."""
+    from costmodel.profile import default_profile
+    from sim.gradient_reducer import GradientReducer
+    from sim.program import build_program
+    from specs.model import load_model
+    from specs.plan import resolve_plan
+    model = load_model("tiny")
+    cluster = load_topology("localhost-cpu", gpus_per_node=2)
+    prog = build_program(model, resolve_plan("dp=2,zero=3,precision=fp32", model, 2), cluster, default_profile())
+    w = prog.pipelines[0].chunks[(0, 0)]
+    assert (w.params, w.outer_params) == (4 * 198_272 + 73_984, 73_984)
+    calls = []
+    real = GradientReducer.zero3_gather_layer
+
+    def spy(self, stage, work, share, label):
+        calls.append((label, share))
+        return real(self, stage, work, share, label)
+    monkeypatch.setattr(GradientReducer, "zero3_gather_layer", spy)
+    Engine(prog).run()
+    m = prog.pipelines[0].microbatches
+    assert len(calls) == 2 * m * 5  # forward and backward of every microbatch, 5 units each
+    outer, layer = 73_984 / w.params, 198_272 / w.params
+    for k in range(0, len(calls), 5):
+        assert [c[1] for c in calls[k:k + 5]] == pytest.approx([outer] + [layer] * 4, rel=1e-12)
