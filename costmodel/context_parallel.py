@@ -68,10 +68,51 @@ def a2a_bytes(local: ModelSpec, mbs: int, tp: int, cp: int, precision: str) -> f
     return (cp - 1) / cp * tokens * (q + 2 * kv + q) * e
 
 
+def ring_piece_ops(local: ModelSpec, mbs: int, tp: int, cp: int, bytes_per_elem: float) -> tuple[list[Op], list[Op]]:
+    """(forward, backward) ops of one layer's ring attention over all cp steps as the
+    validator's runner computes it (validate/cp.Ring.attend; RuntimeSettings
+    cp_attention_pieces): each rank holds two sequence chunks of c = seq/(2cp) tokens, and
+    every visible pair of a query chunk and a key chunk is unfused attention (validate/cp.
+    _piece: scores Q K^T scaled, the causal mask on the two diagonal pairs, log-sum-exp,
+    exp(s - lse) V), each pair's output merged into its query chunk's by log-sum-exp
+    rescaling (validate/cp.merge). With the load-balanced chunks a rank sees P = 2cp + 1
+    pairs (3 at its own step, 2 at each other one) and merges M = 2cp - 1 times. The counts
+    of autograd's forward and backward ops per kind are what a torch dispatch mode counts
+    on that code (tests/test_cp_pieces.py): forward 28cp + 5, backward 80cp - 5 (views
+    left out). Bytes: each op reads and writes the tensor it works on once, scores (B c c),
+    outputs (B c d) or log-sum-exps (B c), B = microbatch x query heads on this TP rank."""
+    e = float(bytes_per_elem)
+    c = max(1, local.seq_length // 2)
+    d = local.head_dim
+    B = mbs * max(1, local.num_attention_heads // tp)
+    P, M = 2 * cp + 1, 2 * cp - 1
+    S, O, L = B * c * c, B * c * d, B * c
+
+    def mem(name: str, elems: float, n: int) -> list[Op]:
+        return [Op(name, "memory", 0.0, 2.0 * elems * e) for _ in range(n)]
+
+    mm_bytes = B * (2 * c * d + c * c) * e
+    fwd = ([Op("piece_qk", "attention", 2.0 * B * c * c * d, mm_bytes, c, c, d, B) for _ in range(P)]
+           + [Op("piece_pv", "attention", 2.0 * B * c * c * d, mm_bytes, c, d, c, B) for _ in range(P)]
+           + mem("piece_scale", S, P) + mem("piece_logsumexp", S, P) + mem("piece_sub", S, P)
+           + mem("piece_exp", S, P) + mem("piece_mask", S, 2) + mem("piece_mask_build", c * c, 4)
+           + mem("merge_mul", O, 2 * M) + mem("merge_sub", L, 2 * M) + mem("merge_exp", L, 2 * M)
+           + mem("merge_logaddexp", L, M) + mem("merge_add", O, M) + mem("chunks_cat", 2 * O, 1))
+    bwd = ([Op("piece_bmm_bwd", "attention", 2.0 * B * c * c * d, mm_bytes, c, c, d, B) for _ in range(4 * P)]
+           + mem("piece_mul_bwd", S, 3 * P) + mem("piece_sum_bwd", S, P) + mem("piece_sub_bwd", S, P)
+           + mem("piece_exp_bwd", S, P) + mem("piece_mask_bwd", S, 2)
+           + mem("merge_mul_bwd", O, 6 * M) + mem("merge_sum_bwd", O, 2 * M) + mem("neg_bwd", L, P + 2 * M)
+           + mem("merge_sub_bwd", L, 2 * M) + mem("merge_exp_bwd", L, 2 * M) + mem("merge_div_bwd", L, 2 * M)
+           + mem("grad_add", O, 22 * cp - 6) + mem("slice_bwd", 2 * O, 2 * P + 2))
+    return fwd, bwd
+
+
 def cp_layer_work(local: ModelSpec, mbs: int, tp: int, cp: int, cp_comm: str, precision: str,
                   gpu, eff, runtime, f_ops: list[Op], b_ops: list[Op]) -> CPLayerWork:
     """``f_ops`` / ``b_ops`` (backward with recompute) are one layer's ops for the rank's
-    seq/cp tokens (``local``); their core attention is one K/V block."""
+    seq/cp tokens (``local``); their core attention is one K/V block. Under
+    ``runtime.cp_attention_pieces`` the ring's attention is the runner's unfused pieces
+    (ring_piece_ops), a block a cp-th of them."""
     fa = [o for o in f_ops if is_core_attention(o)]
     ba = [o for o in b_ops if is_core_attention(o)]
     fused = replace(runtime, flash_attention=True)
@@ -80,6 +121,18 @@ def cp_layer_work(local: ModelSpec, mbs: int, tp: int, cp: int, cp_comm: str, pr
     else:
         kv = kv_block_bytes(local, mbs, tp, precision)
         fwd_b, bwd_b = kv, 2 * kv
+    if runtime.cp_attention_pieces and cp_comm != "a2a":
+        # (a recompute's pieces are not added: the runner's selective recompute with cp
+        # checkpoints each piece, which this list does not repeat)
+        pf, pb = ring_piece_ops(local, mbs, tp, cp, working_bytes(precision))
+        return CPLayerWork(
+            fwd_block_s=ops_time_s(pf, gpu, eff, precision, runtime) / cp,
+            bwd_block_s=ops_time_s(pb, gpu, eff, precision, runtime) / cp,
+            fwd_local_s=ops_time_s(fa, gpu, eff, precision, runtime),
+            bwd_local_s=ops_time_s(ba, gpu, eff, precision, runtime),
+            fwd_block_flops=matmul_flops(pf) / cp, bwd_block_flops=matmul_flops(pb) / cp,
+            fwd_bytes=fwd_b, bwd_bytes=bwd_b,
+        )
     return CPLayerWork(
         fwd_block_s=ops_time_s(fa, gpu, eff, precision, fused),
         bwd_block_s=ops_time_s(ba, gpu, eff, precision, fused),

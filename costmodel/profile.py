@@ -211,6 +211,11 @@ class RuntimeSettings:
     # whose host runs ahead of the kernels (costmodel/efficiency.ops_time_s).
     checkpoint_full_region_us: float = 0.0
     checkpoint_selective_region_us: float = 0.0
+    # Context-parallel ring attention as the validator's runner computes it (validate/cp.py):
+    # every visible pair of sequence chunks as unfused attention, merged by log-sum-exp
+    # (costmodel/context_parallel.ring_piece_ops); false: fused block kernels, as
+    # Transformer Engine's context-parallel attention runs (every bundled runtime).
+    cp_attention_pieces: bool = False
     source: str = "built-in default"
 
     def checkpoint_region_s(self, recompute: str) -> float:

@@ -175,15 +175,24 @@ class Ring:
                 kk, vv = kk.repeat_interleave(rep, dim=1), vv.repeat_interleave(rep, dim=1)
             theirs = cp_chunk_ids(self.size, src)
             with self.rec.span("compute", "cp_attention", f"cp attention block {src}"):
-                for a in range(2):
-                    for b in range(2):
-                        if mine[a] < theirs[b]:
-                            continue  # entirely in the future of these queries
-                        sl = slice(b * half, (b + 1) * half)
-                        args = (qs[a], kk[:, :, sl], vv[:, :, sl], mine[a] == theirs[b])
-                        o, lse = ckpt(_piece, *args, use_reentrant=False) if checkpoint else _piece(*args)
-                        acc[a] = merge(*acc[a], o, lse)
+                attend_block(qs, kk, vv, mine, theirs, acc, ckpt if checkpoint else None)
             if not last:
                 self.wait()
                 kv = nxt
         return torch.cat([acc[0][0], acc[1][0]], dim=2)
+
+
+def attend_block(qs, kk, vv, mine, theirs, acc: list, ckpt=None) -> None:
+    """This rank's two query chunks ``qs`` against one block's K/V (``kk``, ``vv``: the
+    two chunks ``theirs`` of another rank, or its own), each visible pair of chunks a
+    piece merged into ``acc`` (per query chunk: (output, log-sum-exp)); ``ckpt``: run each
+    piece under activation checkpointing (torch.utils.checkpoint.checkpoint)."""
+    half = kk.shape[2] // 2
+    for a in range(2):
+        for b in range(2):
+            if mine[a] < theirs[b]:
+                continue  # entirely in the future of these queries
+            sl = slice(b * half, (b + 1) * half)
+            args = (qs[a], kk[:, :, sl], vv[:, :, sl], mine[a] == theirs[b])
+            o, lse = ckpt(_piece, *args, use_reentrant=False) if ckpt is not None else _piece(*args)
+            acc[a] = merge(*acc[a], o, lse)

@@ -55,6 +55,8 @@ def runtime_facts(kind: str) -> dict:
         "fused_bias_dropout_add": True,
         "grad_accumulation_fusion": False,
         "flash_attention": True,
+        # context parallelism: validate/cp.py's ring, unfused pieces merged by log-sum-exp
+        "cp_attention_pieces": True,
         "grad_reduce_dtype": "fp32",
         "zero1_grad_all_reduce": False,
         "eager_adam": True,
