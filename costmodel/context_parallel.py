@@ -125,20 +125,16 @@ def cp_layer_work(local: ModelSpec, mbs: int, tp: int, cp: int, cp_comm: str, pr
         # (a recompute's pieces are not added: the runner's selective recompute with cp
         # checkpoints each piece, which this list does not repeat)
         pf, pb = ring_piece_ops(local, mbs, tp, cp, working_bytes(precision))
-        return CPLayerWork(
-            fwd_block_s=ops_time_s(pf, gpu, eff, precision, runtime) / cp,
-            bwd_block_s=ops_time_s(pb, gpu, eff, precision, runtime) / cp,
-            fwd_local_s=ops_time_s(fa, gpu, eff, precision, runtime),
-            bwd_local_s=ops_time_s(ba, gpu, eff, precision, runtime),
-            fwd_block_flops=matmul_flops(pf) / cp, bwd_block_flops=matmul_flops(pb) / cp,
-            fwd_bytes=fwd_b, bwd_bytes=bwd_b,
-        )
+        blocks = (ops_time_s(pf, gpu, eff, precision, runtime) / cp, ops_time_s(pb, gpu, eff, precision, runtime) / cp,
+                  matmul_flops(pf) / cp, matmul_flops(pb) / cp)
+    else:
+        blocks = (ops_time_s(fa, gpu, eff, precision, fused), ops_time_s(ba, gpu, eff, precision, fused),
+                  matmul_flops(fa), matmul_flops(ba))
     return CPLayerWork(
-        fwd_block_s=ops_time_s(fa, gpu, eff, precision, fused),
-        bwd_block_s=ops_time_s(ba, gpu, eff, precision, fused),
+        fwd_block_s=blocks[0], bwd_block_s=blocks[1],
         fwd_local_s=ops_time_s(fa, gpu, eff, precision, runtime),
         bwd_local_s=ops_time_s(ba, gpu, eff, precision, runtime),
-        fwd_block_flops=matmul_flops(fa), bwd_block_flops=matmul_flops(ba),
+        fwd_block_flops=blocks[2], bwd_block_flops=blocks[3],
         fwd_bytes=fwd_b, bwd_bytes=bwd_b,
     )
 

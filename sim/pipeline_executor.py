@@ -477,6 +477,7 @@ class _LayerGathers:
     def __init__(self, ex: "PipelineExecutor", pi: int, s: int, actions, scatters: list):
         self.ex, self.pi, self.s, self.scatters = ex, pi, s, scatters
         pipe = ex.prog.pipelines[pi]
+        self._share_cache: dict[int, list[tuple[int, float]]] = {}  # id(chunk work) -> _shares
         # (chunk work, kind, microbatch, chunk, unit, share of the chunk's weights) of every
         # unit in the order the rank runs them; unit -1 is the chunk's outer weights.
         self.units = [(w, a.kind, a.mb, a.chunk, j, f) for a in actions
@@ -493,10 +494,14 @@ class _LayerGathers:
 
     def _shares(self, w) -> list[tuple[int, float]]:
         """(unit, share of the chunk's weights) of a chunk's units in order: its outer
-        weights first (unit -1) when it has any, then each layer."""
-        outer = w.outer_params / w.params if w.params > 0 else 0.0
-        layer = (1.0 - outer) / w.layers
-        return ([(-1, outer)] if outer > 0 else []) + [(j, layer) for j in range(w.layers)]
+        weights first (unit -1) when it has any, then each layer. Worked out once per chunk
+        (every action of the step asks again)."""
+        got = self._share_cache.get(id(w))
+        if got is None:
+            outer = w.outer_params / w.params if w.params > 0 else 0.0
+            layer = (1.0 - outer) / w.layers
+            got = self._share_cache[id(w)] = ([(-1, outer)] if outer > 0 else []) + [(j, layer) for j in range(w.layers)]
+        return got
 
     def _gather(self, u: int):
         if u >= len(self.units):

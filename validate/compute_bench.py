@@ -81,7 +81,7 @@ def stage_trainer(model, layers: int, microbatches: int, dev, recompute: str = "
     return chunk, mbs, train
 
 
-def _chain_trainer(torch, dev, recompute: str = "none"):
+def _chain_trainer(dev, recompute: str = "none"):
     """stage_trainer of CHAIN_MODEL, every layer, CHAIN_MICROBATCHES microbatches."""
     return stage_trainer(CHAIN_MODEL, CHAIN_MODEL.num_layers, CHAIN_MICROBATCHES, dev, recompute)
 
@@ -89,7 +89,7 @@ def _chain_trainer(torch, dev, recompute: str = "none"):
 def chain_functions(torch, dev):
     """CHAIN_MODEL as the runner trains it on one rank (see above). Returns (plain forward
     of one microbatch, one step of CHAIN_MICROBATCHES microbatches)."""
-    chunk, mbs, train = _chain_trainer(torch, dev)
+    chunk, mbs, train = _chain_trainer(dev)
 
     def plain():
         with torch.no_grad():
@@ -106,10 +106,10 @@ def recompute_drawer(torch, dev, dsync, repeats: int):
     """A function that takes one draw of the chain's training step under each of
     RECOMPUTE_KINDS: [seconds] in that order, each the median of ``repeats`` windows of
     about COMPUTE_WINDOW_S, interleaved (none, full, selective, none, ...) so that all
-    three see the same host (0.45 s a draw at 5 repeats: calibration's share of the
-    benchmark's 5 minutes stays small). At width 8 the recomputed ops cost what issuing them costs,
+    three see the same host (3 x repeats windows of about 30 ms a draw: calibration's share
+    of the benchmark's 5 minutes stays small). At width 8 the recomputed ops cost what issuing them costs,
     so a region's figure (checkpoint_region_us) is what the checkpointing itself adds."""
-    return _interleaved_drawer(torch, [_chain_trainer(torch, dev, r)[2] for r in RECOMPUTE_KINDS], repeats, dsync)
+    return _interleaved_drawer(torch, [_chain_trainer(dev, r)[2] for r in RECOMPUTE_KINDS], repeats, dsync)
 
 
 def checkpoint_region_us(steps_s: list[float], train_per_op_s: float, runtime) -> dict[str, float]:

@@ -12,8 +12,7 @@ from __future__ import annotations
 import math
 
 from costmodel.dtypes import TOPK_INDEX_BYTES
-from validate.comm import tensor_collectives
-from validate.comm import Comm
+from validate.comm import Comm, tensor_collectives
 
 # Values travel in the gradient buffer's own dtype (fp32 here: the runner trains in fp32),
 # so an entry is costmodel/dtypes.topk_entry_bytes("fp32") = 8 B, as the simulator counts it.
