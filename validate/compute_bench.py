@@ -50,12 +50,14 @@ def chain_op_counts(runtime) -> tuple[int, int]:
     return f, CHAIN_MICROBATCHES * (f + b)
 
 
-def stage_trainer(model, layers: int, microbatches: int, dev, recompute: str = "none", schedule: str = "1f1b"):
+def stage_trainer(model, layers: int, microbatches: int, dev, recompute: str = "none", schedule: str = "1f1b",
+                  actions=None):
     """(chunk, microbatches, one training step) of ``layers`` layers of ``model`` (with the
     embedding and the output layer and loss) as the runner trains a one-stage pipeline
     on one rank: validate/pp.PipelineStage executing ``schedule``'s action list over
-    ``microbatches`` microbatches of one sequence, validate/dp.GradReducer's buckets,
-    ``recompute`` applied as the runner applies it."""
+    ``microbatches`` microbatches of one sequence (or ``actions``, an action list of chunk 0
+    from sim/schedules.py, when given), validate/dp.GradReducer's buckets, ``recompute``
+    applied as the runner applies it."""
     from validate.comm import Comm
     from validate.dp import GradReducer
     from validate.gpt import GPTChunk, batch_tokens, full_weights
@@ -67,7 +69,7 @@ def stage_trainer(model, layers: int, microbatches: int, dev, recompute: str = "
                           overlap=True, zero=0, topk=None, late=set())
     stage = PipelineStage(0, 1, 1, {0: chunk}, lambda st: 0, (1, model.seq_length, model.hidden_size), rec,
                           reducer, dev)
-    acts = stage.actions(schedule, microbatches)
+    acts = list(actions) if actions is not None else stage.actions(schedule, microbatches)
     tokens = batch_tokens(model, 0, 0).to(dev)
     mbs = [(tokens[i:i + 1, :-1], tokens[i:i + 1, 1:]) for i in range(microbatches)]
 
