@@ -12,7 +12,14 @@ Sources (configurations fixed from them before any prediction was looked at):
 - TTA: pytorch/torchtitan docs/performance.md @4d88a8a44, Llama 3 8B/70B FSDP on 64 A100
   80 GB (tokens/s per GPU, seq 8192).
 - TTH: pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md, Llama 3 8B FSDP on
-  8 and 128 H100s of Grand Teton (capped at 500 W, which plansim cannot express).
+  8 and 128 H100s of Grand Teton. Its hardware section: 96 GB of HBM2e at 2.4 TB/s, the
+  default 500 W power limit, and (footnote 2) a bf16 peak "between SXM and NVL" that the
+  authors do not know. The topology is dgx-h100 with those figures as gpu_overrides, run
+  at each end of that range: the SXM5's 989.4 dense bf16 TFLOP/s (costmodel/gpus.py) and
+  the H100 NVL's 835.5 (NVIDIA H100 Tensor Core GPU datasheet, NVL column: 1,671 with
+  sparsity). plansim has no power-to-clock model; a capped part is its capped peak. (These
+  rows ran on plain dgx-h100 until session 13, -26.5 and -28.7 %; the hardware section
+  was read after those errors were known.)
 - NEMO: NVIDIA/NeMo docs/source/performance/performance_summary.md (NeMo 24.07, DGX H100,
   FP8 pre-training, tokens/s per GPU).
 - MT: MT-NLG 530B, Smith et al. 2022 Sec. 2.4 (seconds per iteration at 2240 and 3360
@@ -48,6 +55,16 @@ def gpt_yaml(name: str, layers: int, hidden: int, heads: int, vocab: int, batch:
             "activation: gelu\n")
 
 
+def grand_teton_yaml(bf16_peak_tflops: float) -> str:
+    """dgx-h100 with TTH's GPUs (module docstring): 96 GB HBM2e at 2.4 TB/s, the given peak."""
+    import yaml
+    topo = yaml.safe_load((ROOT / "topologies" / "dgx-h100.yaml").read_text())
+    topo["name"] = "grand-teton-h100"
+    for node_type in topo["node_types"].values():
+        node_type["gpu_overrides"] = {"mem_gib": 96, "mem_bw_GBps": 2400, "peak_tflops": {"bf16": bf16_peak_tflops}}
+    return yaml.safe_dump(topo, sort_keys=False)
+
+
 def rows(tmp: Path) -> list[dict]:
     out = []
     # N21: (tag, layers, hidden, heads, batch, tp, pp, GPUs, published TFLOP/s per GPU, vpp)
@@ -73,10 +90,13 @@ def rows(tmp: Path) -> list[dict]:
            "dp=64,zero=3,mbs=1,recompute=selective", "torchtitan", 2973)
     tokens("TorchTitan A100 (TTA)", "tt-a100-llama3-70b", "dgx-a100", 64, "llama3-70b", 64, 8192,
            "dp=64,zero=3,mbs=1,recompute=full", "torchtitan", 331)
-    tokens("TorchTitan H100 500 W (TTH)", "tt-h100-llama3-8b-8", "dgx-h100", 8, "llama3-8b", 16, 8192,
-           "dp=8,zero=3,mbs=2,recompute=selective", "torchtitan", 5762)
-    tokens("TorchTitan H100 500 W (TTH)", "tt-h100-llama3-8b-128", "dgx-h100", 128, "llama3-8b", 256, 8192,
-           "dp=128,zero=3,mbs=2,recompute=selective", "torchtitan", 5605)
+    for tag, peak in (("sxm", 989.4), ("nvl", 835.5)):
+        topo = tmp / f"grand-teton-{tag}.yaml"
+        topo.write_text(grand_teton_yaml(peak))
+        for gpus, gbs, tps in ((8, 16, 5762), (128, 256, 5605)):
+            tokens(f"TorchTitan H100 HBM2e 500 W, {tag.upper()} peak (TTH)", f"tt-h100-llama3-8b-{gpus}-{tag}",
+                   str(topo), gpus, "llama3-8b", gbs, 8192, f"dp={gpus},zero=3,mbs=2,recompute=selective",
+                   "torchtitan", tps)
     for id_, model, gpus, gbs, seq, plan, tps in (
             ("nemo-gpt3-175b", "gpt3-175b", 128, 256, 2048, "tp=4,pp=8,dp=4,mbs=1,vpp=6,sp=true", 726),
             ("nemo-llama2-7b", "llama2-7b", 8, 128, 4096, "dp=8,mbs=1", 16847),
