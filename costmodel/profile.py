@@ -211,6 +211,16 @@ class RuntimeSettings:
     # whose host runs ahead of the kernels (costmodel/efficiency.ops_time_s).
     checkpoint_full_region_us: float = 0.0
     checkpoint_selective_region_us: float = 0.0
+    # Host time ZeRO-3/FSDP adds each time a unit (a layer's weights, or those outside the
+    # layers) is taken into use, forward and again backward, per microbatch: bookkeeping
+    # of the gathered buffer, the weights' views of it, a saved-tensor hook per saved
+    # tensor, the flat gradient's assembly; a fixed part and a part per MiB of the unit's
+    # gathered weights (fresh buffers, their first touch, copies). Measured by plansim
+    # calibrate on the runner's FSDP at one process (nothing communicated) at two layer
+    # widths (validate/compute_bench.fsdp_drawer: 88 us and 270-330 us/MiB on a 2-core CPU,
+    # 2026-12-04); 0: not measured, as for GPU runtimes, whose host runs ahead of the kernels.
+    fsdp_unit_us: float = 0.0
+    fsdp_unit_us_per_mib: float = 0.0
     # Context-parallel ring attention as the validator's runner computes it (validate/cp.py):
     # every visible pair of sequence chunks as unfused attention, merged by log-sum-exp
     # (costmodel/context_parallel.ring_piece_ops); false: fused block kernels, as
@@ -222,6 +232,10 @@ class RuntimeSettings:
         """Host seconds of one checkpointed region under ``recompute`` (0 for 'none')."""
         us = {"full": self.checkpoint_full_region_us, "selective": self.checkpoint_selective_region_us}
         return us.get(recompute, 0.0) * 1e-6
+
+    def fsdp_unit_s(self, unit_bytes: float) -> float:
+        """Host seconds FSDP spends taking one unit of ``unit_bytes`` gathered weights into use."""
+        return (self.fsdp_unit_us + self.fsdp_unit_us_per_mib * unit_bytes / 2**20) * 1e-6
 
 
 def _typed(kind: str) -> set[tuple[type, str]]:

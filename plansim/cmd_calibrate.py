@@ -163,5 +163,8 @@ def cmd_calibrate(args) -> int:
     if cal.bench.checkpoint_region_us:
         print("measured: " + " ".join(f"checkpoint_{k}_region_us={v:.1f}"
                                       for k, v in sorted(cal.bench.checkpoint_region_us.items())))
+    if cal.bench.fsdp_unit:
+        print(f"measured: fsdp_unit_us={cal.bench.fsdp_unit['us']:.1f} "
+              f"fsdp_unit_us_per_mib={cal.bench.fsdp_unit['us_per_mib']:.1f}")
     print(f"microbenchmarks took {cal.bench.wall_s:.1f} s; profile written to {args.out}")
     return 0

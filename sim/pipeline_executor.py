@@ -20,6 +20,7 @@ from sim import collective_flows as cf
 from sim.accountant import RankKey, StepAccountant
 from sim.calls import EnginePart
 from sim.context_parallel import ContextParallelExchange
+from sim.core_sharing import cores_saturated
 from costmodel.estimate import closing_straggler_s
 from costmodel.profile import reshard_after_forward
 from sim.program import group_kind
@@ -472,7 +473,11 @@ class _LayerGathers:
     The runtime says how far ahead it gathers (fsdp_prefetch_layers, at least one unit)
     and whether a gathered unit is freed after its forward (re-gathered for every use) or
     kept for the rest of the step (gathered once per step: TorchTitan with pp > 1,
-    costmodel/profile.reshard_after_forward)."""
+    costmodel/profile.reshard_after_forward). Where the host's cores are all computing
+    (sim/core_sharing.cores_saturated: CPU worker processes, as many as cores) a
+    collective in the background makes next to no progress, so nothing is prefetched: each
+    unit's gather starts when the unit needs it and each reduce-scatter is waited for
+    before the next unit computes."""
 
     def __init__(self, ex: "PipelineExecutor", pi: int, s: int, actions, scatters: list):
         self.ex, self.pi, self.s, self.scatters = ex, pi, s, scatters
@@ -485,7 +490,8 @@ class _LayerGathers:
         rt = ex.prog.profile.runtime
         self.keep = not reshard_after_forward(rt, ex.plan.pp)
         self.held: set[tuple[int, int]] = set()  # (chunk, unit) gathered and kept this step
-        self.ahead = max(1, rt.fsdp_prefetch_layers)
+        self.blocking = cores_saturated(ex.cluster, ex.prog.profile)
+        self.ahead = 0 if self.blocking else max(1, rt.fsdp_prefetch_layers)
         self.pos = 0
         self.last = None  # the latest gather issued
         self.ready = ex.env.event()  # what a kept unit waits for: nothing
@@ -532,11 +538,18 @@ class _LayerGathers:
         ex, n = self.ex, w.layers
         dt = w.bwd_s if backward else w.fwd_s
         for j, share in self._shares(w):
-            ready, self.pos = self.pending.popleft(), self.pos + 1
+            if self.blocking:  # gathered when needed (class doc)
+                ready, self.pos = self._gather(self.pos), self.pos + 1
+            else:
+                ready, self.pos = self.pending.popleft(), self.pos + 1
             name = "outer" if j < 0 else f"l{j}"
             yield from ex._wait(key, ready, "dp", f"fsdp gather {label} {name}")
-            self.pending.append(self._gather(self.pos + self.ahead - 1))  # prefetch ahead
+            if not self.blocking:
+                self.pending.append(self._gather(self.pos + self.ahead - 1))  # prefetch ahead
             if j >= 0:
                 yield from ex._compute(key, self.pi, self.s, w, backward, dt / n, f"{label} {name}", n)
             if backward:
-                self.scatters.append(ex.reducer.zero3_reduce_scatter(self.s, w, share))
+                rs = ex.reducer.zero3_reduce_scatter(self.s, w, share)
+                self.scatters.append(rs)
+                if self.blocking:
+                    yield from ex._wait(key, rs, "dp", f"fsdp reduce-scatter {label} {name}")

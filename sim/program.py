@@ -17,7 +17,7 @@ from costmodel import collectives as cc
 from costmodel import flops as fl
 from costmodel import memory as mem
 from costmodel.device_memory import ChunkSpec, MemoryConfig, cp_local, device_memory
-from costmodel.dtypes import fp8_weight_bytes, grad_reduce_bytes, working_bytes
+from costmodel.dtypes import fp8_weight_bytes, grad_reduce_bytes, param_gather_bytes, working_bytes
 from costmodel.context_parallel import cp_layer_work
 from costmodel.efficiency import op_time_s, ops_time_s, optimizer_time_s
 from costmodel.flops import matmul_flops
@@ -306,10 +306,15 @@ def chunk_work(model: ModelSpec, plan: Plan, cluster: Cluster, profile: Profile,
     r_ops = fl.recompute_ops(local, b, tp, sp, plan.recompute, width)
     cpw = (cp_layer_work(local, b, tp, cp, plan.cp_comm, prec, gpu, eff, rt, f_ops, b_ops + r_ops)
            if cp > 1 else None)
-    fwd_s = layers * secs(f_ops)
+    # ZeRO-3/FSDP's host work each time a unit is taken into use, forward and backward
+    # (RuntimeSettings.fsdp_unit_s): one unit per layer, one for the weights outside them.
+    gather_b = param_gather_bytes(prec, rt)
+    unit_s = rt.fsdp_unit_s(mem.stage_params(model, 1, tp, False, False) * gather_b) if plan.zero == 3 else 0.0
+    fwd_s = layers * ops_time_s(f_ops, gpu, eff, prec, rt, unit_s)
     # Backward re-runs each layer's checkpointed part first (r_ops), one region a layer.
     r_s = ops_time_s(r_ops, gpu, eff, prec, rt, rt.checkpoint_region_s(plan.recompute)) if r_ops else 0.0
-    bwd_s = layers * (secs(b_ops + grad_accumulation_ops(model, 1, tp, False, False, prec, rt)) + r_s)
+    bwd_s = layers * (ops_time_s(b_ops + grad_accumulation_ops(model, 1, tp, False, False, prec, rt), gpu, eff, prec,
+                                 rt, unit_s) + r_s)
     fwd_fl = layers * matmul_flops(f_ops)
     bwd_fl = layers * (matmul_flops(b_ops) + matmul_flops(r_ops))
     if cpw is not None:  # cp K/V blocks of attention instead of the one the local ops hold
@@ -337,6 +342,11 @@ def chunk_work(model: ModelSpec, plan: Plan, cluster: Cluster, profile: Profile,
     fwd_tp, bwd_tp = layers * tp_fwd1 + ends_fwd, layers * tp_bwd1 + ends_bwd
 
     params = mem.stage_params(model, layers, tp, first, last)
+    outer = params - mem.stage_params(model, layers, tp, False, False)
+    if plan.zero == 3 and outer > 0:  # the outer unit: in use for the whole forward, again for the backward
+        outer_s = ops_time_s([], gpu, eff, prec, rt, rt.fsdp_unit_s(outer * gather_b))
+        fwd_s += outer_s
+        bwd_s += outer_s
     grad_bytes = params * grad_reduce_bytes(prec, rt) if plan.grad_degree > 1 else 0.0
     # Pipeline p2p: with scatter/gather (Megatron-LM's default; DeepSpeed's pipeline engine
     # partitions its boundary tensors the same way) each TP rank sends its b*s*h/t slice and
@@ -346,7 +356,7 @@ def chunk_work(model: ModelSpec, plan: Plan, cluster: Cluster, profile: Profile,
         layers=layers, first=first, last=last, fwd_s=fwd_s, bwd_s=bwd_s,
         fwd_tp_s=fwd_tp, bwd_tp_s=bwd_tp, fwd_flops=fwd_fl, bwd_flops=bwd_fl,
         p2p_bytes=p2p, params=params, grad_buckets=_buckets(grad_bytes, layers),
-        outer_params=params - mem.stage_params(model, layers, tp, False, False),
+        outer_params=outer,
         **({} if cpw is None else dict(
             cp_fwd_block_s=layers * cpw.fwd_block_s, cp_bwd_block_s=layers * cpw.bwd_block_s,
             cp_fwd_bytes=layers * cpw.fwd_bytes, cp_bwd_bytes=layers * cpw.bwd_bytes)),

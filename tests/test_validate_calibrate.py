@@ -506,6 +506,10 @@ def test_reused_compute_takes_exactly_the_samples_asked_for(monkeypatch):
     assert [a.seconds for a in got.attention] == [a.seconds for a in src.attention if (a.batch, a.s, a.d) == attn[0]]
     assert (got.world, got.compute_world, got.probe_s, got.harness) == (2, 2, 4.3e-3, src.harness)
     assert got.overhead == src.overhead and got.collectives == []
+    # FSDP's unit cost and its draws come along (nothing else measures them).
+    src.fsdp_draws, src.fsdp_unit = [[1e-3, 2e-3, 3e-3, 5e-3]], {"us": 90.0, "us_per_mib": 280.0}
+    carried = mb.reused_compute(src, "w4.bench.json", 2, "gloo", 1, shapes, sizes, attn, [])
+    assert (carried.fsdp_draws, carried.fsdp_unit) == (src.fsdp_draws, src.fsdp_unit)
     # Of a record with several probe draws, only its compute worker's (the first) is reused:
     # the others were its collective launches', and this calibration takes its own.
     src.probe_draws_s, src.probe_s = [4.3e-3, 9e-3, 9.5e-3], 9e-3
@@ -590,6 +594,10 @@ def test_overhead_draws_pool_into_their_median():
     (dict(overhead_draws=[[1e-3, float("inf")]]), "overhead_draws[0][1]: inf: a measured time"),
     (dict(overhead_draws=[[1e-3]]), "overhead_draws: expected a list of [plain seconds, train seconds] pairs"),
     (dict(overhead_draws="xy"), "overhead_draws: expected a list of [plain seconds, train seconds] pairs"),
+    (dict(fsdp_draws=[[1e-3, 2e-3, 3e-3]]), "fsdp_draws: expected a list of [plain, zero=3, plain, zero=3] seconds"),
+    (dict(fsdp_draws=[[1e-3, 2e-3, 3e-3, float("nan")]]), "fsdp_draws[0][3]: nan: a measured time"),
+    (dict(fsdp_unit={"us": -1.0}), "fsdp_unit.us: -1.0: microseconds in [0, 1e6]"),
+    (dict(fsdp_unit={"us": 1.0, "each": 2.0}), "fsdp_unit: expected {'us': us, 'us_per_mib': us}"),
 ])
 def test_reused_compute_refuses_other_conditions(monkeypatch, change, needle):
     """A record measured under other conditions (threads, processes at once, cores,

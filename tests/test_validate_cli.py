@@ -182,6 +182,13 @@ def test_calibrate_and_validate_smoke(tmp_path, capsys):
     assert (rt.checkpoint_full_region_us, rt.checkpoint_selective_region_us) == (
         round(bench.checkpoint_region_us["full"], 1), round(bench.checkpoint_region_us["selective"], 1))
     assert rt.checkpoint_full_region_us > 0 and rt.checkpoint_selective_region_us > 0
+    # FSDP's unit cost: two draws of plain and zero=3 training at the two widths, each step
+    # positive; the profile's figures are the record's (compute_bench.fsdp_unit_costs of
+    # the draws' medians), and gathering units costs the runner something fixed.
+    assert len(bench.fsdp_draws) == 2 and min(min(d) for d in bench.fsdp_draws) > 0
+    assert (rt.fsdp_unit_us, rt.fsdp_unit_us_per_mib) == (
+        round(bench.fsdp_unit["us"], 1), round(bench.fsdp_unit["us_per_mib"], 1))
+    assert rt.fsdp_unit_us > 0
     rep = tmp_path / "report"
     assert main(["validate", "localhost-cpu", "--model", "tiny", "--plan", "dp=2",
                  "--profile", str(prof), "--steps", "3", "--warmup", "1", "--launches", "2", "--json",

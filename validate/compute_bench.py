@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from costmodel import flops as fl
 from costmodel.shapes import ModelSpec
@@ -51,22 +51,27 @@ def chain_op_counts(runtime) -> tuple[int, int]:
 
 
 def stage_trainer(model, layers: int, microbatches: int, dev, recompute: str = "none", schedule: str = "1f1b",
-                  actions=None):
+                  actions=None, fsdp: bool = False):
     """(chunk, microbatches, one training step) of ``layers`` layers of ``model`` (with the
     embedding and the output layer and loss) as the runner trains a one-stage pipeline
     on one rank: validate/pp.PipelineStage executing ``schedule``'s action list over
     ``microbatches`` microbatches of one sequence (or ``actions``, an action list of chunk 0
-    from sim/schedules.py, when given), validate/dp.GradReducer's buckets, ``recompute``
-    applied as the runner applies it."""
+    from sim/schedules.py, when given), validate/dp.GradReducer's buckets (or, when
+    ``fsdp``, validate/fsdp.FSDP over a group of one: every unit gathered, viewed, hooked
+    and reduced as at zero=3, nothing communicated), ``recompute`` applied as the runner
+    applies it."""
     from validate.comm import Comm
     from validate.dp import GradReducer
+    from validate.fsdp import FSDP, ShardedChunk
     from validate.gpt import GPTChunk, batch_tokens, full_weights
     from validate.pp import PipelineStage
     from validate.timeline import Recorder
     rec = Recorder()
-    chunk = GPTChunk(model, list(range(layers)), True, True, full_weights(model, 0), None, False, recompute, dev)
-    reducer = GradReducer([(0, chunk.params)], Comm("dp", [0], 0, rec), bucket_bytes=25e6,
-                          overlap=True, zero=0, topk=None, late=set())
+    chunk = (ShardedChunk if fsdp else GPTChunk)(model, list(range(layers)), True, True, full_weights(model, 0), None,
+                                                 False, recompute, dev)
+    reducer = (FSDP({0: chunk}, Comm("dp", [0], 0, rec)) if fsdp else
+               GradReducer([(0, chunk.params)], Comm("dp", [0], 0, rec), bucket_bytes=25e6,
+                           overlap=True, zero=0, topk=None, late=set()))
     stage = PipelineStage(0, 1, 1, {0: chunk}, lambda st: 0, (1, model.seq_length, model.hidden_size), rec,
                           reducer, dev)
     acts = list(actions) if actions is not None else stage.actions(schedule, microbatches)
@@ -131,6 +136,46 @@ def checkpoint_region_us(steps_s: list[float], train_per_op_s: float, runtime) -
         n_ops = len(transform_ops(fl.recompute_ops(m, 1, 1, False, kind, 4), runtime))
         out[kind] = max(0.0, ((t - none) / regions - n_ops * train_per_op_s) * 1e6)
     return out
+
+
+# FSDP's own cost (RuntimeSettings.fsdp_unit_us, fsdp_unit_us_per_mib): the runner's
+# whole GPT trained at zero=3 on one process and plainly (stage_trainer), at two widths:
+# CHAIN_MODEL, whose units' bytes are negligible (the fixed part), and FSDP_WIDE_MODEL,
+# whose layer units hold 0.19 MiB of fp32 weights (the part per MiB). Neither is a model a
+# plan runs: the fit is a prediction for every other width.
+# Microbatches of an FSDP draw's step: a unit's first microbatch of a step costs more (its
+# gradient's first reduction allocates), so a step of several, as a plan's replica runs.
+FSDP_MICROBATCHES = 8
+FSDP_WIDE_MODEL = ModelSpec("fsdp-chain", num_layers=4, hidden_size=64, num_attention_heads=2, seq_length=16,
+                            vocab_size=64, global_batch_size=FSDP_MICROBATCHES)
+FSDP_MODELS = (replace(CHAIN_MODEL, global_batch_size=FSDP_MICROBATCHES), FSDP_WIDE_MODEL)
+
+
+def fsdp_drawer(torch, dev, dsync, repeats: int):
+    """A function that takes one draw of [plain s, zero=3 s] for each of FSDP_MODELS (a
+    training step of FSDP_MICROBATCHES microbatches, stage_trainer), interleaved windows
+    as recompute_drawer's, in that order (4 figures)."""
+    fns = [stage_trainer(m, m.num_layers, FSDP_MICROBATCHES, dev, fsdp=z)[2] for m in FSDP_MODELS for z in (False, True)]
+    return _interleaved_drawer(torch, fns, repeats, dsync)
+
+
+def fsdp_unit_costs(steps_s: list[float]) -> dict[str, float]:
+    """{'us': fixed us, 'us_per_mib': us per MiB}: what taking one FSDP unit into use adds,
+    from fsdp_drawer's four step times (seconds). Each step takes every unit of its model
+    into use twice a microbatch (forward, backward): with U units holding P MiB of fp32
+    weights in all, a step's extra time is 2 x FSDP_MICROBATCHES x (U x us + P x us_per_mib);
+    the two models give two such equations, solved exactly, each figure never below 0."""
+    from costmodel.memory import stage_params
+    rows = []
+    for i, m in enumerate(FSDP_MODELS):
+        extra_us = (steps_s[2 * i + 1] - steps_s[2 * i]) / (2 * FSDP_MICROBATCHES) * 1e6
+        units = m.num_layers + 1  # a unit per layer and one for the weights outside them (validate/fsdp.py)
+        rows.append((units, stage_params(m, m.num_layers, 1, True, True) * 4 / 2**20, extra_us))
+    (u1, p1, e1), (u2, p2, e2) = rows
+    det = u1 * p2 - u2 * p1
+    per_mib = max(0.0, (u1 * e2 - u2 * e1) / det)
+    fixed = max(0.0, (e1 - p1 * per_mib) / u1)
+    return {"us": fixed, "us_per_mib": per_mib}
 
 
 def chain_drawer(torch, dev, dsync, repeats: int):
@@ -263,13 +308,17 @@ def compute_worker(rank: int, world: int, cfg: ComputeConfig) -> dict:
     draws = []
     rdraw = recompute_drawer(torch, dev, dsync, cfg.repeats)
     rdraws = []
+    fdraw = fsdp_drawer(torch, dev, dsync, cfg.repeats)
+    fdraws = []
 
     def chain_draw(recompute: bool = False):
         sync()
         draws.append(draw())
-        if recompute:  # twice per worker (after the memory ops and at the end)
+        if recompute:  # twice per worker (after the memory ops and at the end), FSDP's too
             sync()
             rdraws.append(rdraw())
+            sync()
+            fdraws.append(fdraw())
 
     out = {"gemm": [], "memory": [], "attention": [], "topk": [], "harness": []}
     # The speed probe (validate/probe.py), every rank at once, first: the runner probes its
@@ -357,6 +406,7 @@ def compute_worker(rank: int, world: int, cfg: ComputeConfig) -> dict:
     assert len(draws) == WORKER_CHAIN_DRAWS  # what --compute-from reuses (microbench.reused_compute)
     out["overhead_draws"] = draws
     out["recompute_draws"] = rdraws  # [none s, full s, selective s] per draw (recompute_drawer)
+    out["fsdp_draws"] = fdraws  # [plain s, zero=3 s] per FSDP_MODELS model, per draw (fsdp_drawer)
     return out
 
 

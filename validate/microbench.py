@@ -164,6 +164,12 @@ class MicrobenchResult:
     # written before 2026-12-04 (then not measured: 0 in the profile).
     recompute_draws: list = field(default_factory=list)
     checkpoint_region_us: dict = field(default_factory=dict)
+    # Each draw of the runner's FSDP against plain training, [plain s, zero=3 s] for each of
+    # compute_bench.FSDP_MODELS (median over the compute processes), and what taking one
+    # unit into use adds from their median (compute_bench.fsdp_unit_costs: {'us': us,
+    # 'us_per_mib': us}). Empty in records written before 2026-12-04 (session 13).
+    fsdp_draws: list = field(default_factory=list)
+    fsdp_unit: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -186,7 +192,8 @@ class MicrobenchResult:
                    preposted_call_s=d.get("preposted_call_s", 0.0), launch_samples=list(d.get("launch_samples", [])),
                    overhead_draws=list(d.get("overhead_draws", [])),
                    recompute_draws=list(d.get("recompute_draws", [])),
-                   checkpoint_region_us=dict(d.get("checkpoint_region_us", {})))
+                   checkpoint_region_us=dict(d.get("checkpoint_region_us", {})),
+                   fsdp_draws=list(d.get("fsdp_draws", [])), fsdp_unit=dict(d.get("fsdp_unit", {})))
 
 
 # ------------------------------------------------------------------------ shapes
@@ -431,6 +438,16 @@ def reused_compute(src: MicrobenchResult, source: str, world: int, backend: str,
     for k, v in regions.items():
         if number_problem(v, 0.0, 1e6):
             raise InputError(source, f"checkpoint_region_us.{k}", f"{v!r}: microseconds in [0, 1e6]")
+    fdraws = src.fsdp_draws
+    if not isinstance(fdraws, list) or any(not isinstance(d, list) or len(d) != 4 for d in fdraws):
+        raise InputError(source, "fsdp_draws", "expected a list of [plain, zero=3, plain, zero=3] seconds")
+    figures += [(f"fsdp_draws[{j}][{i}]", d[i]) for j, d in enumerate(fdraws) for i in range(4)]
+    unit = src.fsdp_unit
+    if not isinstance(unit, dict) or set(unit) - {"us", "us_per_mib"}:
+        raise InputError(source, "fsdp_unit", "expected {'us': us, 'us_per_mib': us}")
+    for k, v in unit.items():
+        if number_problem(v, 0.0, 1e6):
+            raise InputError(source, f"fsdp_unit.{k}", f"{v!r}: microseconds in [0, 1e6]")
     for where, v in figures:
         if number_problem(v, 0.0, 60.0, lo_open=True, hi_open=True):
             raise InputError(source, where, f"{v!r}: a measured time must be a number of seconds in (0, 60)")
@@ -459,6 +476,7 @@ def reused_compute(src: MicrobenchResult, source: str, world: int, backend: str,
                             attention=[attn[tuple(sh)] for sh in attn_shapes], topk=[tk[k] for k in topk],
                             overhead=overhead, overhead_draws=mine,
                             recompute_draws=[list(d) for d in rdraws], checkpoint_region_us=dict(regions),
+                            fsdp_draws=[list(d) for d in fdraws], fsdp_unit=dict(unit),
                             probe_s=compute_draw, probe_draws_s=[compute_draw],
                             harness=dict(src.harness))
 
@@ -531,7 +549,8 @@ def _measure_compute(world: int, gemm_shapes, mem_sizes, attn_shapes, topk, runt
     """(a)-(c'), the speed probe and the harness figures, in compute_processes(world)
     processes at once; each figure the median over the ranks."""
     from costmodel.profile import RuntimeSettings
-    from validate.compute_bench import ComputeConfig, chain_op_counts, checkpoint_region_us, compute_worker
+    from validate.compute_bench import (ComputeConfig, chain_op_counts, checkpoint_region_us, compute_worker,
+                                        fsdp_unit_costs)
     from validate.launch import launch
 
     cw = compute_processes(world, "cuda" if be_name == "nccl" else "cpu")
@@ -570,6 +589,11 @@ def _measure_compute(world: int, gemm_shapes, mem_sizes, attn_shapes, topk, runt
     if res.recompute_draws:
         steps = [statistics.median(d[i] for d in res.recompute_draws) for i in range(3)]
         res.checkpoint_region_us = checkpoint_region_us(steps, res.overhead[1].per_op_s, runtime or RuntimeSettings())
+    fdraws = per_rank[0].get("fsdp_draws", [])
+    res.fsdp_draws = [[statistics.median(r["fsdp_draws"][j][i] for r in per_rank) for i in range(4)]
+                      for j in range(len(fdraws))]
+    if res.fsdp_draws:
+        res.fsdp_unit = fsdp_unit_costs([statistics.median(d[i] for d in res.fsdp_draws) for i in range(4)])
     return res
 
 
