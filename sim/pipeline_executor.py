@@ -70,6 +70,9 @@ class PipelineExecutor(EnginePart):
         self._dp_slowdown = [program.profile.fabric(group_kind(self.cluster, self.plan.grad_group(s, 0))).compute_slowdown
                              for s in range(self.p)]
         self.cp = ContextParallelExchange(env, net, program, accountant) if self.plan.cp > 1 else None
+        # Whether a collective started beside compute runs only while its rank waits
+        # (sim/core_sharing.cores_saturated): ZeRO-3's gathers, the CP ring's exchanges.
+        self._comm_blocks = cores_saturated(self.cluster, program.profile)
 
     # ------------------------------------------------------------ time on the compute stream
     def _busy(self, key: RankKey, cat: str, dt: float, label: str):
@@ -279,6 +282,19 @@ class PipelineExecutor(EnginePart):
             ex = self.cp.exchange(pi, s, nbytes, f"a2a {label}")
             yield from self._wait(key, ex, "cp", f"cp a2a {label}")
             yield from self._busy(key, "compute", cp * block, f"attn {label}")
+            return
+        if self._comm_blocks:
+            # Every core computing (sim/core_sharing.cores_saturated): an exchange started
+            # beside a block makes next to no progress, so each layer's ring step is sent
+            # and waited for before its block computes, one call per layer and step as the
+            # runner makes them (validate/cp.py).
+            layers = max(1, round(w.layers / parts))
+            for _ in range(layers):
+                for i in range(cp):
+                    if i < cp - 1:
+                        ex = self.cp.exchange(pi, s, nbytes / layers, f"kv{i + 1} {label}")
+                        yield from self._wait(key, ex, "cp", f"cp kv{i + 1} {label}")
+                    yield from self._busy(key, "compute", block / layers, f"attn{i} {label}")
             return
         for i in range(cp):
             ex = self.cp.exchange(pi, s, nbytes, f"kv{i + 1} {label}") if i < cp - 1 else None
@@ -490,7 +506,7 @@ class _LayerGathers:
         rt = ex.prog.profile.runtime
         self.keep = not reshard_after_forward(rt, ex.plan.pp)
         self.held: set[tuple[int, int]] = set()  # (chunk, unit) gathered and kept this step
-        self.blocking = cores_saturated(ex.cluster, ex.prog.profile)
+        self.blocking = ex._comm_blocks
         self.ahead = 0 if self.blocking else max(1, rt.fsdp_prefetch_layers)
         self.pos = 0
         self.last = None  # the latest gather issued

@@ -1,7 +1,6 @@
-"""ZeRO-3/FSDP on CPU workers: its own host cost per unit taken into use
-(RuntimeSettings.fsdp_unit_us, fsdp_unit_us_per_mib), what the simulator charges for it and
-how calibration derives it from the runner's FSDP at two widths; and its collectives run
-as blocking calls where the host's cores are all computing (sim/core_sharing.cores_saturated)."""
+"""ZeRO-3/FSDP's own host cost per unit taken into use (RuntimeSettings.fsdp_unit_us,
+fsdp_unit_us_per_mib): what the simulator charges for it, and how calibration derives it
+from the runner's FSDP at two widths."""
 from __future__ import annotations
 
 import pytest
@@ -94,31 +93,3 @@ def test_calibration_never_negative():
     got = fsdp_unit_costs([0.010, 0.009, 0.020, 0.019])
     assert got == {"us": 0.0, "us_per_mib": 0.0}
 
-
-def _cpu_profile(host_cores: int) -> Profile:
-    """Worker processes on a host of ``host_cores`` cores; collectives cost 1 ms a call plus
-    their bytes at the loopback's 10 GB/s, no hop latency, nothing else."""
-    return Profile(gpus={"default": GpuEfficiency(gemm_eff_max=0.2, hbm_eff=0.1, kernel_overhead_us=5.0)},
-                   fabrics={"default": FabricEfficiency(bw_eff=1.0, call_latency_us=1000.0, hop_latency_us=0.0)},
-                   runtime=RuntimeSettings(launch_blocking=True, host_overhead_us=8.0, host_cores=host_cores))
-
-
-def test_saturated_cores_run_fsdp_collectives_blocking():
-    """Two worker processes on two cores (sim/core_sharing.cores_saturated): every ZeRO-3
-    gather and reduce-scatter of tiny at dp=2 is exposed, by hand. A 2-rank ring moves half
-    the buffer: a layer unit (793,088 B fp32) 1000 + 39.654 us, the outer unit (295,936 B)
-    1000 + 14.797 us. A microbatch gathers each of the 5 units forward and backward and
-    reduce-scatters each after its backward: 3 x (1014.797 + 4 x 1039.654) = 15,520.2 us;
-    8 microbatches a replica: 124.16 ms of exposed 'dp'. With four cores the gathers are
-    prefetched behind compute and less is exposed."""
-    from sim.metrics import simulate
-    cluster = load_topology("localhost-cpu", gpus_per_node=2)
-    plan = resolve_plan("dp=2,zero=3,precision=fp32", TINY, 2)
-    layer = 1000 + 0.5 * 793_088 / 10e9 * 1e6
-    outer = 1000 + 0.5 * 295_936 / 10e9 * 1e6
-    per_mb = 3 * (outer + 4 * layer)
-    assert per_mb == pytest.approx(15_520.2, abs=0.1)
-    got = simulate(TINY, plan, cluster, _cpu_profile(2))
-    assert got.breakdown["dp"] == pytest.approx(8 * per_mb * 1e-6, rel=1e-6)
-    free = simulate(TINY, plan, cluster, _cpu_profile(4))
-    assert free.breakdown["dp"] < got.breakdown["dp"] - 0.02
