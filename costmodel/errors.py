@@ -46,3 +46,22 @@ def clip(text: str, limit: int = MAX_PART) -> str:
         return text
     keep = (limit - 5) // 2
     return f"{text[:keep]} ... {text[-keep:]}"
+
+
+# An "allowed:" list longer than this is cut to the names closest to the one given: the
+# runtime settings alone are 30 names, and the whole error must stay one readable line.
+ALLOWED_CHARS = 400
+
+
+def allowed_names(key, names, where: str = "") -> str:
+    """'allowed: a, b, c' for an unknown ``key``: every name when they fit in
+    ALLOWED_CHARS, else the closest few (difflib) and how many there are, with ``where``
+    they are listed."""
+    import difflib
+    names = sorted(str(n) for n in names)
+    text = ", ".join(names)
+    if len(text) <= ALLOWED_CHARS:
+        return f"allowed: {text}"
+    close = difflib.get_close_matches(str(key)[:60], names, n=4, cutoff=0.6)
+    hint = f"closest: {', '.join(close)}; " if close else ""
+    return f"allowed: one of {len(names)} names ({hint}all in {where or 'the documentation'})"

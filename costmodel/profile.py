@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Iterable
 
 from costmodel.dtypes import GRAD_REDUCE_CHOICES
-from costmodel.errors import InputError
+from costmodel.errors import InputError, allowed_names
 from costmodel.gpus import GPU_CATALOG
 from costmodel.limits import LATENCY_US_MAX, number_problem
 from costmodel.yamlio import bundled_file, bundled_names, decode, load_yaml_mapping, not_a_file, parse_yaml
@@ -314,7 +314,7 @@ def _check_record(cls, data, source: str, where: str) -> None:
     for key, value in data.items():
         path = f"{where}.{str(key)[:60]}"
         if key not in allowed:
-            raise InputError(source, path, f"unknown field; allowed: {', '.join(sorted(allowed))}")
+            raise InputError(source, path, f"unknown field; {allowed_names(key, allowed, f'costmodel/profile.py {cls.__name__}')}")
         if value is None and getattr(cls(), key) is None:
             continue  # an optional field left unset (e.g. fabrics.*.hop_latency_us: null)
         if key == "source":

@@ -120,8 +120,12 @@ def test_topology_numbers_bounded(tmp_path, path, value, needle):
     ("gpus: [1, 2]\n", "gpus: list: must be a mapping"),
     ("fabrics: 3\n", "fabrics: 3: must be a mapping"),
     ("gpus:\n  default: {sm_count: true}\n", "sm_count: True"),
+    # 30 runtime names no longer fit one line: the closest ones are named instead.
+    ("runtime: {fsdp_unit_ud: 3}\n", "runtime.fsdp_unit_ud: unknown field; allowed: one of 30 names (closest: "
+                                      "fsdp_unit_us, fsdp_unit_us_per_mib; all in costmodel/profile.py RuntimeSettings)"),
 ], ids=["nan-overhead", "inf-call-latency", "slowdown-50", "nan-eff", "denormal-gemm-eff", "tiny-hbm-eff",
-        "tiny-fp8-eff", "float-prefetch", "float-host-cores", "typo-gpu", "typo-fabric", "huge-host", "gpus-list", "fabrics-int", "bool-sm"])
+        "tiny-fp8-eff", "float-prefetch", "float-host-cores", "typo-gpu", "typo-fabric", "huge-host", "gpus-list", "fabrics-int", "bool-sm",
+        "typo-runtime-field"])
 def test_profile_numbers_bounded(tmp_path, text, needle):
     """Profile numbers are finite and in range, and `gpus`/`fabrics` are mappings. Before: a
     NaN kernel overhead made compute free (MFU 53 %), NaN call latency made TP free,
