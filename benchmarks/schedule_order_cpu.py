@@ -49,19 +49,25 @@ def main(argv: list[str]) -> int:
         if m > model.global_batch_size:
             print(f"{m} microbatches: more than the model's {model.global_batch_size} sequences, skipped")
             continue
-        steps = {s: stage_trainer(model, a.layers, m, "cpu", schedule=s)[2] for s in ("1f1b", "gpipe")}
-        for f in steps.values():
-            f()
-        times = {s: [] for s in steps}
-        for _ in range(a.steps):
-            for s, f in steps.items():
-                t0 = time.perf_counter()
-                f()
-                times[s].append((time.perf_counter() - t0) / m)
-        med = {s: statistics.median(v) * 1e3 for s, v in times.items()}
+        med = _per_microbatch_ms({s: stage_trainer(model, a.layers, m, "cpu", schedule=s)[2] for s in ("1f1b", "gpipe")},
+                                 m, a.steps)
         print(f"{m:3d} microbatches: per microbatch 1F1B {med['1f1b']:.2f} ms, GPipe {med['gpipe']:.2f} ms, "
               f"GPipe / 1F1B {med['gpipe'] / med['1f1b']:.3f}", flush=True)
     return 0
+
+
+def _per_microbatch_ms(steps: dict, m: int, rounds: int) -> dict:
+    """{key: median ms per microbatch} of each training step in ``steps`` ({key: step of m
+    microbatches}), warmed up once, then timed ``rounds`` times interleaved."""
+    for f in steps.values():
+        f()
+    times = {k: [] for k in steps}
+    for _ in range(rounds):
+        for k, f in steps.items():
+            t0 = time.perf_counter()
+            f()
+            times[k].append((time.perf_counter() - t0) / m)
+    return {k: statistics.median(v) * 1e3 for k, v in times.items()}
 
 
 def _depths(torch, model, a) -> int:
@@ -72,16 +78,8 @@ def _depths(torch, model, a) -> int:
                                                     flash_attention=True, dropout=False)
               + head_activation_bytes(model, 1, 1, False, bytes_per_elem=4))
     for m in a.microbatches:
-        steps = {d: stage_trainer(model, a.layers, m, "cpu", actions=one_f_one_b(d, m)[0])[2] for d in a.depths}
-        for f in steps.values():
-            f()
-        times = {d: [] for d in steps}
-        for _ in range(a.steps):
-            for d, f in steps.items():
-                t0 = time.perf_counter()
-                f()
-                times[d].append((time.perf_counter() - t0) / m)
-        med = {d: statistics.median(v) * 1e3 for d, v in times.items()}
+        med = _per_microbatch_ms({d: stage_trainer(model, a.layers, m, "cpu", actions=one_f_one_b(d, m)[0])[2]
+                                  for d in a.depths}, m, a.steps)
         base = med[a.depths[0]]
         for d in a.depths:
             alive = min(d, m) * per_mb / 2**20

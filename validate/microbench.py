@@ -424,30 +424,11 @@ def reused_compute(src: MicrobenchResult, source: str, world: int, backend: str,
                + [(f"attention.{i}", a.seconds) for i, a in enumerate(src.attention)]
                + [(f"topk.{i}", t.seconds) for i, t in enumerate(src.topk)]
                + [(f"harness.{k}", v) for k, v in src.harness.items()])
-    draws = src.overhead_draws
-    if not isinstance(draws, list) or any(not isinstance(d, list) or len(d) != 2 for d in draws):
-        raise InputError(source, "overhead_draws", "expected a list of [plain seconds, train seconds] pairs")
-    figures += [(f"overhead_draws[{j}][{i}]", d[i]) for j, d in enumerate(draws) for i in range(2)]
-    rdraws = src.recompute_draws
-    if not isinstance(rdraws, list) or any(not isinstance(d, list) or len(d) != 3 for d in rdraws):
-        raise InputError(source, "recompute_draws", "expected a list of [none, full, selective] seconds")
-    figures += [(f"recompute_draws[{j}][{i}]", d[i]) for j, d in enumerate(rdraws) for i in range(3)]
-    regions = src.checkpoint_region_us
-    if not isinstance(regions, dict) or set(regions) - {"full", "selective"}:
-        raise InputError(source, "checkpoint_region_us", "expected {'full': us, 'selective': us}")
-    for k, v in regions.items():
-        if number_problem(v, 0.0, 1e6):
-            raise InputError(source, f"checkpoint_region_us.{k}", f"{v!r}: microseconds in [0, 1e6]")
-    fdraws = src.fsdp_draws
-    if not isinstance(fdraws, list) or any(not isinstance(d, list) or len(d) != 4 for d in fdraws):
-        raise InputError(source, "fsdp_draws", "expected a list of [plain, zero=3, plain, zero=3] seconds")
-    figures += [(f"fsdp_draws[{j}][{i}]", d[i]) for j, d in enumerate(fdraws) for i in range(4)]
-    unit = src.fsdp_unit
-    if not isinstance(unit, dict) or set(unit) - {"us", "us_per_mib"}:
-        raise InputError(source, "fsdp_unit", "expected {'us': us, 'us_per_mib': us}")
-    for k, v in unit.items():
-        if number_problem(v, 0.0, 1e6):
-            raise InputError(source, f"fsdp_unit.{k}", f"{v!r}: microseconds in [0, 1e6]")
+    draws = _draw_rows(source, src.overhead_draws, "overhead_draws", 2, "[plain seconds, train seconds] pairs", figures)
+    rdraws = _draw_rows(source, src.recompute_draws, "recompute_draws", 3, "[none, full, selective] seconds", figures)
+    fdraws = _draw_rows(source, src.fsdp_draws, "fsdp_draws", 4, "[plain, zero=3, plain, zero=3] seconds", figures)
+    regions = _us_figures(source, src.checkpoint_region_us, "checkpoint_region_us", ("full", "selective"))
+    unit = _us_figures(source, src.fsdp_unit, "fsdp_unit", ("us", "us_per_mib"))
     for where, v in figures:
         if number_problem(v, 0.0, 60.0, lo_open=True, hi_open=True):
             raise InputError(source, where, f"{v!r}: a measured time must be a number of seconds in (0, 60)")
@@ -479,6 +460,26 @@ def reused_compute(src: MicrobenchResult, source: str, world: int, backend: str,
                             fsdp_draws=[list(d) for d in fdraws], fsdp_unit=dict(unit),
                             probe_s=compute_draw, probe_draws_s=[compute_draw],
                             harness=dict(src.harness))
+
+
+def _draw_rows(source: str, rows, name: str, width: int, what: str, figures: list) -> list:
+    """``rows`` checked to be a list of ``width``-long lists (InputError naming ``name``
+    otherwise); each entry added to ``figures`` as (where, seconds) for the time check."""
+    if not isinstance(rows, list) or any(not isinstance(d, list) or len(d) != width for d in rows):
+        raise InputError(source, name, f"expected a list of {what}")
+    figures += [(f"{name}[{j}][{i}]", d[i]) for j, d in enumerate(rows) for i in range(width)]
+    return rows
+
+
+def _us_figures(source: str, got, name: str, keys: tuple[str, ...]) -> dict:
+    """``got`` checked to be {key: microseconds in [0, 1e6]} over ``keys`` (InputError
+    naming ``name`` and the key otherwise)."""
+    if not isinstance(got, dict) or set(got) - set(keys):
+        raise InputError(source, name, "expected {" + ", ".join(f"'{k}': us" for k in keys) + "}")
+    for k, v in got.items():
+        if number_problem(v, 0.0, 1e6):
+            raise InputError(source, f"{name}.{k}", f"{v!r}: microseconds in [0, 1e6]")
+    return got
 
 
 def bench_record_path(profile) -> Path:
