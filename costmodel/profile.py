@@ -217,8 +217,9 @@ class RuntimeSettings:
     # tensor, the flat gradient's assembly; a fixed part and a part per MiB of the unit's
     # gathered weights (fresh buffers, their first touch, copies). Measured by plansim
     # calibrate on the runner's FSDP at one process (nothing communicated) at two layer
-    # widths (validate/compute_bench.fsdp_drawer: 88 us and 270-330 us/MiB on a 2-core CPU,
-    # 2026-12-04); 0: not measured, as for GPU runtimes, whose host runs ahead of the kernels.
+    # widths (validate/compute_bench.fsdp_drawer: 89-135 us and 222-368 us/MiB over eight
+    # calibrations on a 2-core CPU, 2026-12-04); 0: not measured, as for GPU runtimes,
+    # whose host runs ahead of the kernels.
     fsdp_unit_us: float = 0.0
     fsdp_unit_us_per_mib: float = 0.0
     # Context-parallel ring attention as the validator's runner computes it (validate/cp.py):
