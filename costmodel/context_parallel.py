@@ -107,12 +107,29 @@ def ring_piece_ops(local: ModelSpec, mbs: int, tp: int, cp: int, bytes_per_elem:
     return fwd, bwd
 
 
+def pieces_checkpointed(runtime, cp_comm: str, recompute: str) -> bool:
+    """Whether selective recompute checkpoints each ring piece on its own (the validator's
+    runner, validate/cp.Ring.attend), rather than the layer's core attention as one region."""
+    return runtime is not None and runtime.cp_attention_pieces and cp_comm != "a2a" and recompute == "selective"
+
+
+def recomputed_piece_ops(piece_forward: list[Op]) -> list[Op]:
+    """What backward re-runs of ring_piece_ops' forward when each piece is checkpointed:
+    every piece's ops up to the tensors its backward saved. torch's non-reentrant
+    checkpoint stops once those are rebuilt, so the last product with V is not re-run, nor
+    are the merges outside the pieces (tests/test_cp_pieces.py counts the runner's)."""
+    return [o for o in piece_forward if o.name.startswith("piece_") and o.name != "piece_pv"]
+
+
 def cp_layer_work(local: ModelSpec, mbs: int, tp: int, cp: int, cp_comm: str, precision: str,
-                  gpu, eff, runtime, f_ops: list[Op], b_ops: list[Op]) -> CPLayerWork:
+                  gpu, eff, runtime, f_ops: list[Op], b_ops: list[Op], recompute: str = "none") -> CPLayerWork:
     """``f_ops`` / ``b_ops`` (backward with recompute) are one layer's ops for the rank's
     seq/cp tokens (``local``); their core attention is one K/V block. Under
     ``runtime.cp_attention_pieces`` the ring's attention is the runner's unfused pieces
-    (ring_piece_ops), a block a cp-th of them."""
+    (ring_piece_ops), a block a cp-th of them; with selective ``recompute`` each piece is
+    a checkpointed region of its own (pieces_checkpointed): backward re-runs every piece's
+    forward ops but its last product with V and pays the region's host cost 2cp + 1 times
+    a layer."""
     fa = [o for o in f_ops if is_core_attention(o)]
     ba = [o for o in b_ops if is_core_attention(o)]
     fused = replace(runtime, flash_attention=True)
@@ -122,10 +139,14 @@ def cp_layer_work(local: ModelSpec, mbs: int, tp: int, cp: int, cp_comm: str, pr
         kv = kv_block_bytes(local, mbs, tp, precision)
         fwd_b, bwd_b = kv, 2 * kv
     if runtime.cp_attention_pieces and cp_comm != "a2a":
-        # (a recompute's pieces are not added: the runner's selective recompute with cp
-        # checkpoints each piece, which this list does not repeat)
         pf, pb = ring_piece_ops(local, mbs, tp, cp, working_bytes(precision))
-        blocks = (ops_time_s(pf, gpu, eff, precision, runtime) / cp, ops_time_s(pb, gpu, eff, precision, runtime) / cp,
+        if pieces_checkpointed(runtime, cp_comm, recompute):
+            pb = pb + recomputed_piece_ops(pf)
+            regions_s = (2 * cp + 1) * runtime.checkpoint_region_s("selective")
+        else:
+            regions_s = 0.0
+        blocks = (ops_time_s(pf, gpu, eff, precision, runtime) / cp,
+                  ops_time_s(pb, gpu, eff, precision, runtime, regions_s) / cp,
                   matmul_flops(pf) / cp, matmul_flops(pb) / cp)
     else:
         blocks = (ops_time_s(fa, gpu, eff, precision, fused), ops_time_s(ba, gpu, eff, precision, fused),

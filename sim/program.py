@@ -18,7 +18,7 @@ from costmodel import flops as fl
 from costmodel import memory as mem
 from costmodel.device_memory import ChunkSpec, MemoryConfig, cp_local, device_memory
 from costmodel.dtypes import fp8_weight_bytes, grad_reduce_bytes, param_gather_bytes, working_bytes
-from costmodel.context_parallel import cp_layer_work
+from costmodel.context_parallel import cp_layer_work, pieces_checkpointed
 from costmodel.efficiency import op_time_s, ops_time_s, optimizer_time_s
 from costmodel.flops import matmul_flops
 from costmodel.errors import InputError
@@ -304,7 +304,7 @@ def chunk_work(model: ModelSpec, plan: Plan, cluster: Cluster, profile: Profile,
     f_ops = fl.layer_forward_ops(local, b, tp, sp, width)
     b_ops = fl.layer_backward_ops(local, b, tp, sp, width)
     r_ops = fl.recompute_ops(local, b, tp, sp, plan.recompute, width)
-    cpw = (cp_layer_work(local, b, tp, cp, plan.cp_comm, prec, gpu, eff, rt, f_ops, b_ops + r_ops)
+    cpw = (cp_layer_work(local, b, tp, cp, plan.cp_comm, prec, gpu, eff, rt, f_ops, b_ops + r_ops, plan.recompute)
            if cp > 1 else None)
     # ZeRO-3/FSDP's host work each time a unit is taken into use, forward and backward
     # (RuntimeSettings.fsdp_unit_s): one unit per layer, one for the weights outside them.
@@ -312,7 +312,10 @@ def chunk_work(model: ModelSpec, plan: Plan, cluster: Cluster, profile: Profile,
     unit_s = rt.fsdp_unit_s(mem.stage_params(model, 1, tp, False, False) * gather_b) if plan.zero == 3 else 0.0
     fwd_s = layers * ops_time_s(f_ops, gpu, eff, prec, rt, unit_s)
     # Backward re-runs each layer's checkpointed part first (r_ops), one region a layer.
-    r_s = ops_time_s(r_ops, gpu, eff, prec, rt, rt.checkpoint_region_s(plan.recompute)) if r_ops else 0.0
+    # (with context parallelism's pieces checkpointed one by one, cp_layer_work holds their regions)
+    region_s = 0.0 if cp > 1 and pieces_checkpointed(rt, plan.cp_comm, plan.recompute) else \
+        rt.checkpoint_region_s(plan.recompute)
+    r_s = ops_time_s(r_ops, gpu, eff, prec, rt, region_s) if r_ops else 0.0
     bwd_s = layers * (ops_time_s(b_ops + grad_accumulation_ops(model, 1, tp, False, False, prec, rt), gpu, eff, prec,
                                  rt, unit_s) + r_s)
     fwd_fl = layers * matmul_flops(f_ops)
