@@ -107,10 +107,16 @@ def ring_piece_ops(local: ModelSpec, mbs: int, tp: int, cp: int, bytes_per_elem:
     return fwd, bwd
 
 
+def ring_pieces(runtime, cp_comm: str) -> bool:
+    """Whether the ring's attention is the validator runner's unfused pieces
+    (runtime.cp_attention_pieces; the all-to-all variant has no pieces)."""
+    return runtime is not None and runtime.cp_attention_pieces and cp_comm != "a2a"
+
+
 def pieces_checkpointed(runtime, cp_comm: str, recompute: str) -> bool:
     """Whether selective recompute checkpoints each ring piece on its own (the validator's
     runner, validate/cp.Ring.attend), rather than the layer's core attention as one region."""
-    return runtime is not None and runtime.cp_attention_pieces and cp_comm != "a2a" and recompute == "selective"
+    return ring_pieces(runtime, cp_comm) and recompute == "selective"
 
 
 def recomputed_piece_ops(piece_forward: list[Op]) -> list[Op]:
@@ -138,7 +144,7 @@ def cp_layer_work(local: ModelSpec, mbs: int, tp: int, cp: int, cp_comm: str, pr
     else:
         kv = kv_block_bytes(local, mbs, tp, precision)
         fwd_b, bwd_b = kv, 2 * kv
-    if runtime.cp_attention_pieces and cp_comm != "a2a":
+    if ring_pieces(runtime, cp_comm):
         pf, pb = ring_piece_ops(local, mbs, tp, cp, working_bytes(precision))
         if pieces_checkpointed(runtime, cp_comm, recompute):
             pb = pb + recomputed_piece_ops(pf)

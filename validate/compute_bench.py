@@ -165,12 +165,13 @@ def fsdp_unit_costs(steps_s: list[float]) -> dict[str, float]:
     into use twice a microbatch (forward, backward): with U units holding P MiB of fp32
     weights in all, a step's extra time is 2 x FSDP_MICROBATCHES x (U x us + P x us_per_mib);
     the two models give two such equations, solved exactly, each figure never below 0."""
+    from costmodel.dtypes import DTYPE_BYTES
     from costmodel.memory import stage_params
     rows = []
     for i, m in enumerate(FSDP_MODELS):
         extra_us = (steps_s[2 * i + 1] - steps_s[2 * i]) / (2 * FSDP_MICROBATCHES) * 1e6
         units = m.num_layers + 1  # a unit per layer and one for the weights outside them (validate/fsdp.py)
-        rows.append((units, stage_params(m, m.num_layers, 1, True, True) * 4 / 2**20, extra_us))
+        rows.append((units, stage_params(m, m.num_layers, 1, True, True) * DTYPE_BYTES["fp32"] / 2**20, extra_us))
     (u1, p1, e1), (u2, p2, e2) = rows
     det = u1 * p2 - u2 * p1
     per_mib = max(0.0, (u1 * e2 - u2 * e1) / det)
@@ -311,10 +312,10 @@ def compute_worker(rank: int, world: int, cfg: ComputeConfig) -> dict:
     fdraw = fsdp_drawer(torch, dev, dsync, cfg.repeats)
     fdraws = []
 
-    def chain_draw(recompute: bool = False):
+    def chain_draw(with_regions: bool = False):
         sync()
         draws.append(draw())
-        if recompute:  # twice per worker (after the memory ops and at the end), FSDP's too
+        if with_regions:  # checkpoint regions and FSDP units, twice per worker (after the memory ops and at the end)
             sync()
             rdraws.append(rdraw())
             sync()
@@ -371,7 +372,7 @@ def compute_worker(rank: int, world: int, cfg: ComputeConfig) -> dict:
                     "softmax": lambda: torch.softmax(x, -1),
                 }[op]
                 out["memory"].append([op, elems, memory_op_bytes(op, elems, 4, row), timed(f)])
-        chain_draw(recompute=True)
+        chain_draw(with_regions=True)
         for (bh, sq, d) in cfg.attn_shapes:
             q, k, v = (torch.randn(1, bh, sq, d, device=dev) for _ in range(3))
             f = lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)  # noqa: E731
@@ -395,7 +396,7 @@ def compute_worker(rank: int, world: int, cfg: ComputeConfig) -> dict:
                     times.append(time.perf_counter() - t0)
             out["topk"].append([elems, frac, times])
         chain_draw()
-    chain_draw(recompute=True)
+    chain_draw(with_regions=True)
     # Four draws (after the GEMMs, the memory ops, attention and top-k, and once more at
     # the end), [plain s, train s] each; validate/microbench.py takes each draw's median
     # over the ranks and the figure's median over the draws: one draw moved with the host

@@ -580,22 +580,24 @@ def _measure_compute(world: int, gemm_shapes, mem_sizes, attn_shapes, topk, runt
     n_fwd, n_train = chain_op_counts(runtime or RuntimeSettings())
     # Each draw of the overhead chain the median over the processes, and the figure the
     # median over the draws (compute_bench.compute_worker).
-    res.overhead_draws = [[statistics.median(r["overhead_draws"][j][i] for r in per_rank) for i in range(2)]
-                          for j in range(len(per_rank[0]["overhead_draws"]))]
+    res.overhead_draws = _draws_over_ranks(per_rank, "overhead_draws", 2)
     for i, (what, ops) in enumerate((("plain", n_fwd), ("train", n_train))):
         res.overhead.append(OverheadSample(what, ops, statistics.median(d[i] for d in res.overhead_draws)))
-    rdraws = per_rank[0].get("recompute_draws", [])
-    res.recompute_draws = [[statistics.median(r["recompute_draws"][j][i] for r in per_rank) for i in range(3)]
-                           for j in range(len(rdraws))]
+    res.recompute_draws = _draws_over_ranks(per_rank, "recompute_draws", 3)
     if res.recompute_draws:
         steps = [statistics.median(d[i] for d in res.recompute_draws) for i in range(3)]
         res.checkpoint_region_us = checkpoint_region_us(steps, res.overhead[1].per_op_s, runtime or RuntimeSettings())
-    fdraws = per_rank[0].get("fsdp_draws", [])
-    res.fsdp_draws = [[statistics.median(r["fsdp_draws"][j][i] for r in per_rank) for i in range(4)]
-                      for j in range(len(fdraws))]
+    res.fsdp_draws = _draws_over_ranks(per_rank, "fsdp_draws", 4)
     if res.fsdp_draws:
         res.fsdp_unit = fsdp_unit_costs([statistics.median(d[i] for d in res.fsdp_draws) for i in range(4)])
     return res
+
+
+def _draws_over_ranks(per_rank: list[dict], key: str, width: int) -> list[list[float]]:
+    """Each draw of the compute workers' ``key`` list ([width figures] per draw, in the
+    order taken), every figure the median over the ranks; [] when the workers took none."""
+    return [[statistics.median(r[key][j][i] for r in per_rank) for i in range(width)]
+            for j in range(len(per_rank[0].get(key, [])))]
 
 
 def _measure_collectives(res: MicrobenchResult, world: int, coll_sizes, repeats: int, threads: int, be_name: str,
