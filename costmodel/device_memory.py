@@ -85,6 +85,13 @@ def device_memory(model: ModelSpec, cfg: MemoryConfig, chunks: tuple[ChunkSpec, 
     }
 
 
+def chunk_activation_bytes(model: ModelSpec, cfg: MemoryConfig, chunk: ChunkSpec) -> float:
+    """Bytes one in-flight microbatch keeps on a device for ``chunk``: its layers'
+    activations, and the output end's when the chunk is the last (the per-microbatch
+    terms device_memory sums)."""
+    return chunk.layers * _layer_activations(model, cfg) + (_head_activations(model, cfg) if chunk.last else 0.0)
+
+
 @lru_cache(maxsize=65536)
 def _held(layers: tuple[int, ...], heads: tuple[int, ...], inflight: tuple[tuple[int, ...], ...],
           layer_bytes: float, head_bytes: float) -> tuple[int, int]:

@@ -17,6 +17,7 @@ the runtime's overlays, then the user's ``--profile`` file (a path or a bundled 
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Iterable
@@ -227,7 +228,27 @@ class RuntimeSettings:
     # (costmodel/context_parallel.ring_piece_ops); false: fused block kernels, as
     # Transformer Engine's context-parallel attention runs (every bundled runtime).
     cp_attention_pieces: bool = False
+    # Compute that slows as more activations are held for backward: on CPU workers a
+    # backward reads its microbatch's saved tensors back from beyond the caches once many
+    # are alive (the runner's stage on one process, tiny's width, 2026-12-04: per
+    # microbatch 1.00, 1.03, 1.05-1.09, 1.09-1.13 x at 2.4, 4.8, 9.5, 19 MiB alive at the
+    # peak). A stage's compute is multiplied by 1 + alive_slowdown_per_doubling x
+    # log2(A / alive_knee_mib) where A, the MiB held when its actions start averaged over
+    # its action list (sim/schedules.mean_alive), is above the knee. Measured by plansim
+    # calibrate on three layers of the model, one process per core, in synthetic orders
+    # of 1-12 microbatches deep (validate/compute_bench.alive_drawer); 0: not measured, as
+    # for GPU runtimes, whose kernels stream activations from HBM either way.
+    alive_knee_mib: float = 0.0
+    alive_slowdown_per_doubling: float = 0.0
     source: str = "built-in default"
+
+    def alive_factor(self, mean_alive_bytes: float) -> float:
+        """How much slower a stage computes when it holds ``mean_alive_bytes`` of
+        activations on average (see alive_knee_mib); 1 when not measured or below the knee."""
+        if self.alive_slowdown_per_doubling <= 0 or self.alive_knee_mib <= 0:
+            return 1.0
+        ratio = mean_alive_bytes / (self.alive_knee_mib * 2**20)
+        return 1.0 + self.alive_slowdown_per_doubling * math.log2(ratio) if ratio > 1 else 1.0
 
     def checkpoint_region_s(self, recompute: str) -> float:
         """Host seconds of one checkpointed region under ``recompute`` (0 for 'none')."""
@@ -260,7 +281,8 @@ EFF_MIN = 1e-3
 _RANGES = {"compute_slowdown": (0.0, 1.0, False, True), "topk_select_cv": (0.0, 2.0, False, False),
            "comm_busy_fraction": (0.0, 1.0, False, False),
            "gemm_eff_max_fp8": (0.0, 1.0, False, False),  # 0: unset (derived from gemm_eff_max); else >= EFF_MIN
-           "fp8_weight_copies": (0, 4, False, False), "fsdp_prefetch_layers": (0, 64, False, False)}
+           "fp8_weight_copies": (0, 4, False, False), "fsdp_prefetch_layers": (0, 64, False, False),
+           "alive_slowdown_per_doubling": (0.0, 1.0, False, False), "alive_knee_mib": (0.0, 1e6, False, False)}
 _DEFAULT_RANGE = (0.0, 1e6, False, False)
 
 

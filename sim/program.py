@@ -9,14 +9,14 @@ class. Only heterogeneity (GPU types, microbatch shares) adds simulated pipeline
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import NamedTuple
 
 from costmodel import collectives as cc
 from costmodel import flops as fl
 from costmodel import memory as mem
-from costmodel.device_memory import ChunkSpec, MemoryConfig, cp_local, device_memory
+from costmodel.device_memory import ChunkSpec, MemoryConfig, chunk_activation_bytes, cp_local, device_memory
 from costmodel.dtypes import fp8_weight_bytes, grad_reduce_bytes, param_gather_bytes, working_bytes
 from costmodel.context_parallel import cp_layer_work, pieces_checkpointed
 from costmodel.efficiency import op_time_s, ops_time_s, optimizer_time_s
@@ -25,7 +25,7 @@ from costmodel.errors import InputError
 from costmodel.profile import Profile, RuntimeSettings, reshard_after_forward
 from costmodel.shapes import ModelSpec
 from specs.plan import Plan
-from sim.schedules import Action, inflight_peaks, make_schedule
+from sim.schedules import Action, inflight_peaks, make_schedule, mean_alive
 from specs.topology import Cluster
 
 # Gradient bucket size for overlapped reduction, bytes. PyTorch DDP's default
@@ -458,6 +458,25 @@ def stage_memory(model: ModelSpec, plan: Plan, runtime: RuntimeSettings, stage: 
     return device_memory(model, memory_config(plan, runtime), stage_chunks(plan, stage), inflight)
 
 
+def stage_alive_factor(model: ModelSpec, plan: Plan, runtime: RuntimeSettings, actions: list[Action],
+                       stage: int) -> float:
+    """How much slower pipeline rank ``stage`` computes for the activations it holds
+    through its action list (RuntimeSettings.alive_factor of sim/schedules.mean_alive, each
+    chunk's bytes a microbatch as device memory counts them); 1 when the runtime has no
+    such figure."""
+    if runtime.alive_slowdown_per_doubling <= 0:
+        return 1.0
+    cfg = memory_config(plan, runtime)
+    per_mb = [chunk_activation_bytes(model, cfg, spec) for spec in stage_chunks(plan, stage)]
+    return runtime.alive_factor(mean_alive(actions, per_mb))
+
+
+def _slowed_compute(w: ChunkWork, factor: float) -> ChunkWork:
+    """``w`` with its compute (context-parallel attention blocks included) ``factor`` times longer."""
+    return replace(w, fwd_s=w.fwd_s * factor, bwd_s=w.bwd_s * factor,
+                   cp_fwd_block_s=w.cp_fwd_block_s * factor, cp_bwd_block_s=w.cp_bwd_block_s * factor)
+
+
 def _raise_uneven_span(plan: Plan, cluster: Cluster, d: int, s: int, first: int, last: int) -> None:
     gpn = min(len(node.ranks) for node in cluster.nodes)
     raise InputError("--plan", "tp", f"tp={plan.tp}: TP group of replica {d}, stage {s} "
@@ -516,6 +535,10 @@ def build_program(model: ModelSpec, plan: Plan, cluster: Cluster, profile: Profi
                 if key not in cache:
                     cache[key] = chunk_work(model, plan, cluster, profile, ranks[s], *key[1:])
                 chunks[(s, c)] = cache[key]
+            slow = stage_alive_factor(model, plan, profile.runtime, actions[s], s)
+            if slow != 1.0:
+                for c in range(v):
+                    chunks[(s, c)] = _slowed_compute(chunks[(s, c)], slow)
             params = sum(chunks[(s, c)].params for c in range(v))
             opt_params = params / plan.grad_degree if plan.zero >= 1 else params
             opt.append(optimizer_time_s(opt_params, gpu, profile.gpu(gpu.name), plan.precision, profile.runtime))

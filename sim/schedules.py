@@ -22,7 +22,7 @@ from costmodel.limits import number_problem
 __all__ = [
     "Action", "ScheduleError", "gpipe", "one_f_one_b", "interleaved", "make_schedule",
     "SCHEDULE_NAMES", "virtual_stage", "dependencies", "peak_inflight",
-    "peak_inflight_total", "inflight_peaks", "list_schedule_makespan",
+    "peak_inflight_total", "inflight_peaks", "mean_alive", "list_schedule_makespan",
 ]
 
 SCHEDULE_NAMES = ("gpipe", "1f1b", "interleaved")
@@ -212,6 +212,21 @@ def inflight_peaks(actions: Sequence[Action], v: int) -> tuple[tuple[int, ...], 
         if not any(all(x <= y for x, y in zip(m, o)) for o in kept):
             kept.append(m)
     return tuple(sorted(kept))
+
+
+def mean_alive(actions: Sequence[Action], chunk_bytes: Sequence[float]) -> float:
+    """Bytes of activations held for backward when an action of one rank's list starts,
+    averaged over its actions: microbatches whose forward has run and whose backward has
+    not, each chunk c's at ``chunk_bytes[c]`` a microbatch. How much a stage keeps alive
+    through its step, one number for any schedule; the calibration computes it for its
+    synthetic orders and the program for each stage (costmodel/profile.RuntimeSettings.
+    alive_factor). 0 for an empty list."""
+    live = [0] * len(chunk_bytes)
+    total = 0.0
+    for a in actions:
+        total += sum(n * b for n, b in zip(live, chunk_bytes))
+        live[a.chunk] += 1 if a.kind == "F" else -1
+    return total / len(actions) if actions else 0.0
 
 
 TimeFn = Union[float, Callable[[int, Action], float]]

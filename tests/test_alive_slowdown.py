@@ -1,0 +1,114 @@
+"""Compute that slows with the activations a stage holds (RuntimeSettings.alive_knee_mib,
+alive_slowdown_per_doubling): the schedule statistic, the factor, what the program charges
+for it, and how calibration fits it."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from costmodel.errors import InputError
+from costmodel.profile import FabricEfficiency, GpuEfficiency, Profile, RuntimeSettings, load_profile
+from sim.program import build_program
+from sim.schedules import Action, gpipe, mean_alive, one_f_one_b
+from specs.model import load_model
+from specs.plan import resolve_plan
+from specs.topology import load_topology
+from validate.compute_bench import ALIVE_DEPTHS, ALIVE_MICROBATCHES, alive_fit, alive_model, alive_stage_bytes
+
+MIB = 2**20
+TINY = load_model("tiny")
+
+
+def test_mean_alive_by_hand():
+    """Bytes held when each action starts, averaged over the list: GPipe of 4 holds 0, 1,
+    2, 3 before its forwards and 4, 3, 2, 1 before its backwards (16 / 8 = 2 microbatches);
+    1F1B one deep 0, 1, 0, 1 (0.5); two chunks of 1 and 10 bytes, F0 F1 B1 B0: 0, 1, 11, 1
+    (13 / 4)."""
+    assert mean_alive(gpipe(1, 4)[0], [3.0]) == 6.0
+    assert mean_alive(one_f_one_b(1, 2)[0], [3.0]) == 1.5
+    acts = [Action(0, "F", 0), Action(1, "F", 0), Action(1, "B", 0), Action(0, "B", 0)]
+    assert mean_alive(acts, [1.0, 10.0]) == 3.25
+    assert mean_alive([], [1.0]) == 0.0
+
+
+def test_alive_factor_by_hand():
+    """1 + 0.05 x log2(8 MiB / 2 MiB) = 1.10; at or below the knee, or unmeasured, 1."""
+    rt = RuntimeSettings(alive_knee_mib=2.0, alive_slowdown_per_doubling=0.05)
+    assert rt.alive_factor(8 * MIB) == pytest.approx(1.10, abs=1e-12)
+    assert rt.alive_factor(2 * MIB) == 1.0 and rt.alive_factor(0.5 * MIB) == 1.0
+    assert RuntimeSettings().alive_factor(100 * MIB) == 1.0
+
+
+def _profile(knee: float, slope: float) -> Profile:
+    return Profile(gpus={"default": GpuEfficiency(gemm_eff_max=0.2, hbm_eff=0.1, kernel_overhead_us=5.0)},
+                   fabrics={"default": FabricEfficiency(bw_eff=0.5, call_latency_us=5.0)},
+                   runtime=RuntimeSettings(launch_blocking=True, host_overhead_us=8.0, flash_attention=True,
+                                           dropout=False, alive_knee_mib=knee, alive_slowdown_per_doubling=slope))
+
+
+def _chunks(plan_text: str, profile: Profile) -> dict:
+    cluster = load_topology("localhost-cpu", gpus_per_node=2)
+    plan = resolve_plan(plan_text, TINY, 2)
+    return build_program(TINY, plan, cluster, profile).pipelines[0].chunks
+
+
+def test_gpipe_stage_computes_slower_by_hand():
+    """tiny at pp=2, GPipe, 16 microbatches, fp32: stage 0 holds 1,050,624 B a microbatch
+    (the memory model's figure; the runner measured 2,105,344 B with two alive), on average
+    8 microbatches over its 32 actions (before its forwards 0..15, 120 in all; before its
+    backwards 16..1, 136). At a knee of 1 MiB and 0.02 a doubling its forward and backward
+    take 1 + 0.02 x log2(8 x 1,050,624 / 2^20) = 1.060056 times as long; under 1F1B the
+    same stage holds 0, 1, fourteen times 2 and 1, then 2 and 1 (46 / 32 = 1.4375 microbatches,
+    1.44 MiB): 1.010528."""
+    plain = _chunks("pp=2,schedule=gpipe,precision=fp32", _profile(1.0, 0.0))
+    slow = _chunks("pp=2,schedule=gpipe,precision=fp32", _profile(1.0, 0.02))
+    want = 1 + 0.02 * math.log2(8 * 1_050_624 / MIB)
+    assert want == pytest.approx(1.060056, abs=1e-6)
+    assert slow[(0, 0)].fwd_s / plain[(0, 0)].fwd_s == pytest.approx(want, rel=1e-12)
+    assert slow[(0, 0)].bwd_s / plain[(0, 0)].bwd_s == pytest.approx(want, rel=1e-12)
+    assert slow[(0, 0)].params == plain[(0, 0)].params
+    f1b = _chunks("pp=2,schedule=1f1b,precision=fp32", _profile(1.0, 0.02))
+    f1b_plain = _chunks("pp=2,schedule=1f1b,precision=fp32", _profile(1.0, 0.0))
+    assert mean_alive(one_f_one_b(2, 16)[0], [1.0]) == 1.4375
+    assert f1b[(0, 0)].fwd_s / f1b_plain[(0, 0)].fwd_s == pytest.approx(1.010528, abs=1e-6)
+
+
+def test_small_footprints_are_not_slowed():
+    """dp=2 holds one microbatch of four layers at most (half of it on average), below a
+    knee of 4 MiB: its compute is unchanged."""
+    plain = _chunks("dp=2,precision=fp32", _profile(4.0, 0.0))
+    slow = _chunks("dp=2,precision=fp32", _profile(4.0, 0.5))
+    assert slow[(0, 0)].fwd_s == plain[(0, 0)].fwd_s and slow[(0, 0)].bwd_s == plain[(0, 0)].bwd_s
+
+
+def test_alive_fit_recovers_a_law():
+    """Step times made from a known law (knee a half-octave above the shallowest order's
+    figure, 0.04 a doubling) are fitted back to it; flat or falling times fit no slowdown."""
+    per_mb = alive_stage_bytes(TINY)
+    xs = [mean_alive(one_f_one_b(d, ALIVE_MICROBATCHES)[0], [per_mb]) for d in ALIVE_DEPTHS]
+    knee = xs[0] * 2**0.5
+    steps = [0.08 * (1 + 0.04 * max(0.0, math.log2(x / knee))) for x in xs]
+    got = alive_fit(steps, TINY)
+    assert got["knee_mib"] == pytest.approx(knee / MIB, rel=1e-9)
+    assert got["per_doubling"] == pytest.approx(0.04, rel=1e-9)
+    assert alive_fit([0.08] * len(xs), TINY)["per_doubling"] == 0.0
+    assert alive_fit([0.08 - 0.001 * i for i in range(len(xs))], TINY)["per_doubling"] == 0.0
+
+
+def test_alive_draws_only_where_cheap():
+    """The draws run three layers of the model itself, so only of a small one: tiny
+    (1.69 MiB a microbatch: 3 x 525,312 B + 196,608 B of the output end, by the memory
+    model), not GPT-3 1.3B or a model of two layers."""
+    assert alive_stage_bytes(TINY) == 3 * 525_312 + 196_608
+    assert alive_model(TINY) is TINY
+    assert alive_model(load_model("gpt3-1.3b")) is None
+    assert alive_model(None) is None
+
+
+def test_profile_bounds_the_figures(tmp_path):
+    """A slowdown of more than the whole compute per doubling is refused with one line."""
+    p = tmp_path / "p.yaml"
+    p.write_text("runtime: {alive_slowdown_per_doubling: 1.5}\n")
+    with pytest.raises(InputError, match=r"runtime.alive_slowdown_per_doubling: 1.5: must be a finite number in \[0, 1\]"):
+        load_profile(str(p))
