@@ -166,5 +166,8 @@ def cmd_calibrate(args) -> int:
     if cal.bench.fsdp_unit:
         print(f"measured: fsdp_unit_us={cal.bench.fsdp_unit['us']:.1f} "
               f"fsdp_unit_us_per_mib={cal.bench.fsdp_unit['us_per_mib']:.1f}")
+    if cal.bench.alive:
+        print(f"measured: alive_knee_mib={cal.bench.alive['knee_mib']:.2f} "
+              f"alive_slowdown_per_doubling={cal.bench.alive['per_doubling']:.4f}")
     print(f"microbenchmarks took {cal.bench.wall_s:.1f} s; profile written to {args.out}")
     return 0

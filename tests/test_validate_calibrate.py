@@ -510,6 +510,10 @@ def test_reused_compute_takes_exactly_the_samples_asked_for(monkeypatch):
     src.fsdp_draws, src.fsdp_unit = [[1e-3, 2e-3, 3e-3, 5e-3]], {"us": 90.0, "us_per_mib": 280.0}
     carried = mb.reused_compute(src, "w4.bench.json", 2, "gloo", 1, shapes, sizes, attn, [])
     assert (carried.fsdp_draws, carried.fsdp_unit) == (src.fsdp_draws, src.fsdp_unit)
+    # So do the alive stage's draws and fit.
+    src.alive_draws, src.alive = [[0.08, 0.082, 0.085, 0.09]], {"knee_mib": 1.5, "per_doubling": 0.03}
+    carried = mb.reused_compute(src, "w4.bench.json", 2, "gloo", 1, shapes, sizes, attn, [])
+    assert (carried.alive_draws, carried.alive) == (src.alive_draws, src.alive)
     # Of a record with several probe draws, only its compute worker's (the first) is reused:
     # the others were its collective launches', and this calibration takes its own.
     src.probe_draws_s, src.probe_s = [4.3e-3, 9e-3, 9.5e-3], 9e-3
@@ -596,8 +600,15 @@ def test_overhead_draws_pool_into_their_median():
     (dict(overhead_draws="xy"), "overhead_draws: expected a list of [plain seconds, train seconds] pairs"),
     (dict(fsdp_draws=[[1e-3, 2e-3, 3e-3]]), "fsdp_draws: expected a list of [plain, zero=3, plain, zero=3] seconds"),
     (dict(fsdp_draws=[[1e-3, 2e-3, 3e-3, float("nan")]]), "fsdp_draws[0][3]: nan: a measured time"),
-    (dict(fsdp_unit={"us": -1.0}), "fsdp_unit.us: -1.0: microseconds in [0, 1e6]"),
+    (dict(fsdp_unit={"us": -1.0, "us_per_mib": 1.0}), "fsdp_unit.us: -1.0: microseconds in [0, 1e6]"),
+    (dict(fsdp_unit={"us": 1.0}), "fsdp_unit: expected {'us': us, 'us_per_mib': us}"),
     (dict(fsdp_unit={"us": 1.0, "each": 2.0}), "fsdp_unit: expected {'us': us, 'us_per_mib': us}"),
+    (dict(alive_draws=[[0.08, 0.09]]), "alive_draws: expected a list of [seconds at each of 4 depths]"),
+    (dict(alive_draws=[[0.08, 0.09, 0.1, -1.0]]), "alive_draws[0][3]: -1.0: a measured time"),
+    (dict(alive={"knee_mib": 1.0, "per_doubling": 2.0}), "alive.per_doubling: 2.0: shares in [0, 1]"),
+    (dict(alive={"knee_mib": float("inf"), "per_doubling": 0.1}), "alive.knee_mib: inf: MiB in [0, 1e6]"),
+    (dict(alive={"knee": 1.0}), "alive: expected {'knee_mib': number, 'per_doubling': number}"),
+    (dict(alive={"knee_mib": 1.0}), "alive: expected {'knee_mib': number, 'per_doubling': number}"),
 ])
 def test_reused_compute_refuses_other_conditions(monkeypatch, change, needle):
     """A record measured under other conditions (threads, processes at once, cores,

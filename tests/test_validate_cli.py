@@ -10,6 +10,7 @@ import pytest
 from costmodel.errors import InputError
 
 from plansim.cli import main
+from specs.model import load_model
 from plansim.cmd_validate import profile_for, with_runner_precision
 from specs.plan import plan_world_size as plan_world
 
@@ -143,7 +144,7 @@ def test_calibrate_and_validate_smoke(tmp_path, capsys):
     pytest.importorskip("torch")
     pytest.importorskip("validate.runner")
     prof = tmp_path / "w2.yaml"
-    assert main(["calibrate", "localhost-cpu", "--world", "2", "--quick", "--out", str(prof)]) == 0
+    assert main(["calibrate", "localhost-cpu", "--world", "2", "--quick", "--model", "tiny", "--out", str(prof)]) == 0
     capsys.readouterr()
     # The pipeline handoff streams ran (collective_bench.posted_rows): both figures finite, the
     # busy sender's > 0 (its receiver waits for a computing process), the blocked sender's
@@ -189,6 +190,17 @@ def test_calibrate_and_validate_smoke(tmp_path, capsys):
     assert (rt.fsdp_unit_us, rt.fsdp_unit_us_per_mib) == (
         round(bench.fsdp_unit["us"], 1), round(bench.fsdp_unit["us_per_mib"], 1))
     assert rt.fsdp_unit_us > 0
+    # Compute against the activations held: two draws of the alive stage at each depth,
+    # each step positive; the profile's figures are the record's (compute_bench.alive_fit
+    # of the draws' medians), the knee at or above the shallowest order's figure.
+    from validate.compute_bench import ALIVE_DEPTHS, alive_fit
+    assert len(bench.alive_draws) == 2 and all(len(d) == len(ALIVE_DEPTHS) and min(d) > 0 for d in bench.alive_draws)
+    fit = alive_fit([statistics.median(d[i] for d in bench.alive_draws) for i in range(len(ALIVE_DEPTHS))],
+                    load_model("tiny"))
+    assert fit == pytest.approx(bench.alive)
+    assert (rt.alive_knee_mib, rt.alive_slowdown_per_doubling) == (
+        round(bench.alive["knee_mib"], 3), round(bench.alive["per_doubling"], 4))
+    assert rt.alive_knee_mib > 0 and 0 <= rt.alive_slowdown_per_doubling <= 1
     rep = tmp_path / "report"
     assert main(["validate", "localhost-cpu", "--model", "tiny", "--plan", "dp=2",
                  "--profile", str(prof), "--steps", "3", "--warmup", "1", "--launches", "2", "--json",
@@ -229,7 +241,6 @@ def test_calibrate_and_validate_smoke(tmp_path, capsys):
     from plansim.cmd_calibrate import resolve_world
     from sim.core_sharing import slowed_profile
     from sim.metrics import simulate
-    from specs.model import load_model
     from specs.plan import resolve_plan
     from validate.probe import drift_factor
     probe = d["speed_probe"]

@@ -356,9 +356,10 @@ def calibrate(cluster, model, world: int, *, tps: list[int] | None = None, repea
     # The record is read here and checked by run_microbenchmarks (reused_compute) before
     # anything is measured.
     reuse = (load_bench(compute_from), compute_from) if compute_from is not None else None
+    from validate.compute_bench import alive_model
     res = run_microbenchmarks(world, shapes, mem, coll, attn_shapes=attn, topk=topk, runtime=runtime,
                               repeats=repeats, backend=be_name, progress=progress, timeout_s=timeout_s,
-                              compute_from=reuse)
+                              compute_from=reuse, alive_model=alive_model(model) if kind == "cpu" else None)
     device_name = be.device_name() if be is not None else kind
     where = where_and_when(res, device_name)
     if compute_from is not None:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 
 from costmodel import flops as fl
 from costmodel.shapes import ModelSpec
+from sim.schedules import mean_alive
 from validate.collective_bench import MIB
 from validate.microbench import MEMORY_OPS, WORKER_CHAIN_DRAWS, memory_op_bytes
 
@@ -179,6 +180,76 @@ def fsdp_unit_costs(steps_s: list[float]) -> dict[str, float]:
     return {"us": fixed, "us_per_mib": per_mib}
 
 
+# Compute against the activations held (RuntimeSettings.alive_knee_mib,
+# alive_slowdown_per_doubling): ALIVE_LAYERS layers of the model with its embedding and
+# output layer (stage_trainer), ALIVE_MICROBATCHES microbatches in stage 0's order of a
+# d-stage 1F1B for each d of ALIVE_DEPTHS (sim/schedules.one_f_one_b: d forwards before the
+# first backward; d = ALIVE_MICROBATCHES is every forward first). Three layers are no stage
+# of a plan of the bundled tiny model (pp=2 holds two, pp=4 one) and the order is none of
+# a plan's: the fit is a prediction for every stage. Only where such a step is cheap
+# (ALIVE_MAX_PARAMS, ALIVE_MAX_MIB) and on CPU workers, whose caches the effect is about.
+ALIVE_LAYERS = 3
+ALIVE_MICROBATCHES = 12
+ALIVE_DEPTHS = (1, 3, 6, 12)
+ALIVE_MAX_PARAMS = 4_000_000  # weights of the three layers and the ends (tiny: 0.67 M)
+ALIVE_MAX_MIB = 8.0  # activations one microbatch keeps (tiny: 1.7 MiB)
+
+
+def alive_model(model: ModelSpec | None) -> ModelSpec | None:
+    """``model`` when the alive draws can run on it here (ALIVE_MAX_PARAMS and ALIVE_MAX_MIB
+    for ALIVE_LAYERS layers, at least that many layers), else None."""
+    from costmodel.memory import stage_params
+    if model is None or model.num_layers < ALIVE_LAYERS or model.global_batch_size < ALIVE_MICROBATCHES:
+        return None
+    if stage_params(model, ALIVE_LAYERS, 1, True, True) > ALIVE_MAX_PARAMS:
+        return None
+    return model if alive_stage_bytes(model) <= ALIVE_MAX_MIB * MIB else None
+
+
+def alive_stage_bytes(model: ModelSpec) -> float:
+    """Activation bytes one microbatch of the alive draws' stage keeps, as device memory
+    counts them for the runner (fp32, one rank, no recompute; the CPU runtime's fused
+    attention and no dropout, validate/profile_file.runtime_facts)."""
+    from costmodel.device_memory import ChunkSpec, MemoryConfig, chunk_activation_bytes
+    cfg = MemoryConfig(tp=1, sp=False, mbs=1, recompute="none", precision="fp32", dp=1, zero=0, grad_bytes=4,
+                       topk=False, flash_attention=True, dropout=False)
+    return chunk_activation_bytes(model, cfg, ChunkSpec(ALIVE_LAYERS, True, True))
+
+
+def alive_drawer(torch, dev, dsync, repeats: int, model: ModelSpec):
+    """A function that takes one draw of the alive stage's training step at each of
+    ALIVE_DEPTHS (seconds, in that order; interleaved windows as recompute_drawer's)."""
+    from sim.schedules import one_f_one_b
+    fns = [stage_trainer(model, ALIVE_LAYERS, ALIVE_MICROBATCHES, dev, actions=one_f_one_b(d, ALIVE_MICROBATCHES)[0])[2]
+           for d in ALIVE_DEPTHS]
+    return _interleaved_drawer(torch, fns, repeats, dsync)
+
+
+def alive_fit(steps_s: list[float], model: ModelSpec) -> dict[str, float]:
+    """{'knee_mib', 'per_doubling'} from the alive draws' step times (seconds, one per
+    ALIVE_DEPTHS): each depth's activations held on average (sim/schedules.mean_alive of
+    its order) against its step over the shallowest's, fitted by least squares to
+    1 + per_doubling x max(0, log2(A / knee)): the knee scanned over quarter-octaves from
+    the shallowest order's figure to below the deepest's, the slope solved for each (never
+    below 0), the pair with the least squared error kept (the lower knee on a tie)."""
+    from sim.schedules import one_f_one_b
+    per_mb = alive_stage_bytes(model)
+    xs = [mean_alive(one_f_one_b(d, ALIVE_MICROBATCHES)[0], [per_mb]) for d in ALIVE_DEPTHS]
+    ys = [t / steps_s[0] - 1.0 for t in steps_s]
+    best = None
+    knee = xs[0]
+    while knee < xs[-1]:
+        zs = [max(0.0, math.log2(x / knee)) for x in xs]
+        zz = sum(z * z for z in zs)
+        slope = max(0.0, sum(z * y for z, y in zip(zs, ys)) / zz) if zz > 0 else 0.0
+        err = sum((y - slope * z) ** 2 for z, y in zip(zs, ys))
+        if best is None or err < best[0] - 1e-15:
+            best = (err, knee, slope)
+        knee *= 2 ** 0.25
+    _, knee, slope = best
+    return {"knee_mib": knee / MIB, "per_doubling": slope}
+
+
 def chain_drawer(torch, dev, dsync, repeats: int):
     """A function that takes one draw of the overhead chain (CHAIN_MODEL) on this process:
     [plain forward s, forward + backward s], each the median of ``repeats`` x 2 windows of
@@ -278,6 +349,7 @@ class ComputeConfig:
     repeats: int = 5
     threads: int = 0  # intra-op threads; 0 keeps what the worker started with
     backend: str = "gloo"
+    alive_model: ModelSpec | None = None  # time its layers against the activations held (alive_drawer); None: not
 
 
 def compute_worker(rank: int, world: int, cfg: ComputeConfig) -> dict:
@@ -311,15 +383,20 @@ def compute_worker(rank: int, world: int, cfg: ComputeConfig) -> dict:
     rdraws = []
     fdraw = fsdp_drawer(torch, dev, dsync, cfg.repeats)
     fdraws = []
+    adraw = alive_drawer(torch, dev, dsync, cfg.repeats, cfg.alive_model) if cfg.alive_model is not None else None
+    adraws = []
 
     def chain_draw(with_regions: bool = False):
         sync()
         draws.append(draw())
-        if with_regions:  # checkpoint regions and FSDP units, twice per worker (after the memory ops and at the end)
+        if with_regions:  # checkpoint regions, FSDP units and the alive stage, twice per worker (after the memory ops and at the end)
             sync()
             rdraws.append(rdraw())
             sync()
             fdraws.append(fdraw())
+            if adraw is not None:
+                sync()
+                adraws.append(adraw())
 
     out = {"gemm": [], "memory": [], "attention": [], "topk": [], "harness": []}
     # The speed probe (validate/probe.py), every rank at once, first: the runner probes its
@@ -408,6 +485,7 @@ def compute_worker(rank: int, world: int, cfg: ComputeConfig) -> dict:
     out["overhead_draws"] = draws
     out["recompute_draws"] = rdraws  # [none s, full s, selective s] per draw (recompute_drawer)
     out["fsdp_draws"] = fdraws  # [plain s, zero=3 s] per FSDP_MODELS model, per draw (fsdp_drawer)
+    out["alive_draws"] = adraws  # [s at each of ALIVE_DEPTHS] per draw (alive_drawer); [] when not measured
     return out
 
 

@@ -170,6 +170,12 @@ class MicrobenchResult:
     # 'us_per_mib': us}). Empty in records written before 2026-12-04 (session 13).
     fsdp_draws: list = field(default_factory=list)
     fsdp_unit: dict = field(default_factory=dict)
+    # Each draw of the alive stage's step at each of compute_bench.ALIVE_DEPTHS (seconds,
+    # median over the compute processes), and what their median fits
+    # (compute_bench.alive_fit: {'knee_mib': MiB, 'per_doubling': share}). Empty where not
+    # measured (GPU workers, a model too large for the draws, records before session 14).
+    alive_draws: list = field(default_factory=list)
+    alive: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -193,7 +199,8 @@ class MicrobenchResult:
                    overhead_draws=list(d.get("overhead_draws", [])),
                    recompute_draws=list(d.get("recompute_draws", [])),
                    checkpoint_region_us=dict(d.get("checkpoint_region_us", {})),
-                   fsdp_draws=list(d.get("fsdp_draws", [])), fsdp_unit=dict(d.get("fsdp_unit", {})))
+                   fsdp_draws=list(d.get("fsdp_draws", [])), fsdp_unit=dict(d.get("fsdp_unit", {})),
+                   alive_draws=list(d.get("alive_draws", [])), alive=dict(d.get("alive", {})))
 
 
 # ------------------------------------------------------------------------ shapes
@@ -429,6 +436,13 @@ def reused_compute(src: MicrobenchResult, source: str, world: int, backend: str,
     fdraws = _draw_rows(source, src.fsdp_draws, "fsdp_draws", 4, "[plain, zero=3, plain, zero=3] seconds", figures)
     regions = _us_figures(source, src.checkpoint_region_us, "checkpoint_region_us", ("full", "selective"))
     unit = _us_figures(source, src.fsdp_unit, "fsdp_unit", ("us", "us_per_mib"))
+    from validate.compute_bench import ALIVE_DEPTHS
+    adraws = _draw_rows(source, src.alive_draws, "alive_draws", len(ALIVE_DEPTHS),
+                        f"[seconds at each of {len(ALIVE_DEPTHS)} depths]", figures)
+    alive = _us_figures(source, src.alive, "alive", ("knee_mib", "per_doubling"), unit="shares", hi=1.0,
+                        skip=("knee_mib",))
+    if alive and number_problem(alive.get("knee_mib", 0.0), 0.0, 1e6):
+        raise InputError(source, "alive.knee_mib", f"{alive['knee_mib']!r}: MiB in [0, 1e6]")
     for where, v in figures:
         if number_problem(v, 0.0, 60.0, lo_open=True, hi_open=True):
             raise InputError(source, where, f"{v!r}: a measured time must be a number of seconds in (0, 60)")
@@ -458,6 +472,7 @@ def reused_compute(src: MicrobenchResult, source: str, world: int, backend: str,
                             overhead=overhead, overhead_draws=mine,
                             recompute_draws=[list(d) for d in rdraws], checkpoint_region_us=dict(regions),
                             fsdp_draws=[list(d) for d in fdraws], fsdp_unit=dict(unit),
+                            alive_draws=[list(d) for d in adraws], alive=dict(alive),
                             probe_s=compute_draw, probe_draws_s=[compute_draw],
                             harness=dict(src.harness))
 
@@ -471,14 +486,17 @@ def _draw_rows(source: str, rows, name: str, width: int, what: str, figures: lis
     return rows
 
 
-def _us_figures(source: str, got, name: str, keys: tuple[str, ...]) -> dict:
-    """``got`` checked to be {key: microseconds in [0, 1e6]} over ``keys`` (InputError
-    naming ``name`` and the key otherwise)."""
-    if not isinstance(got, dict) or set(got) - set(keys):
-        raise InputError(source, name, "expected {" + ", ".join(f"'{k}': us" for k in keys) + "}")
+def _us_figures(source: str, got, name: str, keys: tuple[str, ...], unit: str = "microseconds",
+                hi: float = 1e6, skip: tuple[str, ...] = ()) -> dict:
+    """``got`` checked to be {} or {key: ``unit`` in [0, hi]} over every one of ``keys``
+    (InputError naming ``name`` and the key otherwise); the keys in ``skip`` are the
+    caller's to bound."""
+    if not isinstance(got, dict) or (got and set(got) != set(keys)):  # all of them, or none (not measured)
+        short = "us" if unit == "microseconds" else "number"
+        raise InputError(source, name, "expected {" + ", ".join(f"'{k}': {short}" for k in keys) + "}")
     for k, v in got.items():
-        if number_problem(v, 0.0, 1e6):
-            raise InputError(source, f"{name}.{k}", f"{v!r}: microseconds in [0, 1e6]")
+        if k not in skip and number_problem(v, 0.0, hi):
+            raise InputError(source, f"{name}.{k}", f"{v!r}: {unit} in [0, {'1e6' if hi == 1e6 else f'{hi:g}'}]")
     return got
 
 
@@ -520,11 +538,14 @@ def load_bench(path, flag: str = "--compute-from") -> MicrobenchResult:
 
 def run_microbenchmarks(world: int, gemm_shapes, mem_sizes, coll_sizes, *, attn_shapes=(), topk=(), runtime=None,
                         repeats: int = 5, threads: int | None = None, backend: str | None = None,
-                        timeout_s: float = 600.0, progress=None, compute_from: tuple | None = None) -> MicrobenchResult:
+                        timeout_s: float = 600.0, progress=None, compute_from: tuple | None = None,
+                        alive_model: ModelSpec | None = None) -> MicrobenchResult:
     """Run (a)-(d) in ``world`` processes; compute medians over ranks. ``runtime``
     (costmodel.profile.RuntimeSettings) decides how the cost model counts the chain's ops.
     ``compute_from``: (MicrobenchResult, its file name) whose compute families to take
-    instead of measuring them again (reused_compute); the collectives are measured."""
+    instead of measuring them again (reused_compute); the collectives are measured.
+    ``alive_model``: the model whose layers the compute workers time against the
+    activations held (compute_bench.alive_drawer); None: not measured."""
     from validate.backend import pick_backend
 
     t_wall = time.perf_counter()
@@ -539,25 +560,26 @@ def run_microbenchmarks(world: int, gemm_shapes, mem_sizes, coll_sizes, *, attn_
             f"concurrent processes, {threads} thread(s) each, as here)")
     else:
         res = _measure_compute(world, gemm_shapes, mem_sizes, attn_shapes, topk, runtime, repeats, threads, be_name,
-                               timeout_s, say)
+                               timeout_s, say, alive_model)
     _measure_collectives(res, world, coll_sizes, repeats, threads, be_name, timeout_s, say)
     res.wall_s = time.perf_counter() - t_wall
     return res
 
 
 def _measure_compute(world: int, gemm_shapes, mem_sizes, attn_shapes, topk, runtime, repeats: int, threads: int,
-                     be_name: str, timeout_s: float, say) -> MicrobenchResult:
+                     be_name: str, timeout_s: float, say, alive_model: ModelSpec | None = None) -> MicrobenchResult:
     """(a)-(c'), the speed probe and the harness figures, in compute_processes(world)
     processes at once; each figure the median over the ranks."""
     from costmodel.profile import RuntimeSettings
-    from validate.compute_bench import (ComputeConfig, chain_op_counts, checkpoint_region_us, compute_worker,
-                                        fsdp_unit_costs)
+    from validate.compute_bench import (ALIVE_DEPTHS, ComputeConfig, alive_fit, chain_op_counts, checkpoint_region_us,
+                                        compute_worker, fsdp_unit_costs)
     from validate.launch import launch
 
     cw = compute_processes(world, "cuda" if be_name == "nccl" else "cpu")
     say(f"compute microbenchmarks: {len(gemm_shapes)} GEMM shapes, {len(mem_sizes)} sizes x "
         f"{len(MEMORY_OPS)} memory ops, {cw} concurrent processes ({host_cores()} cores), {threads} thread(s) each")
-    ccfg = ComputeConfig(tuple(gemm_shapes), tuple(mem_sizes), tuple(attn_shapes), tuple(topk), repeats, threads, be_name)
+    ccfg = ComputeConfig(tuple(gemm_shapes), tuple(mem_sizes), tuple(attn_shapes), tuple(topk), repeats, threads, be_name,
+                         alive_model=alive_model)
     with worker_threads_env(world):
         per_rank = launch(compute_worker, cw, (ccfg,), timeout_s=timeout_s, backend=be_name)
     res = MicrobenchResult(world=world, backend=be_name, threads=threads, compute_world=cw, host_cores=host_cores())
@@ -590,6 +612,10 @@ def _measure_compute(world: int, gemm_shapes, mem_sizes, attn_shapes, topk, runt
     res.fsdp_draws = _draws_over_ranks(per_rank, "fsdp_draws", 4)
     if res.fsdp_draws:
         res.fsdp_unit = fsdp_unit_costs([statistics.median(d[i] for d in res.fsdp_draws) for i in range(4)])
+    res.alive_draws = _draws_over_ranks(per_rank, "alive_draws", len(ALIVE_DEPTHS))
+    if res.alive_draws and alive_model is not None:
+        res.alive = alive_fit([statistics.median(d[i] for d in res.alive_draws) for i in range(len(ALIVE_DEPTHS))],
+                              alive_model)
     return res
 
 

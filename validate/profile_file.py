@@ -96,6 +96,8 @@ def profile_mapping(fit: FitResult, res: MicrobenchResult, gpu_name: str, link_k
                     **{f"checkpoint_{k}_region_us": round(v, 1) for k, v in sorted(res.checkpoint_region_us.items())},
                     **({"fsdp_unit_us": round(res.fsdp_unit["us"], 1),
                         "fsdp_unit_us_per_mib": round(res.fsdp_unit["us_per_mib"], 1)} if res.fsdp_unit else {}),
+                    **({"alive_knee_mib": round(res.alive["knee_mib"], 3),
+                        "alive_slowdown_per_doubling": round(res.alive["per_doubling"], 4)} if res.alive else {}),
                     "source": (f"host_overhead_us FIT by plansim calibrate ({where}): per cost-model op, "
                                f"forward+backward of tiny-op chains under autograd minus the plain per-op cost. "
                                f"host_cores: the cores the worker processes share (affinity mask), compute "
@@ -110,6 +112,9 @@ def profile_mapping(fit: FitResult, res: MicrobenchResult, gpu_name: str, link_k
                                f"chain at width 8 beyond its recomputed ops (validate/compute_bench.recompute_drawer). "
                                f"fsdp_unit_us, fsdp_unit_us_per_mib: what taking one ZeRO-3 unit into use adds, "
                                f"from the runner's FSDP at one process at widths 8 and 64 (validate/compute_bench.fsdp_drawer). "
+                               f"alive_knee_mib, alive_slowdown_per_doubling: three layers of the model trained in orders "
+                               f"1-12 microbatches deep, step time against the activations held (validate/compute_bench."
+                               f"alive_drawer). "
                                f"Other fields: how validate/'s eager torch runner drives the device.")},
     }
     if fit.fabric is not None and link_kind:
