@@ -115,7 +115,14 @@ def _run_pool(fn, context, items: list, spec: ExecutorSpec, bar) -> list:
         lost: list[int] = []
         with ProcessPoolExecutor(max_workers=min(spec.jobs, len(todo)), initializer=_install,
                                  initargs=(fn, context)) as pool:
-            futures = {pool.submit(_call, items[i]): i for i in todo}
+            futures = {}
+            for i in todo:
+                try:
+                    futures[pool.submit(_call, items[i])] = i
+                except BrokenProcessPool:
+                    # a task submitted earlier already killed its worker: the pool takes
+                    # no more work, so this task is lost with the others
+                    lost.append(i)
             for fut in as_completed(futures):
                 i = futures[fut]
                 try:

@@ -80,6 +80,29 @@ def test_local_worker_dying_every_time_is_reported(tmp_path):
         run_tasks(_always_die, None, [1, 2], ExecutorSpec("local", jobs=2), progress=False)
 
 
+def test_local_pool_broken_before_every_task_is_submitted(monkeypatch):
+    """The race CI once hit: the first task kills its worker before the second is submitted,
+    so submit itself raises BrokenProcessPool. Forced here by a pool whose later submits wait
+    until it is broken; the run still ends in the one-line WorkerLost, every task counted."""
+    import time
+    from concurrent.futures import ProcessPoolExecutor
+
+    import search.executor as ex
+
+    class LatePool(ProcessPoolExecutor):
+        def submit(self, fn, /, *args, **kwargs):
+            if getattr(self, "_submitted", 0):
+                deadline = time.monotonic() + 30
+                while not self._broken and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                assert self._broken, "the first task did not break the pool within 30 s"
+            self._submitted = getattr(self, "_submitted", 0) + 1
+            return super().submit(fn, *args, **kwargs)
+    monkeypatch.setattr(ex, "ProcessPoolExecutor", LatePool)
+    with pytest.raises(WorkerLost, match="a worker process died 2 times; 3 of 3 tasks have no result"):
+        run_tasks(_always_die, None, [1, 2, 3], ExecutorSpec("local", jobs=2), progress=False)
+
+
 def test_search_executor_ray_without_ray(monkeypatch, capsys):
     """Without Ray installed, `--executor ray` exits 2 before any work, saying how to install it."""
     monkeypatch.setitem(sys.modules, "ray", None)  # makes `import ray` raise ImportError
