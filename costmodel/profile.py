@@ -230,9 +230,9 @@ class RuntimeSettings:
     cp_attention_pieces: bool = False
     # Compute that slows as more activations are held for backward: on CPU workers a
     # backward reads its microbatch's saved tensors back from beyond the caches once many
-    # are alive (the runner's stage on one process, tiny's width, 2026-12-04: per
-    # microbatch 1.00, 1.03, 1.05-1.09, 1.09-1.13 x at 2.4, 4.8, 9.5, 19 MiB alive at the
-    # peak). A stage's compute is multiplied by 1 + alive_slowdown_per_doubling x
+    # are alive (two of tiny's layers as the runner trains a stage on one process,
+    # 2026-12-04, benchmarks/schedule_order_cpu.py --depths: per microbatch 0.98,
+    # 1.00-1.02, 1.06-1.09, 1.09-1.13 x at 2.4, 4.8, 9.5, 19 MiB alive at the peak). A stage's compute is multiplied by 1 + alive_slowdown_per_doubling x
     # log2(A / alive_knee_mib) where A, the MiB held when its actions start averaged over
     # its action list (sim/schedules.mean_alive), is above the knee. Measured by plansim
     # calibrate on three layers of the model, one process per core, in synthetic orders

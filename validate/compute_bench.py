@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 
 from costmodel import flops as fl
 from costmodel.shapes import ModelSpec
-from sim.schedules import mean_alive
+from sim.schedules import mean_alive, one_f_one_b
 from validate.collective_bench import MIB
 from validate.microbench import MEMORY_OPS, WORKER_CHAIN_DRAWS, memory_op_bytes
 
@@ -208,18 +208,21 @@ def alive_model(model: ModelSpec | None) -> ModelSpec | None:
 
 def alive_stage_bytes(model: ModelSpec) -> float:
     """Activation bytes one microbatch of the alive draws' stage keeps, as device memory
-    counts them for the runner (fp32, one rank, no recompute; the CPU runtime's fused
-    attention and no dropout, validate/profile_file.runtime_facts)."""
-    from costmodel.device_memory import ChunkSpec, MemoryConfig, chunk_activation_bytes
-    cfg = MemoryConfig(tp=1, sp=False, mbs=1, recompute="none", precision="fp32", dp=1, zero=0, grad_bytes=4,
-                       topk=False, flash_attention=True, dropout=False)
+    counts them for the runner: a one-rank fp32 plan under the CPU runner's runtime facts
+    (validate/profile_file.runtime_facts), its memory settings as the program takes them
+    (sim/program.memory_config)."""
+    from costmodel.device_memory import ChunkSpec, chunk_activation_bytes
+    from costmodel.profile import RuntimeSettings
+    from sim.program import memory_config
+    from specs.plan import resolve_plan
+    from validate.profile_file import runtime_facts
+    cfg = memory_config(resolve_plan("precision=fp32", model, 1), RuntimeSettings(**runtime_facts("cpu")))
     return chunk_activation_bytes(model, cfg, ChunkSpec(ALIVE_LAYERS, True, True))
 
 
 def alive_drawer(torch, dev, dsync, repeats: int, model: ModelSpec):
     """A function that takes one draw of the alive stage's training step at each of
     ALIVE_DEPTHS (seconds, in that order; interleaved windows as recompute_drawer's)."""
-    from sim.schedules import one_f_one_b
     fns = [stage_trainer(model, ALIVE_LAYERS, ALIVE_MICROBATCHES, dev, actions=one_f_one_b(d, ALIVE_MICROBATCHES)[0])[2]
            for d in ALIVE_DEPTHS]
     return _interleaved_drawer(torch, fns, repeats, dsync)
@@ -232,7 +235,6 @@ def alive_fit(steps_s: list[float], model: ModelSpec) -> dict[str, float]:
     1 + per_doubling x max(0, log2(A / knee)): the knee scanned over quarter-octaves from
     the shallowest order's figure to below the deepest's, the slope solved for each (never
     below 0), the pair with the least squared error kept (the lower knee on a tie)."""
-    from sim.schedules import one_f_one_b
     per_mb = alive_stage_bytes(model)
     xs = [mean_alive(one_f_one_b(d, ALIVE_MICROBATCHES)[0], [per_mb]) for d in ALIVE_DEPTHS]
     ys = [t / steps_s[0] - 1.0 for t in steps_s]

@@ -434,15 +434,12 @@ def reused_compute(src: MicrobenchResult, source: str, world: int, backend: str,
     draws = _draw_rows(source, src.overhead_draws, "overhead_draws", 2, "[plain seconds, train seconds] pairs", figures)
     rdraws = _draw_rows(source, src.recompute_draws, "recompute_draws", 3, "[none, full, selective] seconds", figures)
     fdraws = _draw_rows(source, src.fsdp_draws, "fsdp_draws", 4, "[plain, zero=3, plain, zero=3] seconds", figures)
-    regions = _us_figures(source, src.checkpoint_region_us, "checkpoint_region_us", ("full", "selective"))
-    unit = _us_figures(source, src.fsdp_unit, "fsdp_unit", ("us", "us_per_mib"))
+    regions = _figures(source, src.checkpoint_region_us, "checkpoint_region_us", {"full": _US, "selective": _US})
+    unit = _figures(source, src.fsdp_unit, "fsdp_unit", {"us": _US, "us_per_mib": _US})
     from validate.compute_bench import ALIVE_DEPTHS
     adraws = _draw_rows(source, src.alive_draws, "alive_draws", len(ALIVE_DEPTHS),
                         f"[seconds at each of {len(ALIVE_DEPTHS)} depths]", figures)
-    alive = _us_figures(source, src.alive, "alive", ("knee_mib", "per_doubling"), unit="shares", hi=1.0,
-                        skip=("knee_mib",))
-    if alive and number_problem(alive.get("knee_mib", 0.0), 0.0, 1e6):
-        raise InputError(source, "alive.knee_mib", f"{alive['knee_mib']!r}: MiB in [0, 1e6]")
+    alive = _figures(source, src.alive, "alive", {"knee_mib": ("MiB", 1e6), "per_doubling": ("shares", 1.0)})
     for where, v in figures:
         if number_problem(v, 0.0, 60.0, lo_open=True, hi_open=True):
             raise InputError(source, where, f"{v!r}: a measured time must be a number of seconds in (0, 60)")
@@ -486,16 +483,19 @@ def _draw_rows(source: str, rows, name: str, width: int, what: str, figures: lis
     return rows
 
 
-def _us_figures(source: str, got, name: str, keys: tuple[str, ...], unit: str = "microseconds",
-                hi: float = 1e6, skip: tuple[str, ...] = ()) -> dict:
-    """``got`` checked to be {} or {key: ``unit`` in [0, hi]} over every one of ``keys``
-    (InputError naming ``name`` and the key otherwise); the keys in ``skip`` are the
-    caller's to bound."""
-    if not isinstance(got, dict) or (got and set(got) != set(keys)):  # all of them, or none (not measured)
-        short = "us" if unit == "microseconds" else "number"
-        raise InputError(source, name, "expected {" + ", ".join(f"'{k}': {short}" for k in keys) + "}")
+_US = ("microseconds", 1e6)  # a per-call or per-unit cost in a record: (unit, upper bound)
+
+
+def _figures(source: str, got, name: str, bounds: dict[str, tuple[str, float]]) -> dict:
+    """``got`` checked to be {} (not measured) or a figure for every key of ``bounds``, each
+    in [0, its bound] ({key: (unit, bound)}); InputError naming ``name`` and the key otherwise."""
+    if not isinstance(got, dict) or (got and set(got) != set(bounds)):
+        short = {"microseconds": "us"}
+        raise InputError(source, name, "expected {" + ", ".join(f"'{k}': {short.get(u, 'number')}"
+                                                                   for k, (u, _) in bounds.items()) + "}")
     for k, v in got.items():
-        if k not in skip and number_problem(v, 0.0, hi):
+        unit, hi = bounds[k]
+        if number_problem(v, 0.0, hi):
             raise InputError(source, f"{name}.{k}", f"{v!r}: {unit} in [0, {'1e6' if hi == 1e6 else f'{hi:g}'}]")
     return got
 
