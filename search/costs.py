@@ -29,9 +29,10 @@ from sim.context_parallel import all_to_all, ring_step
 from sim.engine import hop_latency
 from sim.flownet import edge_latency_s
 from specs.plan import Plan
-from sim.program import (ChunkWork, ReplicaClass, call_latency_s, choose_allreduce,
+from sim.program import (ChunkWork, ReplicaClass, call_latency_s, choose_allreduce, stage_alive_factor,
                          chunk_work, n_buckets, overlapped_gather_exposed_s, replica_classes, stage_chunks,
                          stage_memory)
+from sim.schedules import make_schedule
 from specs.topology import Cluster
 
 GIB = 2.0 ** 30
@@ -44,6 +45,7 @@ class ChunkCost(NamedTuple):
     bwd_s: float  # backward (recompute included) + exposed TP communication
     tp_s: float  # the exposed TP communication of both
     params: float  # parameters this device holds for the chunk
+    fwd_tp_s: float  # the forward's share of tp_s
 
 
 class LinearCost(NamedTuple):
@@ -123,7 +125,7 @@ class CostTables:
         fwd = layers * (one.fwd_s + one.fwd_tp_s) + ext.fwd_s + ext.fwd_tp_s
         bwd = layers * (one.bwd_s + one.bwd_tp_s) + ext.bwd_s + ext.bwd_tp_s
         tp = layers * (one.fwd_tp_s + one.bwd_tp_s) + ext.fwd_tp_s + ext.bwd_tp_s
-        return ChunkCost(fwd, bwd, tp, layers * one.params + ext.params)
+        return ChunkCost(fwd, bwd, tp, layers * one.params + ext.params, layers * one.fwd_tp_s + ext.fwd_tp_s)
 
     def layer_time_s(self, plan: Plan, rank: int) -> float:
         """Forward + backward of one layer and one microbatch on ``rank``'s GPU type: the
@@ -310,9 +312,15 @@ class CostTables:
                 eff = self.profile.gpu(gpu.name)
                 fwd = bwd = tp = params = 0.0
                 grads, z3_gather, z3_rs = [], 0.0, 0.0
+                # The stage computes slower for the activations its action list holds, as
+                # the simulator charges it (sim/program.stage_alive_factor): its compute,
+                # not the TP collectives, times the factor.
+                slow = (stage_alive_factor(self.model, plan, self.runtime, make_schedule(plan.schedule, p, m, v)[s], s)
+                        - 1.0 if self.runtime.alive_slowdown_per_doubling > 0 else 0.0)
                 for ch in stage_chunks(plan, s):
                     n = ch.layers
-                    f, b, t, prm = self.chunk(plan, rank, n, ch.first, ch.last)
+                    f, b, t, prm, ftp = self.chunk(plan, rank, n, ch.first, ch.last)
+                    f, b = f + slow * (f - ftp), b + slow * (b - (t - ftp))
                     fwd, bwd, tp, params = fwd + f, bwd + b, tp + t, params + prm
                     if plan.cp > 1:
                         cf_s, cb_s = self.cp_exposed(plan, d0, s, n)

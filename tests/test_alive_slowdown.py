@@ -74,6 +74,30 @@ def test_gpipe_stage_computes_slower_by_hand():
     assert f1b[(0, 0)].fwd_s / f1b_plain[(0, 0)].fwd_s == pytest.approx(1.010528, abs=1e-6)
 
 
+def test_search_estimate_charges_the_same_factor():
+    """The search's closed-form estimate (search/costs.CostTables) slows each stage's
+    compute by the factor the program charges: tiny at pp=2 GPipe, stage 0 by 1.060056 as
+    worked by hand above, forward and backward, in the estimate and the program alike; and
+    at tp=2 x pp=2 (4 ranks) only the compute, not the TP collectives, in both."""
+    from search.costs import CostTables
+    for text, world in (("pp=2,schedule=gpipe,precision=fp32", 2), ("pp=2,tp=2,schedule=gpipe,precision=fp32", 4)):
+        cluster = load_topology("localhost-cpu", gpus_per_node=world)
+        plan = resolve_plan(text, TINY, world)
+        est = {k: CostTables(TINY, cluster, _profile(1.0, k)).pipelines(plan)[0].stages for k in (0.0, 0.02)}
+        prog = {k: build_program(TINY, plan, cluster, _profile(1.0, k)).pipelines[0].chunks for k in (0.0, 0.02)}
+        for s in range(2):
+            plain, slow = prog[0.0][(s, 0)], prog[0.02][(s, 0)]
+            factor = slow.fwd_s / plain.fwd_s
+            assert factor > 1.0 and slow.bwd_s / plain.bwd_s == pytest.approx(factor, rel=1e-12)
+            assert slow.fwd_tp_s == plain.fwd_tp_s and slow.bwd_tp_s == plain.bwd_tp_s
+            e0, e1 = est[0.0][s], est[0.02][s]
+            assert e1.tp_s == e0.tp_s and (e0.tp_s > 0) == (world == 4)
+            assert e1.fwd_s - e0.fwd_s == pytest.approx((factor - 1) * plain.fwd_s, rel=1e-9)
+            assert e1.bwd_s - e0.bwd_s == pytest.approx((factor - 1) * plain.bwd_s, rel=1e-9)
+        if world == 2:
+            assert prog[0.02][(0, 0)].fwd_s / prog[0.0][(0, 0)].fwd_s == pytest.approx(1.060056, abs=1e-6)
+
+
 def test_small_footprints_are_not_slowed():
     """dp=2 holds one microbatch of four layers at most (half of it on average), below a
     knee of 4 MiB: its compute is unchanged."""
