@@ -8,13 +8,14 @@ import math
 import pytest
 
 from costmodel.errors import InputError
-from costmodel.profile import FabricEfficiency, GpuEfficiency, Profile, RuntimeSettings, load_profile
+from costmodel.profile import Profile, RuntimeSettings, load_profile
 from sim.program import build_program
 from sim.schedules import Action, gpipe, mean_alive, one_f_one_b
 from specs.model import load_model
 from specs.plan import resolve_plan
 from specs.topology import load_topology
 from validate.compute_bench import ALIVE_DEPTHS, ALIVE_MICROBATCHES, alive_fit, alive_model, alive_stage_bytes
+from engine_fixtures import worker_profile
 
 MIB = 2**20
 TINY = load_model("tiny")
@@ -41,10 +42,7 @@ def test_alive_factor_by_hand():
 
 
 def _profile(knee: float, slope: float) -> Profile:
-    return Profile(gpus={"default": GpuEfficiency(gemm_eff_max=0.2, hbm_eff=0.1, kernel_overhead_us=5.0)},
-                   fabrics={"default": FabricEfficiency(bw_eff=0.5, call_latency_us=5.0)},
-                   runtime=RuntimeSettings(launch_blocking=True, host_overhead_us=8.0, flash_attention=True,
-                                           dropout=False, alive_knee_mib=knee, alive_slowdown_per_doubling=slope))
+    return worker_profile(flash_attention=True, dropout=False, alive_knee_mib=knee, alive_slowdown_per_doubling=slope)
 
 
 def _chunks(plan_text: str, profile: Profile) -> dict:

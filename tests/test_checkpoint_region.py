@@ -8,22 +8,21 @@ import pytest
 
 from costmodel import flops as fl
 from costmodel.efficiency import transform_ops
-from costmodel.profile import FabricEfficiency, GpuEfficiency, Profile, RuntimeSettings
+from costmodel.profile import Profile, RuntimeSettings
 from costmodel.shapes import ModelSpec
 from sim.core_sharing import slowed_profile
 from sim.metrics import simulate
 from specs.plan import resolve_plan
 from specs.topology import load_topology
 from validate.compute_bench import CHAIN_MICROBATCHES, CHAIN_MODEL, checkpoint_region_us
+from engine_fixtures import worker_profile
 
 TINY = ModelSpec("tiny", 4, 128, 4, 64, 512, 16)
 
 
 def _profile(blocking: bool, full_us: float = 0.0, sel_us: float = 0.0) -> Profile:
-    return Profile(gpus={"default": GpuEfficiency(gemm_eff_max=0.2, hbm_eff=0.1, kernel_overhead_us=5.0)},
-                   fabrics={"default": FabricEfficiency(bw_eff=0.5, call_latency_us=5.0)},
-                   runtime=RuntimeSettings(launch_blocking=blocking, host_overhead_us=8.0,
-                                           checkpoint_full_region_us=full_us, checkpoint_selective_region_us=sel_us))
+    return worker_profile(launch_blocking=blocking, checkpoint_full_region_us=full_us,
+                          checkpoint_selective_region_us=sel_us)
 
 
 @pytest.mark.parametrize("recompute,full_us,sel_us,per_region_us", [

@@ -8,20 +8,19 @@ import pytest
 from costmodel import flops as fl
 from costmodel.efficiency import ops_time_s
 from costmodel.gpus import get_gpu
-from costmodel.profile import FabricEfficiency, GpuEfficiency, Profile, RuntimeSettings
+from costmodel.profile import Profile
 from costmodel.shapes import ModelSpec
 from sim.core_sharing import next_slowdown, slowed_profile
 from sim.metrics import simulate
 from specs.plan import resolve_plan
 from specs.topology import load_topology
+from engine_fixtures import worker_profile
 
 TINY = ModelSpec("tiny", 4, 128, 4, 64, 512, 16)
 
 
 def _profile(cores: int, call_us: float = 5.0) -> Profile:
-    return Profile(gpus={"default": GpuEfficiency(gemm_eff_max=0.2, hbm_eff=0.1, kernel_overhead_us=5.0)},
-                   fabrics={"default": FabricEfficiency(bw_eff=0.5, call_latency_us=call_us)},
-                   runtime=RuntimeSettings(launch_blocking=True, host_overhead_us=8.0, host_cores=cores))
+    return worker_profile(call_latency_us=call_us, host_cores=cores)
 
 
 def test_slowed_profile_scales_every_op_by_f():

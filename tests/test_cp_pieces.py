@@ -105,15 +105,13 @@ def test_checkpointed_pieces_pay_a_region_each():
     4 x 5 x 500 us = 10 ms against the same profile with no region cost, by hand."""
     from dataclasses import replace as _replace
 
-    from costmodel.profile import FabricEfficiency, GpuEfficiency, Profile, RuntimeSettings
+    from engine_fixtures import worker_profile
     from sim.program import chunk_work
     from specs.plan import resolve_plan
     from specs.topology import load_topology
     tiny = ModelSpec("tiny", 4, 128, 4, 64, 512, 16)
-    rt = RuntimeSettings(launch_blocking=True, host_overhead_us=8.0, cp_attention_pieces=True)
-    base = Profile(gpus={"default": GpuEfficiency(gemm_eff_max=0.2, hbm_eff=0.1, kernel_overhead_us=5.0)},
-                   fabrics={"default": FabricEfficiency(bw_eff=0.5, call_latency_us=5.0)}, runtime=rt)
-    costly = _replace(base, runtime=_replace(rt, checkpoint_selective_region_us=500.0))
+    base = worker_profile(cp_attention_pieces=True)
+    costly = _replace(base, runtime=_replace(base.runtime, checkpoint_selective_region_us=500.0))
     cluster = load_topology("localhost-cpu", gpus_per_node=2)
     plan = resolve_plan("cp=2,recompute=selective,precision=fp32", tiny, 2)
     a = chunk_work(tiny, plan, cluster, base, 0, 4, True, True)

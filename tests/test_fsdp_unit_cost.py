@@ -5,22 +5,20 @@ from __future__ import annotations
 
 import pytest
 
-from costmodel.profile import FabricEfficiency, GpuEfficiency, Profile, RuntimeSettings
+from costmodel.profile import Profile
 from costmodel.shapes import ModelSpec
 from sim.core_sharing import slowed_profile
 from sim.program import chunk_work
 from specs.plan import resolve_plan
 from specs.topology import load_topology
 from validate.compute_bench import FSDP_MICROBATCHES, FSDP_MODELS, fsdp_unit_costs
+from engine_fixtures import worker_profile
 
 TINY = ModelSpec("tiny", 4, 128, 4, 64, 512, 16)
 
 
 def _profile(unit_us: float = 0.0, per_mib: float = 0.0, blocking: bool = True) -> Profile:
-    return Profile(gpus={"default": GpuEfficiency(gemm_eff_max=0.2, hbm_eff=0.1, kernel_overhead_us=5.0)},
-                   fabrics={"default": FabricEfficiency(bw_eff=0.5, call_latency_us=5.0)},
-                   runtime=RuntimeSettings(launch_blocking=blocking, host_overhead_us=8.0,
-                                           fsdp_unit_us=unit_us, fsdp_unit_us_per_mib=per_mib))
+    return worker_profile(launch_blocking=blocking, fsdp_unit_us=unit_us, fsdp_unit_us_per_mib=per_mib)
 
 
 def _work(plan_text: str, profile: Profile):

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import pytest
 
-from costmodel.profile import FabricEfficiency, GpuEfficiency, Profile, RuntimeSettings
+from costmodel.profile import Profile
 from costmodel.shapes import ModelSpec
 from sim.core_sharing import cores_saturated
 from specs.plan import resolve_plan
 from specs.topology import load_topology
+from engine_fixtures import worker_profile
 
 TINY = ModelSpec("tiny", 4, 128, 4, 64, 512, 16)
 
@@ -18,9 +19,7 @@ TINY = ModelSpec("tiny", 4, 128, 4, 64, 512, 16)
 def _cpu_profile(host_cores: int) -> Profile:
     """Worker processes on a host of ``host_cores`` cores; collectives cost 1 ms a call plus
     their bytes at the loopback's 10 GB/s, no hop latency, nothing else."""
-    return Profile(gpus={"default": GpuEfficiency(gemm_eff_max=0.2, hbm_eff=0.1, kernel_overhead_us=5.0)},
-                   fabrics={"default": FabricEfficiency(bw_eff=1.0, call_latency_us=1000.0, hop_latency_us=0.0)},
-                   runtime=RuntimeSettings(launch_blocking=True, host_overhead_us=8.0, host_cores=host_cores))
+    return worker_profile(bw_eff=1.0, call_latency_us=1000.0, hop_latency_us=0.0, host_cores=host_cores)
 
 
 def test_saturated_cores_run_fsdp_collectives_blocking():
