@@ -286,6 +286,16 @@ def _buckets(total_bytes: float, layers: int) -> tuple[float, ...]:
     return (total_bytes / k,) * k if k else ()
 
 
+def fsdp_units(model: ModelSpec, layers: int, tp: int, first: bool, last: bool) -> tuple[list[float], float]:
+    """ZeRO-3/FSDP units of a chunk of ``layers`` layers, as the runner wraps them
+    (validate/fsdp.py: one unit per layer, one for the weights outside the layers when the
+    chunk holds any): ([parameters of each layer unit], parameters of the outer unit, 0 when
+    none). What chunk_work charges RuntimeSettings.fsdp_unit_s for and what calibration
+    divides its measured FSDP cost by (validate/compute_bench.fsdp_unit_costs)."""
+    layer = mem.stage_params(model, 1, tp, False, False)
+    return [layer] * layers, mem.stage_params(model, layers, tp, first, last) - layers * layer
+
+
 def chunk_work(model: ModelSpec, plan: Plan, cluster: Cluster, profile: Profile,
                rank: int, layers: int, first: bool, last: bool) -> ChunkWork:
     """Durations, FLOPs, bytes and memory of one chunk on device `rank` (per microbatch)."""
@@ -309,7 +319,8 @@ def chunk_work(model: ModelSpec, plan: Plan, cluster: Cluster, profile: Profile,
     # ZeRO-3/FSDP's host work each time a unit is taken into use, forward and backward
     # (RuntimeSettings.fsdp_unit_s): one unit per layer, one for the weights outside them.
     gather_b = param_gather_bytes(prec, rt)
-    unit_s = rt.fsdp_unit_s(mem.stage_params(model, 1, tp, False, False) * gather_b) if plan.zero == 3 else 0.0
+    layer_units, outer = fsdp_units(model, layers, tp, first, last)
+    unit_s = rt.fsdp_unit_s(layer_units[0] * gather_b) if plan.zero == 3 and layer_units else 0.0
     fwd_s = layers * ops_time_s(f_ops, gpu, eff, prec, rt, unit_s)
     # Backward re-runs each layer's checkpointed part first (r_ops), one region a layer.
     # (with context parallelism's pieces checkpointed one by one, cp_layer_work holds their regions)
@@ -345,7 +356,6 @@ def chunk_work(model: ModelSpec, plan: Plan, cluster: Cluster, profile: Profile,
     fwd_tp, bwd_tp = layers * tp_fwd1 + ends_fwd, layers * tp_bwd1 + ends_bwd
 
     params = mem.stage_params(model, layers, tp, first, last)
-    outer = params - mem.stage_params(model, layers, tp, False, False)
     if plan.zero == 3 and outer > 0:  # the outer unit: in use for the whole forward, again for the backward
         outer_s = rt.fsdp_unit_s(outer * gather_b)  # host time with no ops of its own to hide behind
         fwd_s += outer_s

@@ -91,3 +91,21 @@ def test_calibration_never_negative():
     got = fsdp_unit_costs([0.010, 0.009, 0.020, 0.019])
     assert got == {"us": 0.0, "us_per_mib": 0.0}
 
+
+
+def test_calibration_inverts_what_the_simulator_charges():
+    """Steps made from the simulator's own charge (chunk_work of each FSDP draw model as one
+    zero=3 chunk holding every layer and both ends, at 80 us + 300 us/MiB against none,
+    forward plus backward, FSDP_MICROBATCHES microbatches a step) are fitted back to 80
+    and 300: the fit divides by the units the simulator charges (sim/program.fsdp_units),
+    whatever their layout."""
+    cluster = load_topology("localhost-cpu", gpus_per_node=2)
+    steps = []
+    for m in FSDP_MODELS:
+        plan = resolve_plan("dp=2,zero=3,precision=fp32", m, 2)
+        base, got = (chunk_work(m, plan, cluster, p, 0, m.num_layers, True, True)
+                     for p in (_profile(), _profile(80.0, 300.0)))
+        extra = (got.fwd_s - base.fwd_s) + (got.bwd_s - base.bwd_s)
+        steps += [0.01, 0.01 + FSDP_MICROBATCHES * extra]
+    got = fsdp_unit_costs(steps)
+    assert got["us"] == pytest.approx(80.0, rel=1e-9) and got["us_per_mib"] == pytest.approx(300.0, rel=1e-9)

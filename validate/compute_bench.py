@@ -167,12 +167,13 @@ def fsdp_unit_costs(steps_s: list[float]) -> dict[str, float]:
     weights in all, a step's extra time is 2 x FSDP_MICROBATCHES x (U x us + P x us_per_mib);
     the two models give two such equations, solved exactly, each figure never below 0."""
     from costmodel.dtypes import DTYPE_BYTES
-    from costmodel.memory import stage_params
+    from sim.program import fsdp_units
     rows = []
     for i, m in enumerate(FSDP_MODELS):
         extra_us = (steps_s[2 * i + 1] - steps_s[2 * i]) / (2 * FSDP_MICROBATCHES) * 1e6
-        units = m.num_layers + 1  # a unit per layer and one for the weights outside them (validate/fsdp.py)
-        rows.append((units, stage_params(m, m.num_layers, 1, True, True) * DTYPE_BYTES["fp32"] / 2**20, extra_us))
+        layer_units, outer = fsdp_units(m, m.num_layers, 1, True, True)  # as the simulator charges them
+        units = len(layer_units) + (1 if outer > 0 else 0)
+        rows.append((units, (sum(layer_units) + outer) * DTYPE_BYTES["fp32"] / 2**20, extra_us))
     (u1, p1, e1), (u2, p2, e2) = rows
     det = u1 * p2 - u2 * p1
     per_mib = max(0.0, (u1 * e2 - u2 * e1) / det)
