@@ -113,7 +113,8 @@ def refit_profile(path: Path, world: int, aggregate: str | None, cluster):
     calibration, with its launches merged by ``aggregate`` (AGGREGATES) when given."""
     from costmodel.profile import load_profile, overlay_profile
     from validate.calibrate import profile_from_bench
-    from validate.microbench import bench_record_path, load_bench, with_launch_aggregate
+    from validate.bench_record import bench_record_path, load_bench
+    from validate.microbench import with_launch_aggregate
 
     bench_file = bench_record_path(path / f"cpu-w{world}.yaml")
     res = load_bench(bench_file, "file")

@@ -123,7 +123,7 @@ def cmd_calibrate(args) -> int:
     from reports.files import output_file
     # Both files are checked before the microbenchmarks: the profile and its record beside it,
     # writable and none of the inputs.
-    from validate.microbench import bench_record_path
+    from validate.bench_record import bench_record_path
     inputs = [("topology", args.topology), ("--model", args.model), ("--compute-from", args.compute_from)]
     output_file(bench_record_path(output_file(args.out, "--out", inputs)), "--out (its .bench.json record)", inputs)
     from specs.model import load_model
@@ -135,7 +135,7 @@ def cmd_calibrate(args) -> int:
     from validate.calibrate import calibrate
     from validate.profile_file import format_params, format_residuals
     from validate.collective_bench import format_collectives
-    from validate.microbench import format_compute
+    from validate.bench_record import format_compute
 
     def say(msg):
         print(msg, file=sys.stderr, flush=True)

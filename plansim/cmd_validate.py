@@ -217,7 +217,7 @@ def cmd_validate(args) -> int:
     if args.report is not None:
         from reports.files import check_outputs
         from reports.validation import load_benches
-        from validate.microbench import bench_record_path
+        from validate.bench_record import bench_record_path
         profiles = [("--profile", p) for p in profile_for(args.profile).values()]
         names = ("index.html", "report.md", "validation.csv", "validation.json",
                  *(f"trace-{i}-{kind}.json" for i in range(1, len(plans) + 1) for kind in ("measured", "simulated")))

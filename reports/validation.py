@@ -32,8 +32,8 @@ HEADERS = ("plan", "processes", "measured_ms", "p10_ms", "p90_ms", "predicted_ms
 
 def bench_path(profile_path: str | None) -> Path | None:
     """The measurements plansim calibrate left beside a profile (P.yaml -> P.bench.json,
-    validate/microbench.bench_record_path), when there is such a path; None otherwise."""
-    from validate.microbench import bench_record_path
+    validate/bench_record.bench_record_path), when there is such a path; None otherwise."""
+    from validate.bench_record import bench_record_path
     if not profile_path:
         return None
     q = bench_record_path(profile_path)
@@ -42,10 +42,10 @@ def bench_path(profile_path: str | None) -> Path | None:
 
 def load_benches(profiles: dict | None) -> dict[str, dict]:
     """Each profile's calibration record (P.bench.json beside P.yaml, when there), read and
-    checked (validate/microbench.load_bench_dict), by profile path. plansim validate
+    checked (validate/bench_record.load_bench_dict), by profile path. plansim validate
     calls it before the runs, so that a damaged record is a one-line input error then,
     not a traceback after minutes of measurement."""
-    from validate.microbench import load_bench_dict
+    from validate.bench_record import load_bench_dict
     out: dict[str, dict] = {}
     for path in (profiles or {}).values():
         bp = bench_path(path)
@@ -113,7 +113,7 @@ def calibration_curves(bench: dict, profile_path: str) -> str:
     from specs.topology import load_topology
     from validate.calibrate import _gemm_op, _mem_op, collective_time_s, FIT_PRECISION
     from costmodel.efficiency import op_time_s
-    from validate.microbench import MicrobenchResult
+    from validate.bench_record import MicrobenchResult
 
     res = MicrobenchResult.from_dict(bench)
     prof = load_profile(profile_path)

@@ -165,7 +165,7 @@ def test_refit_needs_the_saved_microbenchmarks(tmp_path):
     shutil.copy(bench, d / "cpu-w2.bench.json")
     from costmodel.profile import overlay_profile
     from validate.calibrate import profile_from_bench
-    from validate.microbench import load_bench
+    from validate.bench_record import load_bench
     cluster, _ = resolve_world("localhost-cpu", 2, "--world", "")
     _, mapping = profile_from_bench(cluster, load_bench(bench, "file"), "test")
     prof = overlay_profile(load_profile(None, bundled=cluster.profiles), mapping, "test")

@@ -18,8 +18,8 @@ from validate.calibrate import (FIT_PRECISION, _attn_op, _gemm_op, _mem_op, coll
                                 per_op_overheads)
 from validate.profile_file import profile_mapping
 from validate.collective_bench import CollectiveSample, format_collectives, sizes_bytes
-from validate.microbench import (AttentionSample, GemmSample, MemorySample, MicrobenchResult, OverheadSample,
-                                 memory_op_bytes, model_gemm_shapes, sweep_gemm_shapes)
+from validate.bench_record import AttentionSample, GemmSample, MemorySample, MicrobenchResult, OverheadSample
+from validate.microbench import memory_op_bytes, model_gemm_shapes, sweep_gemm_shapes
 
 pytest.importorskip("scipy")
 
@@ -362,7 +362,8 @@ def test_topk_selection_spread_by_hand():
     waits 10 ms x (1 + 0.3 x 0.58946) + 1.415 ms = 13.1834 ms; alone, 11.415 ms."""
     from costmodel.efficiency import topk_compress_time_s
     from validate.calibrate import topk_cv
-    from validate.microbench import TopkSample, topk_sample
+    from validate.bench_record import TopkSample
+    from validate.microbench import topk_sample
     t = topk_sample(1000, 0.1, [1e-3, 2e-3, 3e-3])
     assert t.seconds == pytest.approx(2e-3) and t.cv == pytest.approx(math.sqrt(2 / 3) / 2)
     assert topk_cv([TopkSample(1, 0.1, 1.0, 0.1), t, TopkSample(1, 0.1, 1.0, 0.5)]) == pytest.approx(0.40825, rel=1e-4)
@@ -378,7 +379,8 @@ def test_fit_recovers_topk_selection_cost():
     generation at 12 ns per element alone is fitted back to 12)."""
     from costmodel.efficiency import topk_compress_time_s
     from validate.calibrate import fit_topk, topk_kept
-    from validate.microbench import TOPK_FRACTIONS, TopkSample, topk_sizes
+    from validate.bench_record import TopkSample
+    from validate.microbench import TOPK_FRACTIONS, topk_sizes
     sizes = topk_sizes(load_model("tiny"), [1, 2])
     base = GpuEfficiency(hbm_eff=0.15, kernel_overhead_us=5.0)
     true = GpuEfficiency(hbm_eff=0.15, kernel_overhead_us=5.0, topk_select_ns_per_elem=12.0,
@@ -446,8 +448,9 @@ def test_launch_aggregate_remerges_the_same_measurements():
     1.6 ms) -> 0.5 ms); with the mean instead: 1.2233 ms, mean(3.0, 5.0) = 4.0 ms and
     0.8 ms; the once-measured sweep row and the busy fraction stay."""
     import statistics
-    from validate.microbench import (POSTED_BUSY_OP, STRAGGLER_OP, MicrobenchResult, _apply_collective_rows,
-                                     _over_launches, with_launch_aggregate)
+    from validate.bench_record import MicrobenchResult
+    from validate.microbench import (POSTED_BUSY_OP, STRAGGLER_OP, _apply_collective_rows, _over_launches,
+                                     with_launch_aggregate)
     from validate.collective_bench import BUSY_OP
     ms = 1e-3
     first = [["all_reduce", 2, 4096, 1 * ms], ["all_reduce_after_compute", 2, 32768, 0.47 * ms],

@@ -157,7 +157,8 @@ def test_calibrate_and_validate_smoke(tmp_path, capsys):
     # validate/microbench.POSTED_LAUNCHES), each positive; the profile's probe is their median.
     import statistics
 
-    from validate.microbench import POSTED_LAUNCHES, bench_record_path, load_bench
+    from validate.bench_record import bench_record_path, load_bench
+    from validate.microbench import POSTED_LAUNCHES
     bench = load_bench(bench_record_path(prof), "bench")
     assert len(bench.probe_draws_s) == 1 + POSTED_LAUNCHES and min(bench.probe_draws_s) > 0
     assert _load(str(prof)).runtime.speed_probe_us == pytest.approx(statistics.median(bench.probe_draws_s) * 1e6,

@@ -44,7 +44,7 @@ from costmodel.flops import Op
 from costmodel.gpus import GpuSpec
 from costmodel.profile import COLLECTIVE_OPS, EFF_MIN, FabricEfficiency, GpuEfficiency
 from validate.collective_bench import AFTER_COMPUTE_SUFFIX, CollectiveSample
-from validate.microbench import AttentionSample, GemmSample, MemorySample, MicrobenchResult, TopkSample
+from validate.bench_record import AttentionSample, GemmSample, MemorySample, MicrobenchResult, TopkSample
 
 FIT_PRECISION = "fp32"  # the microbenchmarks run fp32 tensors
 FITTED_COLLECTIVES = COLLECTIVE_OPS  # the collectives a fabric has its own call cost for
@@ -340,8 +340,9 @@ def calibrate(cluster, model, world: int, *, tps: list[int] | None = None, repea
     from costmodel.profile import RuntimeSettings
     from validate.collective_bench import sizes_bytes
     from validate.profile_file import runtime_facts, where_and_when
-    from validate.microbench import (TOPK_FRACTIONS, load_bench, memory_sizes, model_attention_shapes,
-                                     model_gemm_shapes, run_microbenchmarks, sweep_gemm_shapes, topk_sizes)
+    from validate.bench_record import load_bench
+    from validate.microbench import (TOPK_FRACTIONS, memory_sizes, model_attention_shapes, model_gemm_shapes,
+                                     run_microbenchmarks, sweep_gemm_shapes, topk_sizes)
 
     be = pick_backend() if backend is None else None
     be_name = backend or be.name
@@ -370,7 +371,7 @@ def calibrate(cluster, model, world: int, *, tps: list[int] | None = None, repea
 
 def profile_from_bench(cluster, res, where: str):
     """(FitResult, profile mapping) fitted to the microbenchmarks ``res``
-    (validate/microbench.MicrobenchResult) for ``cluster``'s device type and intra-node
+    (validate/bench_record.MicrobenchResult) for ``cluster``'s device type and intra-node
     link class; ``where``: where and when they were measured, for the profile's source.
     What calibrate does after measuring, and what a refit of a saved .bench.json does
     (benchmarks/repredict.py --launch-aggregate)."""

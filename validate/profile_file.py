@@ -9,7 +9,7 @@ import socket
 from datetime import datetime, timezone
 
 from validate.calibrate import CPU_ATTENTION_SHAPE, FITTED_COLLECTIVES, FitResult
-from validate.microbench import MicrobenchResult
+from validate.bench_record import MicrobenchResult
 
 
 def cpu_model() -> str:
