@@ -1,7 +1,8 @@
 """The one error type for bad input, shared by every layer.
 
 It lives in costmodel (the lowest package) so that costmodel, sim and the command
-line can all raise it. The command line prints ``str(err)`` as one line and exits 2.
+line can all raise it. The command line prints ``str(err)`` as one line and exits 2
+(a failed real run, RunError, as one line with exit 1).
 """
 from __future__ import annotations
 
@@ -30,6 +31,13 @@ class InputError(Exception):
         where = f"{clip(self.source)}: {clip(self.field)}" if self.field else clip(self.source)
         # One line, always: newlines in messages would break the one-line contract.
         return f"{where}: {clip(self.message, MAX_MESSAGE)}".replace("\n", " ")
+
+
+class RunError(RuntimeError):
+    """A real run failed through no fault of the input: a worker process raised, hung past
+    its timeout or was killed (validate/launch.WorkerError). The command line prints it as
+    one line naming the rank and exits 1; defined here, beside InputError, so the command
+    line can catch it without importing the validator."""
 
 
 # A path, field or value in an error is shown up to this many characters (a 100,000-

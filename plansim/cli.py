@@ -6,7 +6,7 @@ import importlib
 import json
 import sys
 
-from costmodel.errors import InputError, clip
+from costmodel.errors import MAX_MESSAGE, InputError, RunError, clip
 
 DEFAULT_TOPOLOGY = "dgx-a100"
 # Subcommands that live in modules of their own; each module has register(subparsers),
@@ -189,6 +189,9 @@ def main(argv: list[str] | None = None) -> int:
     except InputError as err:
         print(f"plansim: error: {err}", file=sys.stderr)
         return 2
+    except RunError as err:  # a worker of a real run raised, hung or died: one line naming the rank
+        print(f"plansim: error: {clip(str(err), MAX_MESSAGE)}".replace("\n", " "), file=sys.stderr)
+        return 1
     except OSError as err:  # unreadable input, unwritable output: still one line, exit 2
         why = err.strerror or str(err)
         print(f"plansim: error: {InputError(err.filename, None, why) if err.filename else clip(why)}",

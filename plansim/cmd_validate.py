@@ -105,6 +105,9 @@ def validate_plans(topology: str, model_name: str, plans: list[str], profiles: d
         prepared = prepare_plans(topology, model_name, plans, profiles, runtime)
     require_torch()
     check_devices_match(topology, prepared)
+    from validate.backend import pick_backend
+    if pick_backend().kind == "cpu":
+        check_host_memory(model, prepared)
     from validate.microbench import worker_threads_env
     from validate.runner import run_plan, run_plans
 
@@ -168,6 +171,46 @@ def check_devices_match(topology: str, prepared: list) -> None:
     if kind == "cuda" and cpu:
         raise InputError(topology, "topology", "the plans would run on CUDA devices (nccl), but the topology's "
                          "devices are host CPUs: give the GPU node's topology, or PLANSIM_BACKEND=gloo")
+
+
+def available_memory_bytes() -> float | None:
+    """Memory this host can give new processes without swapping, bytes: the kernel's
+    MemAvailable estimate (Linux /proc/meminfo, kB); None where there is none."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return float(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def check_host_memory(model, prepared: list) -> None:
+    """CPU runs: every process of a plan keeps its weights, gradients, optimizer state and
+    activations in the host's memory, so a plan whose processes would hold more than the
+    host has available is refused before it starts (it would be killed, or swap, part way
+    in). What a process holds is the simulator's memory model under the runner's own
+    facts (validate/profile_file.runtime_facts), its peak over the plan's devices; the
+    plans of one validation run one after another, so each is checked alone."""
+    from dataclasses import replace
+
+    from sim.metrics import simulate
+    from validate.profile_file import runtime_facts
+    avail = available_memory_bytes()
+    if avail is None:
+        return
+    for plan, cluster, profile, _ in prepared:
+        runner = replace(profile, runtime=replace(profile.runtime, **runtime_facts("cpu")))
+        peak = simulate(model, plan, cluster, runner).peak_memory_gib * 2**30
+        need = peak * plan.num_devices
+        if need > avail:
+            def size(b: float) -> str:
+                return f"{b / 2**30:.1f} GiB" if b >= 2**30 else f"{b / 2**20:.0f} MiB"
+            raise InputError("--plan", plan.to_string()[:80],
+                             f"its {plan.num_devices} processes would hold about {size(need)} ({size(peak)} "
+                             f"each by the memory model) where this host has {size(avail)} available: a "
+                             f"smaller model, or a plan that splits it further")
 
 
 def prepare_plans(topology: str, model_name: str, plans: list[str], profiles: dict, runtime: str | None = None):

@@ -684,3 +684,47 @@ def test_a_second_profile_for_one_world_is_refused():
     with pytest.raises(InputError):
         profile_for(["a.yaml", "b.yaml"])
     assert profile_for(["2=a.yaml", "4=b.yaml", "c.yaml"]) == {2: "a.yaml", 4: "b.yaml", None: "c.yaml"}
+
+
+def test_validate_refuses_a_plan_the_host_memory_cannot_hold(capsys, monkeypatch):
+    """A CPU plan whose processes would hold more than the host has available is refused
+    before any worker starts: exit 2, one line with the need (processes x the memory
+    model's peak under the runner's facts, worked out here from simulate) and what the host
+    has. With 16 MiB available, tiny at dp=2 (about 15 MiB a process) is refused."""
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("CUDA present: the plans would run on GPUs")
+    from dataclasses import replace
+
+    import plansim.cmd_validate as cv
+    import validate.runner as vr
+    from sim.metrics import simulate
+    from validate.profile_file import runtime_facts
+    monkeypatch.setattr(cv, "available_memory_bytes", lambda: 16 * 2**20)
+    monkeypatch.setattr(vr, "run_plan", lambda *a, **k: pytest.fail("a worker was started"))
+    monkeypatch.setattr(vr, "run_plans", lambda *a, **k: pytest.fail("a worker was started"))
+    (plan, cluster, profile, _), = cv.prepare_plans("localhost-cpu", "tiny", ["dp=2"], {})
+    runner = replace(profile, runtime=replace(profile.runtime, **runtime_facts("cpu")))
+    need_mib = 2 * simulate(load_model("tiny"), plan, cluster, runner).peak_memory_gib * 1024
+    assert 16 < need_mib < 1024
+    assert main(["validate", "localhost-cpu", "--plan", "dp=2", "--steps", "1", "--warmup", "0"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"about {need_mib:.0f} MiB" in err and "has 16 MiB available" in err
+
+
+def test_a_failed_run_is_one_line_with_exit_1(capsys, monkeypatch):
+    """A worker that dies (here: reported as killed by SIGKILL, as the kernel's OOM killer
+    does) ends plansim validate with one line naming the rank, exit 1, no traceback."""
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("CUDA present: the plans would run on GPUs")
+    import validate.runner as vr
+    from validate.launch import WorkerError
+
+    def die(*a, **k):
+        raise WorkerError(1, "killed by SIGKILL (exit code -9)")
+    monkeypatch.setattr(vr, "run_plan", die)
+    assert main(["validate", "localhost-cpu", "--plan", "dp=2", "--steps", "1", "--warmup", "0"]) == 1
+    err = capsys.readouterr().err
+    assert err.strip().splitlines()[-1] == "plansim: error: rank 1: killed by SIGKILL (exit code -9)"
+    assert "Traceback" not in err

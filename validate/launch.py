@@ -49,7 +49,7 @@ import traceback
 from datetime import timedelta
 from typing import Any, Callable
 
-from costmodel.errors import InputError
+from costmodel.errors import InputError, RunError
 from validate.backend import configure_cpu_threads, pick_backend, require_torch
 
 TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
@@ -61,7 +61,7 @@ _PORT_ATTEMPTS = 3
 START_METHOD_ENV = "PLANSIM_START_METHOD"
 
 
-class WorkerError(RuntimeError):
+class WorkerError(RunError):
     """One worker process failed; the message (one line) names the rank and the cause."""
 
     def __init__(self, rank: int, cause: str):
