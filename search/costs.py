@@ -29,9 +29,9 @@ from sim.context_parallel import all_to_all, ring_step
 from sim.engine import hop_latency
 from sim.flownet import edge_latency_s
 from specs.plan import Plan
-from sim.program import (ChunkWork, ReplicaClass, call_latency_s, choose_allreduce,
-                         chunk_work, n_buckets, overlapped_gather_exposed_s, replica_classes, stage_alive_factor,
-                         stage_chunks, stage_memory)
+from sim.program import (ChunkWork, ReplicaClass, choose_allreduce, chunk_work, n_buckets,
+                         overlapped_gather_exposed_s, replica_classes, stage_alive_factor, stage_chunks, stage_memory)
+from sim.tp_comm import call_latency_s
 from sim.schedules import make_schedule
 from specs.topology import Cluster
 

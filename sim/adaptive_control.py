@@ -28,7 +28,7 @@ from dataclasses import dataclass, replace
 from costmodel import memory as mem
 from costmodel.dtypes import optimizer_state_bytes, working_bytes
 from costmodel.rebalance import Decision, Rebalancer
-from sim.program import group_kind
+from sim.tp_comm import group_kind
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,8 @@ import simpy
 from sim import collective_flows as cf
 from sim.accountant import StepAccountant
 from sim.flownet import FlowNetwork
-from sim.program import Program, call_latency_s
+from sim.program import Program
+from sim.tp_comm import call_latency_s
 from specs.topology import Cluster
 
 

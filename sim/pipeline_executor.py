@@ -23,7 +23,7 @@ from sim.context_parallel import ContextParallelExchange
 from sim.core_sharing import cores_saturated
 from costmodel.estimate import closing_straggler_s
 from costmodel.profile import reshard_after_forward
-from sim.program import group_kind
+from sim.tp_comm import group_kind
 from sim.flownet import FlowNetwork
 from sim.gradient_reducer import GradientReducer
 from sim.program import Program

@@ -159,7 +159,7 @@ def test_old_rows_unchanged_by_runtime_names(accuracy):
     k22-530b-dp8 36.28592 -> 36.29646 s, bloom-176b-final 111.35383 -> 113.04507 s (BLOOM's
     250,880 x 14,336 embedding, a quarter per TP rank, in fp32 over Omni-Path), bloom-sweep-m
     134.82333 -> 135.24618 s; then (2026-12-03, session 8) by the TP collectives at the ends
-    of the stack (sim/program.tp_ends_comm_s: the vocabulary-parallel embedding's all-reduce
+    of the stack (sim/tp_comm.tp_ends_comm_s: the vocabulary-parallel embedding's all-reduce
     and the logits input's, which the simulator had left out, beside the loss's two):
     k22-22b 1.07022 -> 1.07220 s, k22-530b-dp8 36.29646 -> 36.49507 s, bloom-176b-final
     113.04507 -> 113.04740 s, bloom-sweep-m 135.24618 -> 135.28547 s."""

@@ -22,7 +22,8 @@ from costmodel.profile import (GpuEfficiency, RuntimeSettings, bundled_profiles,
                                profile_to_dict)
 from costmodel.shapes import ModelSpec
 from specs.plan import resolve_plan
-from sim.program import chunk_work, grad_accumulation_ops, tp_ends_comm_s, tp_layer_comm_s
+from sim.program import chunk_work, grad_accumulation_ops
+from sim.tp_comm import tp_ends_comm_s, tp_layer_comm_s
 from specs.topology import load_topology
 
 A100 = get_gpu("A100-SXM4-80GB")

@@ -13,7 +13,8 @@ from costmodel.gpus import get_gpu
 from costmodel.profile import FabricEfficiency, GpuEfficiency, Profile, RuntimeSettings
 from costmodel.shapes import ModelSpec
 from engine_fixtures import fixed_program, run_engine
-from sim.program import overlapped_gather_exposed_s, pipelined_overlap_s, tp_layer_comm_s
+from sim.program import overlapped_gather_exposed_s
+from sim.tp_comm import pipelined_overlap_s, tp_layer_comm_s
 from specs.topology import load_topology
 
 DATA = Path(__file__).parent / "data"

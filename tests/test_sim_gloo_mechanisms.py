@@ -200,7 +200,7 @@ def test_each_collective_pays_its_own_call_cost():
     call. Raising all_reduce_call_us from the generic 50 us to 1250 us adds 2 x 1200 us
     to each direction; all-gather's own figure (the pipeline and SP paths) is untouched;
     an unset op (broadcast, None) pays call_latency_us."""
-    from sim.program import tp_layer_comm_s
+    from sim.tp_comm import tp_layer_comm_s
     cluster = load_topology("localhost-cpu", gpus_per_node=2)
     base = FabricEfficiency(bw_eff=0.5, call_latency_us=50.0)
     dear = FabricEfficiency(bw_eff=0.5, call_latency_us=50.0, all_reduce_call_us=1250.0)
@@ -224,7 +224,7 @@ def test_bigger_groups_pay_the_per_rank_call_cost():
     """call_us_per_rank adds to every call per rank beyond two: tiny's TP layer (no SP, no
     backward overlap: 2 all-reduces each way) at tp=4 pays 2 x 2 x 700 us more each way with
     700 us per rank; at tp=2 nothing changes. The generic call cost and pairs alike."""
-    from sim.program import tp_layer_comm_s
+    from sim.tp_comm import tp_layer_comm_s
     cluster = load_topology("localhost-cpu", gpus_per_node=4)
     base = FabricEfficiency(bw_eff=0.5, call_latency_us=50.0)
     dear = FabricEfficiency(bw_eff=0.5, call_latency_us=50.0, call_us_per_rank=700.0)

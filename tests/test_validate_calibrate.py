@@ -298,14 +298,14 @@ def test_fitted_hop_latency_reaches_the_simulator(tmp_path):
     import simpy
     from sim.engine import bw_efficiency, hop_latency
     from sim.flownet import FlowNetwork
-    from sim.program import _tp_call_s
+    from sim.tp_comm import group_allreduce_s
     from search.costs import CostTables
     path = tmp_path / "hop.yaml"
     path.write_text(yaml.safe_dump({"fabrics": {"loopback": {"call_latency_us": 150.0, "hop_latency_us": 1000.0}}}))
     prof = load_profile(str(path))
     cluster = load_topology("localhost-cpu", gpus_per_node=2)
-    assert _tp_call_s(cluster, prof, [0, 1], 0.0) == pytest.approx(2.15e-3)
-    assert _tp_call_s(cluster, load_profile(None), [0, 1], 0.0) == pytest.approx(2 * 10e-6 + 10e-6)  # default call 10 us
+    assert group_allreduce_s(cluster, prof, [0, 1], 0.0) == pytest.approx(2.15e-3)
+    assert group_allreduce_s(cluster, load_profile(None), [0, 1], 0.0) == pytest.approx(2 * 10e-6 + 10e-6)  # default call 10 us
     net = FlowNetwork(simpy.Environment(), cluster.graph, bw_scale=bw_efficiency(prof), hop_latency=hop_latency(prof))
     lats = [net.edge_params(e)[1] for e in cluster.graph.edges]
     assert len(lats) == 4 and lats == pytest.approx([500e-6] * 4)

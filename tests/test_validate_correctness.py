@@ -293,7 +293,7 @@ def test_tp_bytes_per_step_hand_worked(runs_2):
     vocabulary-parallel embedding's, forward; the logits input gradient's, backward), and
     the loss's two all-reduces of 64 and 2 x 64 fp32 values: with a 2-rank all-reduce's
     bus factor 2(n-1)/n = 1, 16 x (18 x 32,768 + 256 + 512) = 9,449,472 B a step, on each
-    rank. The simulator prices the same calls (sim/program.tp_layer_comm_s and
+    rank. The simulator prices the same calls (sim/tp_comm.tp_layer_comm_s and
     tp_ends_comm_s)."""
     assert (MODEL.num_layers, MODEL.hidden_size, MODEL.seq_length, MODEL.global_batch_size) == (4, 128, 64, 16)
     for w in runs_2["tp=2"]:
