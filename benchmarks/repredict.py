@@ -28,7 +28,10 @@ The last line counts the runs that have all six of the issue's plans
 
 --refit refits each run's profiles from its saved microbenchmarks with this tree's
 calibration (validate/calibrate.profile_from_bench), launches as calibrate merged them: a
-change to the fit tried on measurements already taken.
+change to the fit tried on measurements already taken. The figures fitted to a record's
+own draws are refitted too (validate/microbench.fit_draw_figures): FSDP's unit cost
+always, the alive law where the record keeps the MiB held at each depth (records from
+session 16 on; older ones keep their saved alive figures).
 
 --no-drift predicts every plan with its profile as calibrated, ignoring the speed probe's
 drift factor the run applied (what `plansim validate --no-drift-correction` would have
@@ -114,10 +117,10 @@ def refit_profile(path: Path, world: int, aggregate: str | None, cluster):
     from costmodel.profile import load_profile, overlay_profile
     from validate.calibrate import profile_from_bench
     from validate.bench_record import bench_record_path, load_bench
-    from validate.microbench import with_launch_aggregate
+    from validate.microbench import fit_draw_figures, with_launch_aggregate
 
     bench_file = bench_record_path(path / f"cpu-w{world}.yaml")
-    res = load_bench(bench_file, "file")
+    res = fit_draw_figures(load_bench(bench_file, "file"))  # this tree's fits of the record's own draws
     where = f"refit of {bench_file}"
     if aggregate is not None:
         if not res.launch_samples:

@@ -118,6 +118,31 @@ def test_alive_fit_recovers_a_law():
     assert alive_fit([0.08 - 0.001 * i for i in range(len(xs))], TINY)["per_doubling"] == 0.0
 
 
+def test_a_refit_of_a_record_uses_its_own_draws():
+    """microbench.fit_draw_figures, what calibration runs once its draws are taken and a
+    refit of a saved record runs: draws made from a known alive law (held MiB as tiny's
+    stage holds them, knee a half-octave above the shallowest, 0.04 a doubling) and from
+    FSDP costs of 80 us + 300 us/MiB (the simulator's own charge, tests/test_fsdp_unit_cost)
+    are fitted back to them; a record without the held MiB (written before they were kept)
+    keeps its saved alive figures; the record given is not changed."""
+    from validate.bench_record import MicrobenchResult
+    from validate.compute_bench import alive_held_mib, fsdp_unit_costs
+    from validate.microbench import fit_draw_figures
+    held = alive_held_mib(TINY)
+    knee = held[0] * 2**0.5
+    steps = [0.08 * (1 + 0.04 * max(0.0, math.log2(h / knee))) for h in held]
+    saved = {"knee_mib": 9.0, "per_doubling": 0.5}
+    rec = MicrobenchResult(world=2, backend="gloo", threads=1, alive_draws=[steps, steps], alive=dict(saved),
+                           alive_held_mib=list(held), fsdp_draws=[[0.01, 0.02, 0.01, 0.03]] * 2)
+    got = fit_draw_figures(rec)
+    assert got.alive["knee_mib"] == pytest.approx(knee, rel=1e-9)
+    assert got.alive["per_doubling"] == pytest.approx(0.04, rel=1e-9)
+    assert got.fsdp_unit == fsdp_unit_costs([0.01, 0.02, 0.01, 0.03])
+    assert rec.alive == saved and rec.fsdp_unit == {}
+    old = MicrobenchResult(world=2, backend="gloo", threads=1, alive_draws=[steps], alive=dict(saved))
+    assert fit_draw_figures(old).alive == saved
+
+
 def test_alive_draws_only_where_cheap():
     """The draws run three layers of the model itself, so only of a small one: tiny
     (1.69 MiB a microbatch: 3 x 525,312 B + 196,608 B of the output end, by the memory

@@ -202,6 +202,14 @@ def test_calibrate_and_validate_smoke(tmp_path, capsys):
     assert (rt.alive_knee_mib, rt.alive_slowdown_per_doubling) == (
         round(bench.alive["knee_mib"], 3), round(bench.alive["per_doubling"], 4))
     assert rt.alive_knee_mib > 0 and 0 <= rt.alive_slowdown_per_doubling <= 1
+    # The record keeps the MiB held at each depth, so a refit of the saved record
+    # (microbench.fit_draw_figures, benchmarks/repredict.py --refit) needs no model and gives
+    # back exactly what the calibration wrote.
+    from validate.compute_bench import alive_held_mib
+    from validate.microbench import fit_draw_figures
+    assert bench.alive_held_mib == pytest.approx(alive_held_mib(load_model("tiny")), rel=1e-12)
+    again = fit_draw_figures(bench)
+    assert again.alive == bench.alive and again.fsdp_unit == bench.fsdp_unit
     rep = tmp_path / "report"
     assert main(["validate", "localhost-cpu", "--model", "tiny", "--plan", "dp=2",
                  "--profile", str(prof), "--steps", "3", "--warmup", "1", "--launches", "2", "--json",

@@ -150,6 +150,10 @@ class MicrobenchResult:
     # measured (GPU workers, a model too large for the draws, records before session 14).
     alive_draws: list = field(default_factory=list)
     alive: dict = field(default_factory=dict)
+    # The MiB the alive stage holds on average at each depth (compute_bench.alive_held_mib),
+    # what the fit set the draws against, so that a refit needs no model; [] in records
+    # written before session 16 (a refit then keeps ``alive`` as it was).
+    alive_held_mib: list = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -174,7 +178,8 @@ class MicrobenchResult:
                    recompute_draws=list(d.get("recompute_draws", [])),
                    checkpoint_region_us=dict(d.get("checkpoint_region_us", {})),
                    fsdp_draws=list(d.get("fsdp_draws", [])), fsdp_unit=dict(d.get("fsdp_unit", {})),
-                   alive_draws=list(d.get("alive_draws", [])), alive=dict(d.get("alive", {})))
+                   alive_draws=list(d.get("alive_draws", [])), alive=dict(d.get("alive", {})),
+                   alive_held_mib=list(d.get("alive_held_mib", [])))
 
 
 def check_draws(source: str, rows, name: str, width: int, what: str, figures: list) -> list:

@@ -229,15 +229,27 @@ def alive_drawer(torch, dev, dsync, repeats: int, model: ModelSpec):
     return _interleaved_drawer(torch, fns, repeats, dsync)
 
 
-def alive_fit(steps_s: list[float], model: ModelSpec) -> dict[str, float]:
-    """{'knee_mib', 'per_doubling'} from the alive draws' step times (seconds, one per
-    ALIVE_DEPTHS): each depth's activations held on average (sim/schedules.mean_alive of
-    its order) against its step over the shallowest's, fitted by least squares to
-    1 + per_doubling x max(0, log2(A / knee)): the knee scanned over quarter-octaves from
-    the shallowest order's figure to below the deepest's, the slope solved for each (never
-    below 0), the pair with the least squared error kept (the lower knee on a tie)."""
+def alive_held_mib(model: ModelSpec) -> list[float]:
+    """MiB of activations the alive draws' stage holds on average at each of ALIVE_DEPTHS
+    (sim/schedules.mean_alive of its order, alive_stage_bytes a microbatch). Calibration
+    keeps them in its record (MicrobenchResult.alive_held_mib) so that a refit needs no model."""
     per_mb = alive_stage_bytes(model)
-    xs = [mean_alive(one_f_one_b(d, ALIVE_MICROBATCHES)[0], [per_mb]) for d in ALIVE_DEPTHS]
+    return [mean_alive(one_f_one_b(d, ALIVE_MICROBATCHES)[0], [per_mb]) / MIB for d in ALIVE_DEPTHS]
+
+
+def alive_fit(steps_s: list[float], model: ModelSpec) -> dict[str, float]:
+    """fit_alive_law of the alive draws' step times with ``model``'s bytes held."""
+    return fit_alive_law(steps_s, alive_held_mib(model))
+
+
+def fit_alive_law(steps_s: list[float], held_mib: list[float]) -> dict[str, float]:
+    """{'knee_mib', 'per_doubling'} from the alive draws' step times (seconds, one per
+    ALIVE_DEPTHS) and the MiB held at each (alive_held_mib): each depth's step over the
+    shallowest's, fitted by least squares to 1 + per_doubling x max(0, log2(A / knee)):
+    the knee scanned over quarter-octaves from the shallowest order's figure to below the
+    deepest's, the slope solved for each (never below 0), the pair with the least squared
+    error kept (the lower knee on a tie)."""
+    xs = [h * MIB for h in held_mib]
     ys = [t / steps_s[0] - 1.0 for t in steps_s]
     best = None
     knee = xs[0]

@@ -282,6 +282,10 @@ def reused_compute(src: MicrobenchResult, source: str, world: int, backend: str,
     adraws = check_draws(source, src.alive_draws, "alive_draws", len(ALIVE_DEPTHS),
                         f"[seconds at each of {len(ALIVE_DEPTHS)} depths]", figures)
     alive = check_figures(source, src.alive, "alive", {"knee_mib": ("MiB", 1e6), "per_doubling": ("shares", 1.0)})
+    held = src.alive_held_mib
+    if held and (not isinstance(held, list) or len(held) != len(ALIVE_DEPTHS)
+                 or any(number_problem(h, 0.0, 1e6) for h in held)):
+        raise InputError(source, "alive_held_mib", f"expected [] or {len(ALIVE_DEPTHS)} MiB figures in [0, 1e6]")
     for where, v in figures:
         if number_problem(v, 0.0, 60.0, lo_open=True, hi_open=True):
             raise InputError(source, where, f"{v!r}: a measured time must be a number of seconds in (0, 60)")
@@ -311,7 +315,7 @@ def reused_compute(src: MicrobenchResult, source: str, world: int, backend: str,
                             overhead=overhead, overhead_draws=mine,
                             recompute_draws=[list(d) for d in rdraws], checkpoint_region_us=dict(regions),
                             fsdp_draws=[list(d) for d in fdraws], fsdp_unit=dict(unit),
-                            alive_draws=[list(d) for d in adraws], alive=dict(alive),
+                            alive_draws=[list(d) for d in adraws], alive=dict(alive), alive_held_mib=list(held),
                             probe_s=compute_draw, probe_draws_s=[compute_draw],
                             harness=dict(src.harness))
 
@@ -351,8 +355,8 @@ def _measure_compute(world: int, gemm_shapes, mem_sizes, attn_shapes, topk, runt
     """(a)-(c'), the speed probe and the harness figures, in compute_processes(world)
     processes at once; each figure the median over the ranks."""
     from costmodel.profile import RuntimeSettings
-    from validate.compute_bench import (ALIVE_DEPTHS, ComputeConfig, alive_fit, chain_op_counts, checkpoint_region_us,
-                                        compute_worker, fsdp_unit_costs)
+    from validate.compute_bench import ALIVE_DEPTHS, ComputeConfig, alive_held_mib, chain_op_counts, \
+        checkpoint_region_us, compute_worker
     from validate.launch import launch
 
     cw = compute_processes(world, "cuda" if be_name == "nccl" else "cpu")
@@ -390,13 +394,26 @@ def _measure_compute(world: int, gemm_shapes, mem_sizes, attn_shapes, topk, runt
         steps = [statistics.median(d[i] for d in res.recompute_draws) for i in range(3)]
         res.checkpoint_region_us = checkpoint_region_us(steps, res.overhead[1].per_op_s, runtime or RuntimeSettings())
     res.fsdp_draws = _draws_over_ranks(per_rank, "fsdp_draws", 4)
-    if res.fsdp_draws:
-        res.fsdp_unit = fsdp_unit_costs([statistics.median(d[i] for d in res.fsdp_draws) for i in range(4)])
     res.alive_draws = _draws_over_ranks(per_rank, "alive_draws", len(ALIVE_DEPTHS))
     if res.alive_draws and alive_model is not None:
-        res.alive = alive_fit([statistics.median(d[i] for d in res.alive_draws) for i in range(len(ALIVE_DEPTHS))],
-                              alive_model)
-    return res
+        res.alive_held_mib = alive_held_mib(alive_model)
+    return fit_draw_figures(res)
+
+
+def fit_draw_figures(res: MicrobenchResult) -> MicrobenchResult:
+    """``res`` with the figures fitted to its own draws: FSDP's unit cost from the medians
+    of its fsdp_draws (compute_bench.fsdp_unit_costs) and the alive law from the medians of
+    its alive_draws against the MiB held (compute_bench.fit_alive_law), each where the
+    record has what it needs, else as it was. What calibration does once the draws are
+    taken, and what a refit of a saved record does (benchmarks/repredict.py --refit)."""
+    from validate.compute_bench import ALIVE_DEPTHS, fit_alive_law, fsdp_unit_costs
+    out = replace(res)
+    if res.fsdp_draws:
+        out.fsdp_unit = fsdp_unit_costs([statistics.median(d[i] for d in res.fsdp_draws) for i in range(4)])
+    if res.alive_draws and len(res.alive_held_mib) == len(ALIVE_DEPTHS):
+        out.alive = fit_alive_law([statistics.median(d[i] for d in res.alive_draws) for i in range(len(ALIVE_DEPTHS))],
+                                  res.alive_held_mib)
+    return out
 
 
 def _draws_over_ranks(per_rank: list[dict], key: str, width: int) -> list[list[float]]:
