@@ -191,18 +191,20 @@ def check_host_memory(model, prepared: list) -> None:
     activations in the host's memory, so a plan whose processes would hold more than the
     host has available is refused before it starts (it would be killed, or swap, part way
     in). What a process holds is the simulator's memory model under the runner's own
-    facts (validate/profile_file.runtime_facts), its peak over the plan's devices; the
-    plans of one validation run one after another, so each is checked alone."""
+    facts (validate/profile_file.runtime_facts), its peak over the plan's devices, as the
+    program holds it (no step is simulated); the plans of one validation run one after
+    another, so each is checked alone."""
     from dataclasses import replace
 
-    from sim.metrics import simulate
+    from sim.program import build_program
     from validate.profile_file import runtime_facts
     avail = available_memory_bytes()
     if avail is None:
         return
     for plan, cluster, profile, _ in prepared:
         runner = replace(profile, runtime=replace(profile.runtime, **runtime_facts("cpu")))
-        peak = simulate(model, plan, cluster, runner).peak_memory_gib * 2**30
+        prog = build_program(model, plan, cluster, runner)
+        peak = max(sum(mem.values()) for pipe in prog.pipelines for mem in pipe.memory)
         need = peak * plan.num_devices
         if need > avail:
             def size(b: float) -> str:

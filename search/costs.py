@@ -306,6 +306,8 @@ class CostTables:
         for m_cls in self.classes(plan):
             m, d0 = m_cls.microbatches, m_cls.members[0]
             stages = []
+            # Each stage's action list, for the alive factor below (only where it is measured).
+            acts = make_schedule(plan.schedule, p, m, v) if self.runtime.alive_slowdown_per_doubling > 0 else None
             for s in range(p):
                 rank = plan.rank(d0, s, 0)
                 gpu = self.cluster.devices[rank].gpu
@@ -315,8 +317,7 @@ class CostTables:
                 # The stage computes slower for the activations its action list holds, as
                 # the simulator charges it (sim/program.stage_alive_factor): its compute,
                 # not the TP collectives, times the factor.
-                slow = (stage_alive_factor(self.model, plan, self.runtime, make_schedule(plan.schedule, p, m, v)[s], s)
-                        - 1.0 if self.runtime.alive_slowdown_per_doubling > 0 else 0.0)
+                slow = stage_alive_factor(self.model, plan, self.runtime, acts[s], s) - 1.0 if acts else 0.0
                 for ch in stage_chunks(plan, s):
                     n = ch.layers
                     f, b, t, prm, ftp = self.chunk(plan, rank, n, ch.first, ch.last)
