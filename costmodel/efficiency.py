@@ -288,15 +288,17 @@ OPTIMIZER_KERNELS = 6
 
 # Adam as eager in-place element-wise ops on fp32 tensors (validate/dp.adam_update, runtime
 # eager_adam), bytes per parameter counted by hand, each operand read once and each result
-# written once: m*=b1 (8), m+=(1-b1)g (12), v*=b2 (8), v+=(1-b2)g*g (16), d=sqrt(v) (8),
-# d/=sqrt(1-b2^t) (8), d+=eps (8), p-=lr/(1-b1^t) m/d (16): 84 B, 8 ops.
-EAGER_ADAM_BYTES = (8.0, 12.0, 8.0, 16.0, 8.0, 8.0, 8.0, 16.0)
+# written once: m*=b1 (8), m+=(1-b1)g (12), v*=b2 (8), v+=(1-b2)g*g (16),
+# d=max(v, FLT_MIN) (8), d=sqrt(d) (8), d/=sqrt(1-b2^t) (8), d+=eps (8),
+# p-=lr/(1-b1^t) m/d (16): 92 B, 9 ops. The clamp keeps the root's cost independent of the
+# data (CPU sqrt is 16x slower over zeros; validate/dp.adam_update says why).
+EAGER_ADAM_BYTES = (8.0, 12.0, 8.0, 16.0, 8.0, 8.0, 8.0, 8.0, 16.0)
 
 
 def optimizer_time_s(params: float, gpu: GpuSpec, eff: GpuEfficiency, precision: str = "bf16",
                      runtime: RuntimeSettings | None = None) -> float:
     """The optimizer step is memory bound: a few fused kernels streaming the state (or,
-    with runtime.eager_adam, eight element-wise ops each paying its issue cost)."""
+    with runtime.eager_adam, nine element-wise ops each paying its issue cost)."""
     if params <= 0:
         return 0.0
     if runtime is not None and runtime.eager_adam:

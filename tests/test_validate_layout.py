@@ -99,3 +99,38 @@ def test_adam_matches_torch_optim_adam():
         opt.step()
     assert torch.allclose(ours, theirs.detach(), rtol=1e-6, atol=1e-9)
     assert not torch.allclose(ours, p0)
+
+
+def test_adam_clamp_changes_no_update_where_v_is_zero():
+    """Sparse gradients as top-k leaves them (9 of 10 entries exactly 0, some squaring to
+    0 or to a subnormal), so v holds exact zeros and subnormals: the runner's Adam, which
+    clamps v at FLT_MIN before its root (validate/dp.adam_update), gives parameters equal
+    bit for bit to the same steps written here with the plain root (torch.optim.Adam's
+    sqrt(v) / sqrt(1 - b2^t) + eps), within 1e-6 of torch.optim.Adam itself (whose own
+    rounding differs by an ulp on a few entries), and the clamp did act (v < FLT_MIN on
+    more than half the entries)."""
+    from validate.dp import FLT_MIN
+    gen = torch.Generator().manual_seed(5)
+    n, lr = 4000, 1e-3
+    b1, b2 = ADAM_BETAS
+    p0 = torch.randn(n, generator=gen)
+    ours, m, v = p0.clone(), torch.zeros(n), torch.zeros(n)
+    plain, pm, pv = p0.clone(), torch.zeros(n), torch.zeros(n)
+    theirs = torch.nn.Parameter(p0.clone())
+    opt = torch.optim.Adam([theirs], lr=lr, betas=ADAM_BETAS, eps=ADAM_EPS, foreach=False)
+    for step in range(1, 7):
+        g = torch.randn(n, generator=gen) * (torch.rand(n, generator=gen) < 0.1)
+        g[:20] = 1e-25  # squares to 1e-50: v underflows to 0 there
+        g[20:40] = 1e-19  # (1 - b2) x 1e-38: a subnormal v
+        adam_update(ours, g, m, v, step, lr=lr)
+        pm = pm * b1 + (1 - b1) * g
+        pv = torch.addcmul(pv * b2, g, g, value=1 - b2)
+        plain = torch.addcdiv(plain, pm, pv.sqrt() / (1 - b2 ** step) ** 0.5 + ADAM_EPS,
+                              value=-lr / (1 - b1 ** step))
+        theirs.grad = g.clone()
+        opt.step()
+    assert (v < FLT_MIN).sum() > n // 2
+    assert torch.equal(v, pv)
+    assert torch.equal(ours, plain)
+    assert torch.allclose(ours, theirs.detach(), rtol=1e-6, atol=1e-9)
+    assert not torch.equal(ours, p0)
