@@ -134,3 +134,31 @@ def test_adam_clamp_changes_no_update_where_v_is_zero():
     assert torch.equal(ours, plain)
     assert torch.allclose(ours, theirs.detach(), rtol=1e-6, atol=1e-9)
     assert not torch.equal(ours, p0)
+
+
+def test_topk_select_reuses_its_buffers_and_matches_plain_error_feedback():
+    """validate/topk.select with one bucket's SelectBuffers over 4 steps of error feedback
+    equals the plain definition written here with fresh tensors (acc = grad + residual;
+    keep the k largest |acc|; the residual is acc with those zeroed): same kept indices,
+    values and residual bit for bit; and every step writes into the same buffers
+    (indices and values are views of one packed buffer; the residual is updated in place)."""
+    from validate.topk import SelectBuffers, select
+    gen = torch.Generator().manual_seed(11)
+    n, k = 5000, 500
+    bufs = SelectBuffers.like(torch.empty(n), k)
+    ours, plain = None, torch.zeros(n)
+    ptrs = set()
+    for _ in range(4):
+        g = torch.randn(n, generator=gen)
+        idx, vals, ours = select(g, ours, k, bufs)
+        ptrs.add((idx.data_ptr(), vals.data_ptr(), ours.data_ptr()))
+        acc = g + plain
+        keep = acc.abs().topk(k).indices
+        plain = acc.clone()
+        plain[keep] = 0.0
+        assert torch.equal(torch.sort(idx.long()).values, torch.sort(keep).values)
+        order = torch.argsort(idx.long())
+        assert torch.equal(vals[order], acc[torch.sort(idx.long()).values])
+        assert torch.equal(ours, plain)
+    assert len(ptrs) == 1
+    assert idx.data_ptr() == bufs.packed.data_ptr() and vals.data_ptr() == bufs.packed[k:].data_ptr()

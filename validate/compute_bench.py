@@ -469,7 +469,7 @@ def compute_worker(rank: int, world: int, cfg: ComputeConfig) -> dict:
             q, k, v = (torch.randn(1, bh, sq, d, device=dev) for _ in range(3))
             f = lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)  # noqa: E731
             out["attention"].append([bh, sq, d, timed(f)])
-        from validate.topk import select
+        from validate.topk import SelectBuffers, select
         for (elems, frac) in cfg.topk:
             # A stream of selections as error feedback makes them (each step's fresh
             # gradient plus the residual the previous selection left), every rank at once
@@ -477,11 +477,11 @@ def compute_worker(rank: int, world: int, cfg: ComputeConfig) -> dict:
             # (one fixed random bucket misses that spread), so each selection is kept.
             grads = [torch.randn(elems, device=dev) for _ in range(TOPK_STREAM_GRADS)]
             k = max(1, math.ceil(frac * elems))
-            residual, times = None, []
+            residual, times, bufs = None, [], SelectBuffers.like(grads[0], k)
             for i in range(TOPK_STREAM_WARMUP + TOPK_STREAM_STEPS):
                 sync()
                 t0 = time.perf_counter()
-                _, _, residual = select(grads[i % len(grads)], residual, k)
+                _, _, residual = select(grads[i % len(grads)], residual, k, bufs)
                 if dsync:
                     dsync()
                 if i >= TOPK_STREAM_WARMUP:
