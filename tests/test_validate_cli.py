@@ -548,7 +548,8 @@ def test_shared_launches_run_each_plan_as_its_own_launch_would(capsys):
     2 steps pooled: 4 steps, 2 launch medians), plans come back in the order given whatever
     their world size, and a plan's losses are the ones it computes alone in fresh
     processes (validate.runner.run_plan; same seed: the same numbers), so running after
-    another plan changed nothing it computes."""
+    another plan changed nothing it computes. With no profile given, the progress lines
+    start with a note naming the uncalibrated process counts and the calibrate command."""
     pytest.importorskip("torch")
     from plansim.cmd_validate import validate_plans
     from specs.model import load_model
@@ -556,8 +557,12 @@ def test_shared_launches_run_each_plan_as_its_own_launch_would(capsys):
     from validate.runner import run_plan
 
     plans = ["pp=2,schedule=gpipe", "dp=4", "dp=2"]
+    notes: list[str] = []
     comps = validate_plans("localhost-cpu", "tiny", plans, {}, steps=2, warmup=1, seed=0, timeout_s=240,
-                           record=False, launches=2, shared=True)
+                           record=False, launches=2, shared=True, progress=notes.append)
+    assert notes[0].startswith("note: no --profile for the 2, 4-process plans")
+    assert "plansim calibrate localhost-cpu --world 2 --model tiny --out cpu-w2.yaml" in notes[0]
+    assert not any(n.startswith("note:") for n in notes[1:])
     assert [c.world for c in comps] == [2, 4, 2]
     model = load_model("tiny")
     for text, c in zip(plans, comps):
