@@ -88,13 +88,13 @@ class TopKCompressor:
             self.buffers[key] = (SelectBuffers.like(grad, k), grad.new_empty(n * 2 * k))
         bufs, out = self.buffers[key]
         with selecting if selecting is not None else contextlib.nullcontext():
-            _, vals, self.residual[key] = select(grad, self.residual.get(key), k, bufs)
+            self.residual[key] = select(grad, self.residual.get(key), k, bufs)[2]
         # One all-gather of (indices, values) packed in one buffer, as the simulator's
         # sparse all-gather is one call: the int32 indices travel bit for bit in fp32
         # slots (a view, no conversion), so a kept entry is 4 + 4 B either way.
         gather, _ = tensor_collectives()  # the tensor form, as calibration times it
         work = gather(out, bufs.packed, group=self.comm.group, async_op=True)
-        self.comm.count("all_gather", n * k * (TOPK_INDEX_BYTES + vals.element_size()))
+        self.comm.count("all_gather", n * k * (TOPK_INDEX_BYTES + bufs.packed.element_size()))
         return work, list(out.chunk(n)), k
 
     @staticmethod
