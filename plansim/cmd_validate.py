@@ -116,10 +116,11 @@ def validate_plans(topology: str, model_name: str, plans: list[str], profiles: d
         # Uncalibrated predictions of a CPU host are far off (tiny dp=2 here: -24.5 % with
         # the bundled profile, within 6 % calibrated), so say how to calibrate first.
         ws = ", ".join(map(str, bare))
+        cals = "; ".join(f"plansim calibrate {topology} --world {w} --model {model_name} --out cpu-w{w}.yaml"
+                         for w in bare)
+        flags = " ".join(f"--profile {w}=cpu-w{w}.yaml" for w in bare)
         progress(f"note: no --profile for the {ws}-process plans: they are predicted with the bundled "
-                 f"profile, not this host's; calibrate first: plansim calibrate {topology} --world "
-                 f"{bare[0]} --model {model_name} --out cpu-w{bare[0]}.yaml, then --profile "
-                 f"{bare[0]}=cpu-w{bare[0]}.yaml")
+                 f"profile, not this host's; calibrate first: {cals}; then {flags}")
 
     from validate.record import RunRecord
 

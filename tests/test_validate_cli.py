@@ -561,7 +561,10 @@ def test_shared_launches_run_each_plan_as_its_own_launch_would(capsys):
     comps = validate_plans("localhost-cpu", "tiny", plans, {}, steps=2, warmup=1, seed=0, timeout_s=240,
                            record=False, launches=2, shared=True, progress=notes.append)
     assert notes[0].startswith("note: no --profile for the 2, 4-process plans")
+    # one calibration per process count, each world's profile named for --profile
     assert "plansim calibrate localhost-cpu --world 2 --model tiny --out cpu-w2.yaml" in notes[0]
+    assert "plansim calibrate localhost-cpu --world 4 --model tiny --out cpu-w4.yaml" in notes[0]
+    assert notes[0].endswith("then --profile 2=cpu-w2.yaml --profile 4=cpu-w4.yaml")
     assert not any(n.startswith("note:") for n in notes[1:])
     assert [c.world for c in comps] == [2, 4, 2]
     model = load_model("tiny")
