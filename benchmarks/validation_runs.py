@@ -9,7 +9,8 @@ within 15 % of their measured median step time, whether the prediction orders th
 exactly as measured (strict), and whether it orders every pair the runs tell apart
 (validate/compare.Ranking.resolved_order: the pair's launch medians do not overlap; runs
 saved before launch medians were recorded fall back to each plan's p10..p90). The last
-lines count the runs that met the target on the six: all within 15 % and in order.
+lines count the runs that met the target on the six: all within 15 % and in order, then
+give each plan's mean, lowest and highest error over the runs and how often it missed.
 
 The measurements and predictions are the saved ones; nothing is re-simulated
 (benchmarks/repredict.py does that). --table prints, before the scores, a Markdown table
@@ -94,6 +95,30 @@ def markdown_table(runs: list[tuple[Path, list[Comparison]]]) -> str:
     return "\n".join(lines)
 
 
+def per_plan(runs: list[list[Comparison]]) -> list[dict]:
+    """One row per plan (in the order first seen) over every run that has it: the runs,
+    mean, lowest and highest error (%), and how many runs put it beyond LIMIT_PCT. A plan
+    whose mean is far from zero is biased; one whose errors straddle zero is noisy."""
+    errs: dict[str, list[float]] = {}
+    world: dict[str, int] = {}
+    for cs in runs:
+        for c in cs:
+            k = short_plan(c.plan)
+            errs.setdefault(k, []).append(c.error_pct)
+            world[k] = c.world
+    return [{"plan": k, "world": world[k], "runs": len(v), "mean_pct": sum(v) / len(v), "min_pct": min(v),
+             "max_pct": max(v), "beyond": sum(abs(e) > LIMIT_PCT for e in v)} for k, v in errs.items()]
+
+
+def format_per_plan(rows: list[dict]) -> str:
+    lines = [f"{'plan':34s} {'procs':>5} {'runs':>4} {'mean error':>10} {'range':>17} {'beyond 15 %':>11}"]
+    for r in rows:
+        rng = f"{r['min_pct']:+.1f}..{r['max_pct']:+.1f} %"
+        lines.append(f"{r['plan']:34s} {r['world']:>5} {r['runs']:>4} {r['mean_pct']:>+9.1f}% {rng:>17} "
+                     f"{r['beyond']:>11}")
+    return "\n".join(lines)
+
+
 def main(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__.strip())
@@ -114,6 +139,8 @@ def main(argv: list[str]) -> int:
         print(f"{str(d)[-46:]:46s} | {'':11s}{_fmt(every)} | {'':9s}{_fmt(six)}")
         met += bool(six and six["within"] == six["plans"] and six["resolved_order"])
     print(f"\nthe six within {LIMIT_PCT:g} % and in order (resolved): {met} of {len(runs)} runs")
+    print("\nper plan over these runs (error = predicted / measured - 1):")
+    print(format_per_plan(per_plan([cs for _, cs in loaded])))
     return 0
 
 

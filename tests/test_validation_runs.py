@@ -63,6 +63,15 @@ def test_scores_count_the_six_and_the_resolved_order(tmp_path):
     out = subprocess.run([sys.executable, str(SCRIPT), str(a), str(b)], capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     assert "in order (resolved): 1 of 2 runs" in out.stdout
+    # per plan over both runs: GPipe +3.75 % (83/80) and -32.5 % (54/80), mean -14.375 %, one beyond
+    rows = {r["plan"]: r for r in vr.per_plan([vr.comparisons(vr.load_run(d)) for d in (a, b)])}
+    g = rows["pp=2,schedule=gpipe"]
+    assert g["runs"] == 2 and g["beyond"] == 1
+    assert abs(g["mean_pct"] - (3.75 - 32.5) / 2) < 1e-9
+    assert abs(g["min_pct"] + 32.5) < 1e-9 and abs(g["max_pct"] - 3.75) < 1e-9
+    assert rows["dp=4"]["runs"] == 1 and rows["dp=4"]["beyond"] == 1  # 73.2 / 61: +20 %
+    line = next(x for x in out.stdout.splitlines() if x.startswith("pp=2,schedule=gpipe "))
+    assert line.split()[1:4] == ["2", "2", "-14.4%"] and line.split()[-1] == "1"
 
 
 def test_missing_or_broken_run_is_one_line_exit_2(tmp_path):
