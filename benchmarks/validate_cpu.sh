@@ -41,6 +41,8 @@
 # Workers are forked from a server that imported torch once (validate/launch.py; since
 # 2026-12-03): 259-296 s on the fourth host type against 352-445 s spawned.
 # PLANSIM_START_METHOD=spawn starts each worker as a fresh interpreter instead.
+# MEMORY_MODEL=cache: plansim calibrate --memory-model cache (docs/validation-cpu.md
+# mechanism 52; not the default).
 set -euo pipefail
 OUT="${1:-results/validate-cpu-$(date -u +%Y%m%d-%H%M)}"
 STEPS="${STEPS:-21}"
@@ -61,7 +63,8 @@ for W in "${WORLDS[@]}"; do
         && [ "$("$PY" -c 'from validate.microbench import host_cores; print(host_cores())')" -le 2 ]; then
         REUSE=(--compute-from "$OUT/cpu-w4.bench.json")
     fi
-    "$PY" -m plansim calibrate localhost-cpu --world "$W" --model tiny ${REUSE[@]+"${REUSE[@]}"} --out "$OUT/cpu-w$W.yaml" \
+    "$PY" -m plansim calibrate localhost-cpu --world "$W" --model tiny ${REUSE[@]+"${REUSE[@]}"} \
+        --memory-model "${MEMORY_MODEL:-bandwidth}" --out "$OUT/cpu-w$W.yaml" \
         > "$OUT/calibrate-w$W.txt"
     grep '^fitted:' "$OUT/calibrate-w$W.txt" | sed "s/^/world $W /"
 done

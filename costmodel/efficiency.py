@@ -14,6 +14,10 @@ Without ``sm_count`` (generic devices) m and n get a saturating factor d/(d + di
 
 Every kernel is bounded below by its HBM traffic at ``hbm_eff`` of datasheet bandwidth (a
 roofline: max of compute and memory time) and pays ``kernel_overhead_us`` on the GPU.
+Element-wise ('memory') ops are bounded by their traffic alone unless the profile sets
+``vector_flops_eff``, the share of peak their arithmetic reaches (a CPU's vector units).
+A profile may give a cache level (``cache_mib``, ``cache_bw_eff``): an op whose traffic
+fits it moves at that bandwidth instead (a CPU's caches; unset for GPUs).
 
 Host side. The framework needs ``host_overhead_us`` of CPU time to issue each op. With
 asynchronous launches the CPU runs ahead of the GPU, so a sequence of ops takes
@@ -137,13 +141,21 @@ def _with_gemm(eff: GpuEfficiency, e_max: float, k_half: float) -> GpuEfficiency
     return got
 
 
+def memory_eff(nbytes: float, eff: GpuEfficiency) -> float:
+    """The share of datasheet bandwidth an op moving ``nbytes`` reaches: cache_bw_eff where
+    the profile has a cache level and the traffic fits it, hbm_eff otherwise."""
+    if eff.cache_bw_eff > 0 and nbytes <= eff.cache_mib * 2**20:
+        return eff.cache_bw_eff
+    return eff.hbm_eff
+
+
 def op_time_s(op: Op, gpu: GpuSpec, eff: GpuEfficiency, precision: str) -> float:
     """GPU seconds for one operation: max(compute time, memory time) + kernel overhead.
     'gemm' ops run at the precision's peak (FP8 GEMMs at the fp8 peak and efficiency);
     'attention' ops are the batched matmuls of core attention (batch = microbatch x heads)
     and 'flash_attention' a fused attention kernel (m = s, k = head dim), both in BF16 under
     FP8 training."""
-    mem_t = op.bytes / (gpu.mem_bw_Bps * eff.hbm_eff)
+    mem_t = op.bytes / (gpu.mem_bw_Bps * memory_eff(op.bytes, eff))
     if op.kind == "gemm":
         e = _gemm_eff_for(eff, gpu, precision)
         comp_t = op.flops / (gpu.peak_flops(precision) * gemm_efficiency(op.m, op.n, op.k, e, op.batch))
@@ -153,6 +165,8 @@ def op_time_s(op: Op, gpu: GpuSpec, eff: GpuEfficiency, precision: str) -> float
     elif op.kind == "flash_attention":
         prec = _ATTENTION_PRECISION.get(precision, precision)
         comp_t = op.flops / (gpu.peak_flops(prec) * fused_attention_efficiency(op.m, op.k, eff))
+    elif eff.vector_flops_eff > 0:
+        comp_t = op.flops / (gpu.peak_flops(precision) * eff.vector_flops_eff)
     else:
         comp_t = 0.0
     return max(comp_t, mem_t) + eff.kernel_overhead_us * 1e-6

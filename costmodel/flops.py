@@ -44,6 +44,9 @@ _DROPOUT = 2  # compare with the random draw, scale
 _CE_FWD = 6  # max, subtract, exp, sum, log, pick target
 _CE_BWD = 2
 _MASK_BYTES = 1  # dropout mask element (torch.bool / uint8)
+# FLOPs per element of the forward element-wise ops plansim calibrate times on their own
+# (validate/microbench.MEMORY_OPS), as the ops above count them: its add is the residual.
+ELEMENTWISE_FLOPS_PER_ELEM = {"add": 1, "gelu": _GELU_FWD, "layernorm": _LN_FWD, "softmax": _SOFTMAX_FWD}
 _TOKEN_ID_BYTES = 8  # int64 token ids read by the embedding lookup
 
 

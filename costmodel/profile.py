@@ -49,6 +49,25 @@ class GpuEfficiency:
     gemm_eff_max_fp8: float = 0.0
     gemm_k_half_fp8: float = 0.0
     hbm_eff: float = 0.8  # fraction of datasheet HBM bandwidth that memory-bound kernels reach
+    # Fraction of the precision's dense peak that the arithmetic of element-wise ops (GELU's
+    # erf or tanh, softmax's exp, layer norm's reductions: the FLOPs costmodel/flops.py counts
+    # for each 'memory' op) reaches; such an op takes the longer of its traffic and its
+    # arithmetic (costmodel/efficiency.op_time_s). 0 = unset: element-wise ops are bounded by
+    # their traffic alone, as on GPUs, whose vector units outrun HBM by 1-2 orders of
+    # magnitude. A CPU core's do not always: measured by plansim calibrate in 2 processes
+    # (2026-12-05), GELU streamed 24 GB/s and an add 28 GB/s beyond the caches on a Xeon
+    # host, but 3 GB/s and 12 GB/s on an EPYC one, so one bandwidth could not price both.
+    vector_flops_eff: float = 0.0
+    # A cache level: an op whose traffic (Op.bytes) is at most cache_mib MiB moves it at
+    # cache_bw_eff of the datasheet bandwidth instead of hbm_eff. 0 = unset (one bandwidth,
+    # as on GPUs, whose kernels stream from HBM). On a CPU the bandwidth falls by 3-10x
+    # where an op's operands leave the caches (plansim calibrate, 2 processes, 2026-12-05:
+    # an add streamed 123 GB/s over 0.8 MB and 28 GB/s over 5 MB on a Xeon host, 40 GB/s
+    # over 3 MB and 12 GB/s over 10 MB on an EPYC one with 8 MiB of L3), and a plan's
+    # parameter-sized ops (Adam, gradient accumulation) lie beyond where its activations
+    # lie within (costmodel/efficiency.op_time_s).
+    cache_bw_eff: float = 0.0
+    cache_mib: float = 0.0
     kernel_overhead_us: float = 4.0  # GPU-side cost of every kernel (launch latency, ramp, tail), us
     # Top-k selection's compute per gradient element, ns, on top of its memory traffic
     # (costmodel/efficiency.topk_compress_time_s). 0 on GPUs, where the radix select is
@@ -281,6 +300,9 @@ EFF_MIN = 1e-3
 _RANGES = {"compute_slowdown": (0.0, 1.0, False, True), "topk_select_cv": (0.0, 2.0, False, False),
            "comm_busy_fraction": (0.0, 1.0, False, False),
            "gemm_eff_max_fp8": (0.0, 1.0, False, False),  # 0: unset (derived from gemm_eff_max); else >= EFF_MIN
+           "vector_flops_eff": (0.0, 1.0, False, False),  # 0: unset (traffic alone); else >= EFF_MIN
+           "cache_bw_eff": (0.0, 1.0, False, False),  # 0: unset (hbm_eff for every op); else >= EFF_MIN
+           "cache_mib": (0.0, 1e6, False, False),
            "fp8_weight_copies": (0, 4, False, False), "fsdp_prefetch_layers": (0, 64, False, False),
            "alive_slowdown_per_doubling": (0.0, 1.0, False, False), "alive_knee_mib": (0.0, 1e6, False, False)}
 _DEFAULT_RANGE = (0.0, 1e6, False, False)
@@ -356,7 +378,7 @@ def _check_record(cls, data, source: str, where: str) -> None:
             lo, hi, lo_open, hi_open = _range(key)
             problem = number_problem(value, lo, hi, integer=(cls, key) in _INT_FIELDS,
                                      lo_open=lo_open, hi_open=hi_open)
-            if not problem and key == "gemm_eff_max_fp8" and 0 < value < EFF_MIN:
+            if not problem and key in ("gemm_eff_max_fp8", "vector_flops_eff", "cache_bw_eff") and 0 < value < EFF_MIN:
                 problem = f"must be 0 (unset) or in [{EFF_MIN:g}, 1]"
             if problem:
                 raise InputError(source, path, f"{_short(value)}: {problem}")

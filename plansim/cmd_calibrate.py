@@ -1,6 +1,7 @@
 """`plansim calibrate`: fit a hardware profile, from microbenchmarks or from run logs.
 
-    plansim calibrate TOPOLOGY [--world N] [--model M] [--compute-from BENCH.json] --out PROFILE.yaml
+    plansim calibrate TOPOLOGY [--world N] [--model M] [--compute-from BENCH.json]
+                      [--memory-model bandwidth|cache] --out PROFILE.yaml
     plansim calibrate --runs RUNS.csv --out PROFILE.yaml [--folds K]
 
 From microbenchmarks (validate/microbench.py, validate/calibrate.py): runs GEMMs,
@@ -42,6 +43,10 @@ def register(subparsers) -> None:
                    help="take the compute microbenchmarks from another calibration's record (P.bench.json) "
                         "measured under the same conditions (processes at once, threads, cores), e.g. --world 4's "
                         "for --world 2 on a 2-core host; only the collectives are measured")
+    p.add_argument("--memory-model", choices=("bandwidth", "cache"), default="bandwidth",
+                   help="element-wise ops: one bandwidth for every op (default), or the longer of their "
+                        "traffic and their arithmetic with a cache level (docs/validation-cpu.md mechanism 52: "
+                        "better on a host whose vector math is slow, worse on the three others tried)")
     p.add_argument("--json", action="store_true", help="print the measurements and the fit as one JSON object")
     p.add_argument("--runs", metavar="RUNS.csv", help="fit to measured step times of training runs instead")
     p.add_argument("--folds", type=int, default=None,
@@ -96,6 +101,8 @@ def resolve_world(topology: str, world: int | None, flag: str = "--world", what:
 def cmd_calibrate(args) -> int:
     if args.runs and args.compute_from:
         raise InputError("--compute-from", None, "applies to microbenchmark calibration, not to --runs")
+    if args.runs and args.memory_model != "bandwidth":
+        raise InputError("--memory-model", None, "applies to microbenchmark calibration, not to --runs")
     if args.folds is not None and not args.runs:
         raise InputError("--folds", None, "applies to calibration from run logs (--runs), not to microbenchmarks")
     if args.runs:
@@ -142,7 +149,8 @@ def cmd_calibrate(args) -> int:
 
     kw = dict(repeats=3, max_bytes=1024 * 1024, max_gemm_dim=256) if args.quick else dict(
         repeats=args.repeats, max_bytes=args.max_bytes)
-    cal = calibrate(cluster, model, world, progress=None if args.json else say, compute_from=args.compute_from, **kw)
+    cal = calibrate(cluster, model, world, progress=None if args.json else say, compute_from=args.compute_from,
+                    memory_model=args.memory_model, **kw)
     # The measurements beside the profile (P.yaml -> P.bench.json): the validation report
     # draws the calibration curves against them. Both written together, atomically.
     out = Path(args.out)

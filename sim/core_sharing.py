@@ -74,7 +74,8 @@ def slowed_profile(profile: Profile, f: float) -> Profile:
     if f == 1.0:
         return profile
     gpus = {k: replace(g, gemm_eff_max=g.gemm_eff_max / f, attention_eff=g.attention_eff / f,
-                       hbm_eff=g.hbm_eff / f, kernel_overhead_us=g.kernel_overhead_us * f,
+                       hbm_eff=g.hbm_eff / f, vector_flops_eff=g.vector_flops_eff / f,
+                       cache_bw_eff=g.cache_bw_eff / f, kernel_overhead_us=g.kernel_overhead_us * f,
                        topk_select_ns_per_elem=g.topk_select_ns_per_elem * f,
                        topk_select_ns_per_kept=g.topk_select_ns_per_kept * f)
             for k, g in profile.gpus.items()}

@@ -71,6 +71,25 @@ def test_roofline_and_kernel_overhead():
         4e9 / (2039e9 * eff.hbm_eff) + eff.kernel_overhead_us * 1e-6)
 
 
+def test_elementwise_arithmetic_bound_only_where_the_profile_prices_it():
+    """A CPU GELU over 2^20 fp32 elements (8 FLOPs and 8 B each as costmodel/flops.py counts
+    it) at hbm_eff 0.1 of the CPU ceiling's 200 GB/s (20 GB/s: 0.4194 ms of traffic) and
+    vector_flops_eff 0.01 of its 0.5 TFLOP/s (5 GFLOP/s: 1.6777 ms of arithmetic) takes the
+    arithmetic's 1.6777 ms + 5 us; an add of the same size (1 FLOP, 12 B) its traffic's
+    0.6291 ms + 5 us (0.2097 ms of arithmetic). With vector_flops_eff unset (0, every bundled
+    GPU profile) the GELU takes its traffic alone, 0.4194 ms + 5 us."""
+    cpu = get_gpu("CPU")
+    n = 1 << 20
+    gelu = fl.Op("gelu", "memory", float(fl.ELEMENTWISE_FLOPS_PER_ELEM["gelu"] * n), 8.0 * n)
+    add = fl.Op("residual", "memory", float(fl.ELEMENTWISE_FLOPS_PER_ELEM["add"] * n), 12.0 * n)
+    eff = GpuEfficiency(hbm_eff=0.1, vector_flops_eff=0.01, kernel_overhead_us=5.0)
+    assert op_time_s(gelu, cpu, eff, "fp32") == pytest.approx(8 * n / 5e9 + 5e-6)
+    assert op_time_s(gelu, cpu, eff, "fp32") == pytest.approx(1.6777e-3 + 5e-6, rel=1e-4)
+    assert op_time_s(add, cpu, eff, "fp32") == pytest.approx(12 * n / 20e9 + 5e-6)
+    assert op_time_s(gelu, cpu, replace(eff, vector_flops_eff=0.0), "fp32") == pytest.approx(0.4194e-3 + 5e-6, rel=1e-4)
+    assert all(g.vector_flops_eff == 0.0 for p in bundled_profiles() for g in load_profile(None, bundled=[p]).gpus.values())
+
+
 # ------------------------------------------------------------------ framework transforms
 def test_fused_bias_dropout_add_saves_one_write_and_read():
     """Dropout (2e+1 bytes per element) then residual (3e) fuse into one kernel of 3e+1:

@@ -327,10 +327,12 @@ def test_calibrate_runs_default_folds_fit_the_rows(capsys, tmp_path):
 
 def test_calibrate_runs_refuses_flags_it_would_not_use(capsys, tmp_path):
     """calibrate --runs fits each row on that row's own cluster: a TOPOLOGY or --world given
-    with it would go unused (both were ignored silently); refused, one line, nothing written."""
+    with it would go unused (both were ignored silently), as would --memory-model (a
+    microbenchmark fit); refused, one line, nothing written."""
     from plansim.cli import main
     out = tmp_path / "p.yaml"
-    for extra, flag in ((["localhost-cpu"], "TOPOLOGY"), (["--world", "0"], "--world")):
+    for extra, flag in ((["localhost-cpu"], "TOPOLOGY"), (["--world", "0"], "--world"),
+                        (["--memory-model", "cache"], "--memory-model")):
         rows = str(Path(__file__).resolve().parent.parent / "validate/data/published_runs.csv")
         assert main(["calibrate", *extra, "--runs", rows, "--out", str(out)]) == 2
         err = capsys.readouterr().err

@@ -82,6 +82,37 @@ def test_fit_recovers_the_parameters_that_generated_the_data():
     assert fit.rms_pct("gemm") < 1 and fit.rms_pct("collectives") < 1
 
 
+def test_fit_separates_the_elementwise_arithmetic_from_the_traffic():
+    """Element-wise samples generated with vector_flops_eff 0.02 (10 GFLOP/s of the CPU
+    ceiling's 0.5 TFLOP/s), hbm_eff 0.15 (30 GB/s) beyond a 2 MiB cache level and 0.3
+    (60 GB/s) within it: GELU (8 FLOPs per 8 B: 0.8 ns an element against 0.27 ns of
+    traffic) and softmax are priced by their arithmetic, the add (1 FLOP per 12 B: 0.1 ns
+    against 0.2 ns within the cache, 0.4 ns beyond) by its traffic. The joint fit recovers
+    the three rates (1 %) and puts the cache level between the largest add inside (786,432
+    B, 64 Ki elements) and the smallest beyond (12,582,912 B, 1 Mi). The one-bandwidth,
+    traffic-only model fitted to the same samples cannot price both the add and the GELU
+    of 1 Mi elements within 40 %, which is what the two terms are for."""
+    from validate.calibrate import fit_memory
+    res = synthetic_bench()
+    true = replace(TRUE_GPU, vector_flops_eff=0.02, cache_bw_eff=0.3, cache_mib=2.0)
+    for s in res.memory:
+        s.seconds = op_time_s(_mem_op(s), CPU, true, FIT_PRECISION)
+    fit = fit_profile(res, CPU, GpuEfficiency(), LINK, FabricEfficiency(), memory_model="cache")
+    assert fit.gpu.hbm_eff == pytest.approx(0.15, rel=1e-2)
+    assert fit.gpu.vector_flops_eff == pytest.approx(0.02, rel=1e-2)
+    assert fit.gpu.cache_bw_eff == pytest.approx(0.3, rel=1e-2)
+    adds = sorted(s.bytes for s in res.memory if s.op == "add")
+    assert adds == [49152, 786432, 12582912]
+    assert 786432 <= fit.gpu.cache_mib * 2**20 < 12582912
+    assert fit.rms_pct("memory") < 1
+    one = fit_memory(res.memory, CPU, replace(TRUE_GPU, vector_flops_eff=0.0))  # the default model
+    assert (one.vector_flops_eff, one.cache_bw_eff, one.cache_mib) == (0.0, 0.0, 0.0)
+    big = {s.op: s for s in res.memory if s.elems == 1 << 20}
+    off = {op: op_time_s(_mem_op(s), CPU, replace(TRUE_GPU, hbm_eff=one.hbm_eff), FIT_PRECISION) / s.seconds - 1
+           for op, s in big.items()}
+    assert max(abs(off["add"]), abs(off["gelu"])) > 0.4
+
+
 def test_fit_takes_out_the_harness_per_call_cost():
     """Compute samples generated with the timing harness's own per-call cost (1.5 us for
     GEMMs, 1 us for memory ops, 3 us for attention) while the runner's per-op cost (the

@@ -10,8 +10,11 @@ Parameters and what fixes each (few, global, physical):
   the backward engine), from the 'train' chain per cost-model op, minus the plain cost.
   On a CPU the device is the issuing thread, so ``launch_blocking`` is true: host and
   device time add (costmodel.efficiency.ops_time_s).
-- ``hbm_eff``: least squares over the memory-bound sweep, t = bytes/(bw x hbm_eff) +
-  kernel overhead.
+- ``hbm_eff``, ``vector_flops_eff``, ``cache_bw_eff``, ``cache_mib``: least squares over the
+  element-wise sweep (add, GELU, layer norm, softmax, 4 Ki to 1 Mi elements),
+  t = max(bytes/(bw x share), flops/(peak x vector_flops_eff)) + kernel overhead, the
+  share cache_bw_eff up to cache_mib MiB of traffic and hbm_eff beyond, with the FLOPs the
+  cost model counts for each op (fit_memory).
 - ``gemm_eff_max``, ``gemm_k_half``, ``gemm_dim_half``: least squares over the GEMM shapes
   (the model's TP-sliced ones and a sweep), t = op_time_s(gemm) (roofline + overhead).
 - ``bw_eff``, ``hop_latency_us`` of the topology's intra-node link class: least squares
@@ -40,7 +43,7 @@ import numpy as np
 from costmodel import collectives as cc
 from costmodel.dtypes import DTYPE_BYTES
 from costmodel.efficiency import causal_fraction, op_time_s, topk_compress_time_s
-from costmodel.flops import Op
+from costmodel.flops import ELEMENTWISE_FLOPS_PER_ELEM, Op
 from costmodel.gpus import GpuSpec
 from costmodel.profile import COLLECTIVE_OPS, EFF_MIN, FabricEfficiency, GpuEfficiency
 from validate.collective_bench import AFTER_COMPUTE_SUFFIX, CollectiveSample
@@ -73,7 +76,9 @@ def _gemm_op(g: GemmSample) -> Op:
 
 
 def _mem_op(s: MemorySample) -> Op:
-    return Op(s.op, "memory", 0.0, s.bytes)
+    # Its arithmetic as the cost model counts it for the same op in a layer (0 for an op the
+    # cost model has no count for: traffic alone).
+    return Op(s.op, "memory", float(ELEMENTWISE_FLOPS_PER_ELEM.get(s.op, 0) * s.elems), s.bytes)
 
 
 # One fitted fused-attention efficiency at every shape (no GPU tile-occupancy falloff).
@@ -86,12 +91,20 @@ def _attn_op(a: AttentionSample) -> Op:
     return Op("flash_attention", "flash_attention", a.flops * causal_fraction(a.s), a.bytes, a.s, a.s, a.d, a.batch)
 
 
+# soft_l1 with this scale: a robust loss, so that a few repeats disturbed by other
+# processes on a shared host (residuals of a factor 2 and more) do not drag the fit.
+_F_SCALE = 0.1
+
+
 def _least_squares(fun, x0, lo, hi):
     from scipy.optimize import least_squares
     x0 = np.clip(np.asarray(x0, float), np.asarray(lo) + 1e-9, np.asarray(hi) - 1e-9)
-    # soft_l1: a robust loss, so that a few repeats disturbed by other processes on a
-    # shared host (residuals of a factor 2 and more) do not drag the fit.
-    return least_squares(fun, x0, bounds=(lo, hi), method="trf", x_scale="jac", loss="soft_l1", f_scale=0.1).x
+    return least_squares(fun, x0, bounds=(lo, hi), method="trf", x_scale="jac", loss="soft_l1", f_scale=_F_SCALE).x
+
+
+def _robust_cost(resid: list[float]) -> float:
+    """The loss _least_squares minimises (scipy's soft_l1 at _F_SCALE), for comparing fits."""
+    return sum(2.0 * (math.sqrt(1.0 + (r / _F_SCALE) ** 2) - 1.0) for r in resid)
 
 
 def per_op_overheads(res: MicrobenchResult) -> tuple[float, float]:
@@ -126,12 +139,100 @@ def fit_time_s(op: Op, sample, gpu: GpuSpec, eff: GpuEfficiency, harness: dict |
     return op_time_s(op, gpu, eff, FIT_PRECISION)
 
 
-def fit_memory(samples: list[MemorySample], gpu: GpuSpec, base: GpuEfficiency, harness: dict | None = None) -> float:
-    """hbm_eff with the per-call cost fixed (fit_time_s)."""
-    def resid(x):
-        eff = replace(base, hbm_eff=x[0])
+# The grid fit_memory starts from: efficiencies 10 points a decade from EFF_MIN to 1;
+# vector_flops_eff 0 (traffic alone) and the same points.
+_EFF_GRID = tuple(float(v) for v in np.logspace(math.log10(EFF_MIN), 0.0, 10 * int(round(-math.log10(EFF_MIN))) + 1))
+_VECTOR_GRID = (0.0,) + _EFF_GRID
+
+
+@dataclass(frozen=True)
+class MemoryFit:
+    """The element-wise fit's parameters (GpuEfficiency fields of the same names)."""
+    hbm_eff: float
+    vector_flops_eff: float = 0.0
+    cache_bw_eff: float = 0.0
+    cache_mib: float = 0.0
+
+
+# The element-wise models plansim calibrate --memory-model chooses between (fit_memory).
+MEMORY_MODELS = ("bandwidth", "cache")
+
+
+def fit_memory(samples: list[MemorySample], gpu: GpuSpec, base: GpuEfficiency,
+               harness: dict | None = None, model: str = "bandwidth") -> MemoryFit:
+    """The element-wise ops' rates with the per-call cost fixed (fit_time_s): each op takes
+    the longer of its traffic and its arithmetic at vector_flops_eff
+    (costmodel/efficiency.op_time_s), its traffic moving at cache_bw_eff where it is at
+    most cache_mib MiB and at hbm_eff beyond. cache_mib is tried between every two
+    consecutive sample sizes (and not at all: one bandwidth); for each, the rates are
+    chosen on a grid by the fits' robust loss and refined by least squares, since max()
+    leaves no gradient for a rate that binds no sample and a local fit may stop wherever it
+    starts. Which term binds is the samples' to say: an add (1 FLOP per 12 B) is priced by
+    its traffic where GELU (8 FLOPs per 8 B) may be priced by its arithmetic. The cache
+    level is kept only where it is faster than beyond (cache_bw_eff > hbm_eff) and both
+    sides hold samples of at least two sizes.
+
+    ``model`` 'bandwidth' (the default) fits hbm_eff alone: one bandwidth for every op,
+    traffic only. 'cache' fits all four. Over the saved runs of three host types the
+    'cache' profiles predicted the plans 7-13 points faster than the 'bandwidth' ones, and
+    met the validation target less often (docs/validation-cpu.md, mechanism 52), so it is
+    not the default."""
+    if model not in MEMORY_MODELS:
+        raise ValueError(f"memory model {model!r}: allowed {', '.join(MEMORY_MODELS)}")
+    cache_level = model == "cache"
+    vectors = _VECTOR_GRID if cache_level else (0.0,)
+
+    def resid_at(m: MemoryFit):
+        eff = replace(base, hbm_eff=m.hbm_eff, vector_flops_eff=m.vector_flops_eff,
+                      cache_bw_eff=m.cache_bw_eff, cache_mib=m.cache_mib)
         return [math.log(fit_time_s(_mem_op(s), s, gpu, eff, harness) / s.seconds) for s in samples]
-    return float(_least_squares(resid, [0.5], [EFF_MIN], [1.0])[0])
+
+    # Each sample's time is max(T / bw_eff, A / vector_flops_eff) + c, with T, A and c from
+    # the cost model itself (traffic at bandwidth share 1, arithmetic at vector_flops_eff
+    # 1, the fixed cost of an op with neither): the grid is evaluated in numpy.
+    def at(op, vec):
+        return np.array([fit_time_s(op(s), s, gpu, replace(base, hbm_eff=1.0, vector_flops_eff=vec,
+                                                              cache_bw_eff=0.0), harness) for s in samples])
+    fixed = at(lambda s: Op(s.op, "memory", 0.0, 0.0), 0.0)
+    traffic = at(_mem_op, 0.0) - fixed
+    arith = at(lambda s: replace(_mem_op(s), bytes=0.0), 1.0) - fixed
+    measured = np.array([s.seconds for s in samples])
+    nbytes = np.array([s.bytes for s in samples])
+    eg = np.array(_EFF_GRID)
+    vg = np.array(vectors)
+    with np.errstate(divide="ignore"):
+        a = np.where(vg[:, None] > 0, arith[None, :] / np.where(vg > 0, vg, 1.0)[:, None], 0.0)  # (vec, sample)
+
+    def grid_cost(inside):
+        """Best (cost, hbm, cache_bw, vec) with the samples ``inside`` the cache level."""
+        bw_in = eg[:, None, None, None] if inside.any() else eg[:1, None, None, None]  # cache_bw (unused if none)
+        bw = np.where(inside[None, None, None, :], bw_in, eg[None, :, None, None])
+        r = np.log((np.maximum(traffic / bw, a[None, None, :, :]) + fixed) / measured) / _F_SCALE
+        cost = (2.0 * (np.sqrt(1.0 + r * r) - 1.0)).sum(axis=3)  # (cache_bw, hbm, vec)
+        if inside.any():
+            cost = np.where(eg[:, None, None] > eg[None, :, None], cost, np.inf)  # the cache is the faster
+        i, j, k = np.unravel_index(int(np.argmin(cost)), cost.shape)  # first minimum: vec 0 on a tie
+        return float(cost[i, j, k]), float(eg[j]), float(eg[i]) if inside.any() else 0.0, float(vg[k])
+
+    sizes = sorted(set(nbytes.tolist()))
+    candidates = [0.0] + [math.sqrt(lo * hi) for lo, hi in zip(sizes, sizes[1:])] if cache_level else [0.0]
+    best = None
+    for c in candidates:
+        inside = nbytes <= c
+        if c > 0 and (len(set(nbytes[inside].tolist())) < 2 or len(set(nbytes[~inside].tolist())) < 2):
+            continue
+        cost, hbm, cbw, vec = grid_cost(inside)
+        if best is None or cost < best[0] - 1e-9:
+            best = (cost, MemoryFit(hbm, vec, cbw, c / 2**20 if c > 0 else 0.0))
+    m = best[1]
+    free = ["hbm_eff"] + (["vector_flops_eff"] if m.vector_flops_eff > 0 else []) + (["cache_bw_eff"] if m.cache_mib > 0 else [])
+    x = _least_squares(lambda x: resid_at(replace(m, **dict(zip(free, x)))), [getattr(m, f) for f in free],
+                       [EFF_MIN] * len(free), [1.0] * len(free))
+    refined = replace(m, **{f: float(v) for f, v in zip(free, x)})
+    if (refined.cache_mib == 0 or refined.cache_bw_eff > refined.hbm_eff) and \
+            _robust_cost(resid_at(refined)) <= _robust_cost(resid_at(m)):
+        m = refined
+    return m
 
 
 def fit_attention(samples: list[AttentionSample], gpu: GpuSpec, base: GpuEfficiency,
@@ -276,13 +377,16 @@ def fit_call_latency(samples: list[CollectiveSample], bw_Bps: float, latency_s: 
 
 
 def fit_profile(res: MicrobenchResult, gpu: GpuSpec, base_gpu: GpuEfficiency,
-                link: tuple[float, float, str] | None, base_fabric: FabricEfficiency | None) -> FitResult:
+                link: tuple[float, float, str] | None, base_fabric: FabricEfficiency | None,
+                memory_model: str = "bandwidth") -> FitResult:
     """Fit every parameter (module doc) in order: overheads, memory, GEMMs, collectives."""
     kern_us, host_us = per_op_overheads(res)
     eff = replace(base_gpu, kernel_overhead_us=kern_us, sm_count=0.0)
     h = res.harness
     if res.memory:
-        eff = replace(eff, hbm_eff=fit_memory(res.memory, gpu, eff, h))
+        m = fit_memory(res.memory, gpu, eff, h, memory_model)
+        eff = replace(eff, hbm_eff=m.hbm_eff, vector_flops_eff=m.vector_flops_eff, cache_bw_eff=m.cache_bw_eff,
+                      cache_mib=m.cache_mib)
     if res.gemm:
         e_max, k_half, d_half = fit_gemm(res.gemm, gpu, eff, h)
         eff = replace(eff, gemm_eff_max=e_max, gemm_k_half=k_half, gemm_dim_half=d_half)
@@ -330,12 +434,14 @@ class Calibration:
 
 def calibrate(cluster, model, world: int, *, tps: list[int] | None = None, repeats: int = 5,
               max_bytes: int = 64 * 1024 * 1024, max_gemm_dim: int = 1024, backend: str | None = None,
-              progress=None, timeout_s: float = 600.0, compute_from: str | None = None) -> Calibration:
+              progress=None, timeout_s: float = 600.0, compute_from: str | None = None,
+              memory_model: str = "bandwidth") -> Calibration:
     """Run the microbenchmarks in ``world`` processes on this host and fit the profile of
     the cluster's device type and intra-node link class. ``cluster`` must have ``world``
     devices on one node (load_topology(..., gpus_per_node=world)). Never runs a plan.
     ``compute_from``: a calibration record (.bench.json) whose compute samples to reuse
-    (validate/microbench.reused_compute); checked before anything is measured."""
+    (validate/microbench.reused_compute); checked before anything is measured.
+    ``memory_model``: how element-wise ops are fitted (fit_memory)."""
     from validate.backend import pick_backend
     from costmodel.profile import RuntimeSettings
     from validate.collective_bench import sizes_bytes
@@ -365,11 +471,11 @@ def calibrate(cluster, model, world: int, *, tps: list[int] | None = None, repea
     where = where_and_when(res, device_name)
     if compute_from is not None:
         where += f"; compute samples and speed probe reused from {compute_from} (same conditions)"
-    fit, mapping = profile_from_bench(cluster, res, where)
+    fit, mapping = profile_from_bench(cluster, res, where, memory_model)
     return Calibration(res, fit, mapping)
 
 
-def profile_from_bench(cluster, res, where: str):
+def profile_from_bench(cluster, res, where: str, memory_model: str = "bandwidth"):
     """(FitResult, profile mapping) fitted to the microbenchmarks ``res``
     (validate/bench_record.MicrobenchResult) for ``cluster``'s device type and intra-node
     link class; ``where``: where and when they were measured, for the profile's source.
@@ -383,6 +489,6 @@ def profile_from_bench(cluster, res, where: str):
     node = cluster.nodes[0]
     base = load_profile(None, bundled=cluster.profiles)
     link = (node.intra_bw_Bps, node.intra_latency_s, node.intra_kind) if res.world > 1 else None
-    fit = fit_profile(res, gpu, base.gpu(gpu.name), link, base.fabric(node.intra_kind))
+    fit = fit_profile(res, gpu, base.gpu(gpu.name), link, base.fabric(node.intra_kind), memory_model)
     name = f"calibrated-{cluster.name}-w{res.world}"
     return fit, profile_mapping(fit, res, gpu.name, node.intra_kind if link else None, kind, where, name)

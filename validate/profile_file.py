@@ -81,7 +81,8 @@ def profile_mapping(fit: FitResult, res: MicrobenchResult, gpu_name: str, link_k
             "gemm_eff_max": round(g.gemm_eff_max, 5), "gemm_k_half": round(g.gemm_k_half, 3),
             "gemm_dim_half": round(g.gemm_dim_half, 3), "sm_count": 0,
             "attention_eff": round(g.attention_eff, 5),
-            **CPU_ATTENTION_SHAPE, "hbm_eff": round(g.hbm_eff, 5), "kernel_overhead_us": round(g.kernel_overhead_us, 3),
+            **CPU_ATTENTION_SHAPE, "hbm_eff": round(g.hbm_eff, 5), "vector_flops_eff": round(g.vector_flops_eff, 5),
+            "cache_bw_eff": round(g.cache_bw_eff, 5), "cache_mib": round(g.cache_mib, 4), "kernel_overhead_us": round(g.kernel_overhead_us, 3),
             "topk_select_ns_per_elem": round(g.topk_select_ns_per_elem, 4),
             "topk_select_ns_per_kept": round(g.topk_select_ns_per_kept, 4),
             "topk_select_cv": round(g.topk_select_cv, 4),
@@ -168,7 +169,7 @@ def format_residuals(fit: FitResult) -> str:
 def format_params(fit: FitResult) -> str:
     g, f = fit.gpu, fit.fabric
     s = (f"gemm_eff_max={g.gemm_eff_max:.4f} gemm_k_half={g.gemm_k_half:.1f} gemm_dim_half={g.gemm_dim_half:.1f} "
-         f"attention_eff={g.attention_eff:.4f} hbm_eff={g.hbm_eff:.4f} kernel_overhead_us={g.kernel_overhead_us:.2f} host_overhead_us={fit.host_overhead_us:.2f} "
+         f"attention_eff={g.attention_eff:.4f} hbm_eff={g.hbm_eff:.4f} vector_flops_eff={g.vector_flops_eff:.4f} cache_bw_eff={g.cache_bw_eff:.4f} cache_mib={g.cache_mib:.2f} kernel_overhead_us={g.kernel_overhead_us:.2f} host_overhead_us={fit.host_overhead_us:.2f} "
          f"topk_select_ns_per_elem={g.topk_select_ns_per_elem:.2f} topk_select_ns_per_kept={g.topk_select_ns_per_kept:.2f} "
          f"topk_select_cv={g.topk_select_cv:.3f}")
     if f is not None:
