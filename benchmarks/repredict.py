@@ -190,12 +190,13 @@ def main(argv: list[str]) -> int:
         drift, argv = False, [a for a in argv if a != "--no-drift"]
     if "--refit" in argv:
         refit, argv = True, [a for a in argv if a != "--refit"]
-    memory_model = "bandwidth"
+    from costmodel.profile import MEMORY_MODELS
+    memory_model = MEMORY_MODELS[0]
     if "--memory-model" in argv:
         i = argv.index("--memory-model")
         memory_model = argv[i + 1] if i + 1 < len(argv) else ""
-        if memory_model not in ("bandwidth", "cache"):
-            raise InputError("--memory-model", None, f"{memory_model[:40]!r}: allowed: bandwidth, cache")
+        if memory_model not in MEMORY_MODELS:
+            raise InputError("--memory-model", None, f"{memory_model[:40]!r}: allowed: {', '.join(MEMORY_MODELS)}")
         if not refit:
             raise InputError("--memory-model", None, "needs --refit (the saved profiles were fitted already)")
         argv = argv[:i] + argv[i + 2:]

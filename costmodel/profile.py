@@ -88,6 +88,10 @@ class GpuEfficiency:
     source: str = "built-in default"
 
 
+# How plansim calibrate fits the element-wise ops (validate/calibrate.fit_memory): hbm_eff
+# alone (the default, first), or with vector_flops_eff and the cache level too.
+MEMORY_MODELS = ("bandwidth", "cache")
+
 # Collectives with their own call cost in a fabric's parameters (FabricEfficiency.call_s).
 COLLECTIVE_OPS = ("all_reduce", "all_gather", "reduce_scatter", "send_recv")
 

@@ -22,6 +22,7 @@ from pathlib import Path
 import yaml
 
 from costmodel.errors import InputError
+from costmodel.profile import MEMORY_MODELS
 from costmodel.limits import MAX_BENCH_REPEATS, MAX_COLLECTIVE_BYTES, MIN_COLLECTIVE_BYTES, number_problem
 
 DEFAULT_MODEL = "tiny"
@@ -43,7 +44,7 @@ def register(subparsers) -> None:
                    help="take the compute microbenchmarks from another calibration's record (P.bench.json) "
                         "measured under the same conditions (processes at once, threads, cores), e.g. --world 4's "
                         "for --world 2 on a 2-core host; only the collectives are measured")
-    p.add_argument("--memory-model", choices=("bandwidth", "cache"), default="bandwidth",
+    p.add_argument("--memory-model", choices=MEMORY_MODELS, default=MEMORY_MODELS[0],
                    help="element-wise ops: one bandwidth for every op (default), or the longer of their "
                         "traffic and their arithmetic with a cache level (docs/validation-cpu.md mechanism 52: "
                         "better on a host whose vector math is slow, worse on the three others tried)")
@@ -101,7 +102,7 @@ def resolve_world(topology: str, world: int | None, flag: str = "--world", what:
 def cmd_calibrate(args) -> int:
     if args.runs and args.compute_from:
         raise InputError("--compute-from", None, "applies to microbenchmark calibration, not to --runs")
-    if args.runs and args.memory_model != "bandwidth":
+    if args.runs and args.memory_model != MEMORY_MODELS[0]:
         raise InputError("--memory-model", None, "applies to microbenchmark calibration, not to --runs")
     if args.folds is not None and not args.runs:
         raise InputError("--folds", None, "applies to calibration from run logs (--runs), not to microbenchmarks")

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 
@@ -45,7 +45,7 @@ from costmodel.dtypes import DTYPE_BYTES
 from costmodel.efficiency import causal_fraction, op_time_s, topk_compress_time_s
 from costmodel.flops import ELEMENTWISE_FLOPS_PER_ELEM, Op
 from costmodel.gpus import GpuSpec
-from costmodel.profile import COLLECTIVE_OPS, EFF_MIN, FabricEfficiency, GpuEfficiency
+from costmodel.profile import COLLECTIVE_OPS, EFF_MIN, MEMORY_MODELS, FabricEfficiency, GpuEfficiency
 from validate.collective_bench import AFTER_COMPUTE_SUFFIX, CollectiveSample
 from validate.bench_record import AttentionSample, GemmSample, MemorySample, MicrobenchResult, TopkSample
 
@@ -154,10 +154,6 @@ class MemoryFit:
     cache_mib: float = 0.0
 
 
-# The element-wise models plansim calibrate --memory-model chooses between (fit_memory).
-MEMORY_MODELS = ("bandwidth", "cache")
-
-
 def fit_memory(samples: list[MemorySample], gpu: GpuSpec, base: GpuEfficiency,
                harness: dict | None = None, model: str = "bandwidth") -> MemoryFit:
     """The element-wise ops' rates with the per-call cost fixed (fit_time_s): each op takes
@@ -183,8 +179,7 @@ def fit_memory(samples: list[MemorySample], gpu: GpuSpec, base: GpuEfficiency,
     vectors = _VECTOR_GRID if cache_level else (0.0,)
 
     def resid_at(m: MemoryFit):
-        eff = replace(base, hbm_eff=m.hbm_eff, vector_flops_eff=m.vector_flops_eff,
-                      cache_bw_eff=m.cache_bw_eff, cache_mib=m.cache_mib)
+        eff = replace(base, **asdict(m))
         return [math.log(fit_time_s(_mem_op(s), s, gpu, eff, harness) / s.seconds) for s in samples]
 
     # Each sample's time is max(T / bw_eff, A / vector_flops_eff) + c, with T, A and c from
@@ -384,9 +379,7 @@ def fit_profile(res: MicrobenchResult, gpu: GpuSpec, base_gpu: GpuEfficiency,
     eff = replace(base_gpu, kernel_overhead_us=kern_us, sm_count=0.0)
     h = res.harness
     if res.memory:
-        m = fit_memory(res.memory, gpu, eff, h, memory_model)
-        eff = replace(eff, hbm_eff=m.hbm_eff, vector_flops_eff=m.vector_flops_eff, cache_bw_eff=m.cache_bw_eff,
-                      cache_mib=m.cache_mib)
+        eff = replace(eff, **asdict(fit_memory(res.memory, gpu, eff, h, memory_model)))
     if res.gemm:
         e_max, k_half, d_half = fit_gemm(res.gemm, gpu, eff, h)
         eff = replace(eff, gemm_eff_max=e_max, gemm_k_half=k_half, gemm_dim_half=d_half)
