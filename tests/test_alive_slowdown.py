@@ -14,7 +14,7 @@ from sim.schedules import Action, gpipe, mean_alive, one_f_one_b
 from specs.model import load_model
 from specs.plan import resolve_plan
 from specs.topology import load_topology
-from validate.compute_bench import ALIVE_DEPTHS, ALIVE_MICROBATCHES, alive_fit, alive_model, alive_stage_bytes
+from validate.compute_bench import ALIVE_DEPTHS, ALIVE_MICROBATCHES, alive_fit, alive_model, alive_stage_bytes, fit_alive_law
 from engine_fixtures import worker_profile
 
 MIB = 2**20
@@ -159,3 +159,24 @@ def test_profile_bounds_the_figures(tmp_path):
     p.write_text("runtime: {alive_slowdown_per_doubling: 1.5}\n")
     with pytest.raises(InputError, match=r"runtime.alive_slowdown_per_doubling: 1.5: must be a finite number in \[0, 1\]"):
         load_profile(str(p))
+
+
+def test_alive_fit_keeps_two_depths_above_its_knee():
+    """One noisy deepest draw cannot set the slope alone. The medians of a real world-2
+    calibration (Xeon host, session 20: 1.000, 0.985, 1.004, 1.051 x at tiny's 0.85, 3.8,
+    7.2 and 10.1 MiB) fitted a knee of 8.0 MiB and 0.151 a doubling when the knee could
+    reach the deepest depth. The knee now stays at or below the second depth, 3.8 MiB:
+    the scan's best is 3.38 MiB (0.845 x 2^2, a whole number of quarter-octaves), with
+    the slope by least squares through the three depths above it, z = log2(A/3.38) =
+    0.170, 1.087, 1.585 against -0.0141, +0.0052, +0.0520: sum(z y) / sum(z^2) = 0.0230
+    a doubling, so a stage holding 40 MiB is charged 1 + 0.0230 log2(40/3.38) = 1.082,
+    not 1.35."""
+    held = [0.84521484375, 3.803466796875, 7.184326171875, 10.142578125]
+    steps = [0.054218, 0.053455, 0.054498, 0.057040]  # seconds, the medians of its two draws
+    got = fit_alive_law(steps, held)
+    assert got["knee_mib"] == pytest.approx(0.84521484375 * 4, rel=1e-9)
+    ys = [t / steps[0] - 1 for t in steps]
+    zs = [max(0.0, math.log2(h / got["knee_mib"])) for h in held]
+    assert got["per_doubling"] == pytest.approx(sum(z * y for z, y in zip(zs, ys)) / sum(z * z for z in zs), rel=1e-9)
+    assert got["per_doubling"] == pytest.approx(0.0230, abs=5e-4)
+    assert 1 + got["per_doubling"] * math.log2(40 / got["knee_mib"]) < 1.09
