@@ -1,22 +1,10 @@
 """32 KiB all-reduce cost after gaps of the width-8 chain vs after tiny-shaped GEMM+gelu (tp=2 MLP half)."""
 import sys, statistics, gapw
-import validate.collective_bench as cb
-from validate.collective_bench import CollectiveConfig, collective_worker
+from validate.collective_bench import CollectiveConfig
 from validate.launch import launch
 from validate.microbench import worker_threads_env
 
-_orig = cb.gap_layers
-
-def gap_mlp(gap_s, dev, dsync):
-    import torch
-    x = torch.randn(64, 128, device=dev, requires_grad=False)
-    w1 = torch.randn(256, 128, device=dev); w2 = torch.randn(128, 256, device=dev)
-    unit = lambda: torch.nn.functional.linear(torch.nn.functional.gelu(torch.nn.functional.linear(x, w1)), w2)
-    j = cb.units_in_gap(unit, gap_s, dev, dsync)
-    def run():
-        for _ in range(j):
-            unit()
-    return run
+# gapw.worker runs collective_bench.collective_worker with the chain or gapw.gap_mlp as the gap.
 
 def main():
     world = int(sys.argv[1]); reps = int(sys.argv[2]); g = float(sys.argv[3])
