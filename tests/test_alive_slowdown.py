@@ -14,7 +14,8 @@ from sim.schedules import Action, gpipe, mean_alive, one_f_one_b
 from specs.model import load_model
 from specs.plan import resolve_plan
 from specs.topology import load_topology
-from validate.compute_bench import ALIVE_DEPTHS, ALIVE_MICROBATCHES, alive_fit, alive_model, alive_stage_bytes, fit_alive_law
+from validate.compute_bench import (ALIVE_DEPTHS, ALIVE_MICROBATCHES, alive_fit, alive_model, alive_stage_bytes,
+                                   fit_alive_law)
 from engine_fixtures import worker_profile
 
 MIB = 2**20

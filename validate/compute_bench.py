@@ -254,13 +254,15 @@ def fit_alive_law(steps_s: list[float], held_mib: list[float]) -> dict[str, floa
     first calibration (Xeon host, world 2: steps 1.000, 0.985, 1.004, 1.051 x at 0.85,
     3.8, 7.2 and 10.1 MiB) fitted a knee of 8.0 MiB and 0.151 a doubling that way,
     which charges a stage holding 40 MiB +35 %; with the knee at most 3.8 MiB it is 3.4
-    MiB and 0.022 a doubling (+8 % at 40 MiB), and the saved runs of that host predict as before
-    (docs/validation-cpu.md, mechanism 49)."""
+    MiB and 0.022 a doubling (+8 % at 40 MiB), and the saved runs of that host predict
+    as before (docs/validation-cpu.md, mechanism 49)."""
     xs = [h * MIB for h in held_mib]
     ys = [t / steps_s[0] - 1.0 for t in steps_s]
     best = None
     knee = xs[0]
-    while knee <= xs[1] * (1 + 1e-9) if len(xs) > 2 else knee < xs[-1]:
+    # The highest knee tried: the second depth's figure where two deeper ones follow it.
+    in_scan = (lambda k: k <= xs[1] * (1 + 1e-9)) if len(xs) > 2 else (lambda k: k < xs[-1])
+    while in_scan(knee):
         zs = [max(0.0, math.log2(x / knee)) for x in xs]
         zz = sum(z * z for z in zs)
         slope = max(0.0, sum(z * y for z, y in zip(zs, ys)) / zz) if zz > 0 else 0.0
