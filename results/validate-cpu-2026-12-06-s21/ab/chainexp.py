@@ -10,7 +10,6 @@ from validate.microbench import worker_threads_env
 from validate.compute_bench import CHAIN_MODEL
 from costmodel import flops as fl
 from costmodel.efficiency import transform_ops
-from costmodel.profile import RuntimeSettings
 from sim.program import grad_accumulation_ops
 
 def ops(L, mb, rt):

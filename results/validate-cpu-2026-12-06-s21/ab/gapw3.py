@@ -27,7 +27,7 @@ def worker(rank, world, plan, calls):
         dist.barrier(); t0 = time.perf_counter()
         tc = 0.0
         for _ in range(calls):
-            a = time.perf_counter(); comp(); b = time.perf_counter(); call(); tc += time.perf_counter() - b
+            comp(); b = time.perf_counter(); call(); tc += time.perf_counter() - b
         mx[0] = (time.perf_counter() - t0) / calls
         dist.all_reduce(mx, op=dist.ReduceOp.MAX)
         return float(mx[0]), tc / calls

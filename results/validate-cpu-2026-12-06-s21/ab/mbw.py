@@ -2,7 +2,6 @@
 microbatches in 1F1B order of one stage), for several (L, mb) of equal layer-microbatches;
 median of interleaved draws. Two such processes run at once (as calibration times compute)."""
 import time, statistics, torch
-import torch.distributed as dist
 from specs.model import load_model
 from validate.compute_bench import stage_trainer
 
