@@ -246,6 +246,18 @@ class RuntimeSettings:
     # whose host runs ahead of the kernels.
     fsdp_unit_us: float = 0.0
     fsdp_unit_us_per_mib: float = 0.0
+    # Host time each microbatch of a chunk costs beyond its ops, forward and backward
+    # together, us: the chunk's forward call, autograd's backward call into its engine, the
+    # schedule's bookkeeping, paid once per chunk invocation however few ops it holds. A
+    # per-op figure alone spreads it over the ops of the chain it was timed on, so a chunk
+    # with fewer ops a microbatch (a pipeline stage, an interleaved chunk) was priced short.
+    # Measured by plansim calibrate on the runner's overhead chain at two shapes of equal
+    # width (validate/compute_bench.microbatch_drawer: t = a x ops + F x microbatches; the
+    # chain at five shapes fits so within 3 % where one per-op rate leaves +-10 %, 105 us a
+    # microbatch on a 2-core CPU, 2026-12-06); charged half to the forward, half to the
+    # backward, a split the measurement does not tell. 0: not measured, as for GPU
+    # runtimes, whose host runs ahead of the kernels.
+    microbatch_host_us: float = 0.0
     # Context-parallel ring attention as the validator's runner computes it (validate/cp.py):
     # every visible pair of sequence chunks as unfused attention, merged by log-sum-exp
     # (costmodel/context_parallel.ring_piece_ops); false: fused block kernels, as
@@ -277,6 +289,11 @@ class RuntimeSettings:
         """Host seconds of one checkpointed region under ``recompute`` (0 for 'none')."""
         us = {"full": self.checkpoint_full_region_us, "selective": self.checkpoint_selective_region_us}
         return us.get(recompute, 0.0) * 1e-6
+
+    def microbatch_host_s(self) -> float:
+        """Host seconds one microbatch of one chunk costs beyond its ops, forward and
+        backward together (see microbatch_host_us)."""
+        return self.microbatch_host_us * 1e-6
 
     def fsdp_unit_s(self, unit_bytes: float) -> float:
         """Host seconds FSDP spends taking one unit of ``unit_bytes`` gathered weights into use."""

@@ -82,7 +82,8 @@ def slowed_profile(profile: Profile, f: float) -> Profile:
     r = profile.runtime
     rt = replace(r, host_overhead_us=r.host_overhead_us * f, checkpoint_full_region_us=r.checkpoint_full_region_us * f,
                  checkpoint_selective_region_us=r.checkpoint_selective_region_us * f,
-                 fsdp_unit_us=r.fsdp_unit_us * f, fsdp_unit_us_per_mib=r.fsdp_unit_us_per_mib * f)
+                 fsdp_unit_us=r.fsdp_unit_us * f, fsdp_unit_us_per_mib=r.fsdp_unit_us_per_mib * f,
+                 microbatch_host_us=r.microbatch_host_us * f)
     return replace(profile, gpus=gpus, runtime=rt)
 
 

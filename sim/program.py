@@ -195,6 +195,11 @@ def chunk_work(model: ModelSpec, plan: Plan, cluster: Cluster, profile: Profile,
         fwd_fl += matmul_flops(hf)
         bwd_fl += matmul_flops(hb)
 
+    # The runner's host time per microbatch of this chunk beyond its ops (calling the chunk,
+    # autograd's backward call): RuntimeSettings.microbatch_host_us, half each way.
+    fwd_s += rt.microbatch_host_s() / 2
+    bwd_s += rt.microbatch_host_s() / 2
+
     ranks = plan.tp_group(*_coords(plan, rank))
     act = b * local.seq_length * model.hidden_size * width
     tp_fwd1, tp_bwd1 = tp_layer_comm_s(cluster, profile, ranks, act, sp, plan.recompute, b_ops, gpu, eff, prec,

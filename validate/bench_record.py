@@ -154,6 +154,15 @@ class MicrobenchResult:
     # what the fit set the draws against, so that a refit needs no model; [] in records
     # written before session 16 (a refit then keeps ``alive`` as it was).
     alive_held_mib: list = field(default_factory=list)
+    # Each draw of the overhead chain's training step at compute_bench.MICROBATCH_SHAPES,
+    # [seconds, seconds] (median over the compute processes), the ops the cost model counts
+    # for each shape's step (compute_bench.microbatch_ops, so that a refit needs no
+    # runtime), and what their medians fit (compute_bench.microbatch_host_fit: {'us': us a
+    # microbatch, 'per_op_us': us an op}). Empty in records written before session 21
+    # (then not measured: 0 in the profile, and the per-op figures as before).
+    microbatch_draws: list = field(default_factory=list)
+    microbatch_ops: list = field(default_factory=list)
+    microbatch_host: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -179,7 +188,10 @@ class MicrobenchResult:
                    checkpoint_region_us=dict(d.get("checkpoint_region_us", {})),
                    fsdp_draws=list(d.get("fsdp_draws", [])), fsdp_unit=dict(d.get("fsdp_unit", {})),
                    alive_draws=list(d.get("alive_draws", [])), alive=dict(d.get("alive", {})),
-                   alive_held_mib=list(d.get("alive_held_mib", [])))
+                   alive_held_mib=list(d.get("alive_held_mib", [])),
+                   microbatch_draws=list(d.get("microbatch_draws", [])),
+                   microbatch_ops=list(d.get("microbatch_ops", [])),
+                   microbatch_host=dict(d.get("microbatch_host", {})))
 
 
 def check_draws(source: str, rows, name: str, width: int, what: str, figures: list) -> list:
@@ -270,6 +282,13 @@ def format_compute(res: MicrobenchResult) -> str:
         draws = [d[i] / o.model_ops * 1e6 for d in res.overhead_draws]
         each = f"  (median of {len(draws)} draws: {', '.join(f'{x:.2f}' for x in draws)})" if len(draws) > 1 else ""
         lines.append(f"{o.what:>10} {o.model_ops:>4} ops {o.per_op_s * 1e6:>8.2f} us/op{each}")
+    if res.microbatch_host:
+        from validate.compute_bench import MICROBATCH_SHAPES
+        shapes = " and ".join(f"{L} layer(s) x {mb} microbatches ({n} ops)"
+                              for (L, mb), n in zip(MICROBATCH_SHAPES, res.microbatch_ops or [0, 0]))
+        each = "; ".join(f"{a * 1e3:.3f}, {b * 1e3:.3f} ms" for a, b in res.microbatch_draws)
+        lines.append(f"# per-microbatch host cost (the chain's training step at {shapes}; draws: {each}): "
+                     f"{res.microbatch_host['us']:.1f} us a microbatch + {res.microbatch_host['per_op_us']:.2f} us an op")
     if res.comm_busy_fraction or res.straggler_s:
         lines.append(f"# waits: busy fraction in collectives {res.comm_busy_fraction:.3f}; a collective closing "
                      f"50 ms of compute waits {res.straggler_s * 1e6:.0f} us more than one closing 1 ms")

@@ -108,10 +108,13 @@ def _robust_cost(resid: list[float]) -> float:
 
 
 def per_op_overheads(res: MicrobenchResult) -> tuple[float, float]:
-    """(kernel_overhead_us, host_overhead_us) from the tiny-op chains (see module doc)."""
+    """(kernel_overhead_us, host_overhead_us) from the tiny-op chains (see module doc); the
+    training chain's per-microbatch share, where measured, is not in the per-op figure
+    (validate/microbench.train_per_op_s; RuntimeSettings.microbatch_host_us holds it)."""
+    from validate.microbench import train_per_op_s
     by = {o.what: o.per_op_s for o in res.overhead}
     plain = by.get("plain", 0.0) * 1e6
-    train = by.get("train", by.get("plain", 0.0)) * 1e6
+    train = train_per_op_s(res) * 1e6 if "train" in by else plain
     return plain, max(0.0, train - plain)
 
 

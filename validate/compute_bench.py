@@ -33,14 +33,14 @@ CHAIN_MODEL = ModelSpec("overhead-chain", num_layers=4, hidden_size=8, num_atten
 CHAIN_MICROBATCHES = 2
 
 
-def chain_op_counts(runtime) -> tuple[int, int]:
-    """(forward ops of one microbatch, forward + backward ops of CHAIN_MICROBATCHES) the
-    cost model counts for CHAIN_MODEL on one device (every layer, embedding and output
-    layer) under ``runtime`` (its op transforms, e.g. fused attention, and the separate
-    gradient accumulation pass)."""
+def chain_ops(layers: int, microbatches: int, runtime) -> tuple[int, int]:
+    """(forward ops of one microbatch, forward + backward ops of ``microbatches``) the cost
+    model counts for CHAIN_MODEL cut to ``layers`` layers on one device (every layer,
+    embedding and output layer) under ``runtime`` (its op transforms, e.g. fused
+    attention, and the separate gradient accumulation pass)."""
     from costmodel.efficiency import transform_ops
     from sim.program import grad_accumulation_ops
-    m, L = CHAIN_MODEL, CHAIN_MODEL.num_layers
+    m, L = replace(CHAIN_MODEL, num_layers=layers), layers
     f = (len(transform_ops(fl.layer_forward_ops(m, 1, 1, False, 4), runtime)) * L
          + len(transform_ops(fl.embedding_ops(m, 1, 1, 4), runtime))
          + len(transform_ops(fl.head_forward_ops(m, 1, 1, 4), runtime)))
@@ -48,7 +48,53 @@ def chain_op_counts(runtime) -> tuple[int, int]:
          + len(transform_ops(fl.embedding_backward_ops(m, 1, 1, 4), runtime))
          + len(transform_ops(fl.head_backward_ops(m, 1, 1, 4), runtime))
          + len(transform_ops(grad_accumulation_ops(m, L, 1, True, True, "fp32", runtime), runtime)))
-    return f, CHAIN_MICROBATCHES * (f + b)
+    return f, microbatches * (f + b)
+
+
+def chain_op_counts(runtime) -> tuple[int, int]:
+    """chain_ops of the overhead chain itself (CHAIN_MODEL's layers, CHAIN_MICROBATCHES)."""
+    return chain_ops(CHAIN_MODEL.num_layers, CHAIN_MICROBATCHES, runtime)
+
+
+# The per-microbatch host cost (RuntimeSettings.microbatch_host_us): the overhead chain's
+# training step at two shapes, (layers, microbatches), its own and one of a layer and four
+# times the microbatches, whose ops a microbatch differ about threefold (118 and 40 as the
+# cost model counts them). Timed interleaved, t = a x ops + F x microbatches separates the
+# cost paid per op from the cost paid per microbatch (microbatch_host_fit). Measured with
+# five shapes (results/validate-cpu-2026-12-06-s21/ab/chain-out.txt): 12.6 us an op and
+# 105 us a microbatch fit every shape within 3 %, where one per-op rate missed by -7..+10 %.
+MICROBATCH_SHAPES = ((CHAIN_MODEL.num_layers, CHAIN_MICROBATCHES), (1, 4 * CHAIN_MICROBATCHES))
+
+
+def microbatch_drawer(torch, dev, dsync, repeats: int):
+    """A function that takes one draw of the overhead chain's training step at each of
+    MICROBATCH_SHAPES ([seconds, seconds]; interleaved windows as the chain's own)."""
+    fns = [stage_trainer(replace(CHAIN_MODEL, num_layers=L, global_batch_size=max(mb, CHAIN_MODEL.global_batch_size)),
+                         L, mb, dev)[2] for L, mb in MICROBATCH_SHAPES]
+    return _interleaved_drawer(torch, fns, repeats * 2, dsync)
+
+
+def microbatch_ops(runtime) -> list[int]:
+    """Ops the cost model counts for each of MICROBATCH_SHAPES' steps (chain_ops). Kept in
+    the calibration's record (MicrobenchResult.microbatch_ops), so a refit needs no runtime."""
+    return [chain_ops(L, mb, runtime)[1] for L, mb in MICROBATCH_SHAPES]
+
+
+def microbatch_host_fit(steps_s: list[float], ops: list[int]) -> dict[str, float]:
+    """{'us': F, 'per_op_us': a}: the two shapes' step times (seconds, MICROBATCH_SHAPES'
+    order) solved for t = a x ops + F x microbatches. F is never below 0 (then a is the
+    first shape's time over its ops), nor a below 0 (then F takes the first shape's time
+    over its microbatches)."""
+    (n1, n2), (m1, m2) = ops, [mb for _, mb in MICROBATCH_SHAPES]
+    t1, t2 = steps_s
+    det = n1 * m2 - n2 * m1
+    a = (t1 * m2 - t2 * m1) / det if det else t1 / n1
+    f = (n1 * t2 - n2 * t1) / det if det else 0.0
+    if f < 0:
+        a, f = t1 / n1, 0.0
+    elif a < 0:
+        a, f = 0.0, t1 / m1
+    return {"us": f * 1e6, "per_op_us": a * 1e6}
 
 
 def stage_trainer(model, layers: int, microbatches: int, dev, recompute: str = "none", schedule: str = "1f1b",
@@ -409,6 +455,8 @@ def compute_worker(rank: int, world: int, cfg: ComputeConfig) -> dict:
     fdraws = []
     adraw = alive_drawer(torch, dev, dsync, cfg.repeats, cfg.alive_model) if cfg.alive_model is not None else None
     adraws = []
+    mdraw = microbatch_drawer(torch, dev, dsync, cfg.repeats)
+    mdraws = []
 
     def chain_draw(with_regions: bool = False):
         sync()
@@ -418,6 +466,8 @@ def compute_worker(rank: int, world: int, cfg: ComputeConfig) -> dict:
             rdraws.append(rdraw())
             sync()
             fdraws.append(fdraw())
+            sync()
+            mdraws.append(mdraw())
             if adraw is not None:
                 sync()
                 adraws.append(adraw())
@@ -510,6 +560,7 @@ def compute_worker(rank: int, world: int, cfg: ComputeConfig) -> dict:
     out["recompute_draws"] = rdraws  # [none s, full s, selective s] per draw (recompute_drawer)
     out["fsdp_draws"] = fdraws  # [plain s, zero=3 s] per FSDP_MODELS model, per draw (fsdp_drawer)
     out["alive_draws"] = adraws  # [s at each of ALIVE_DEPTHS] per draw (alive_drawer); [] when not measured
+    out["microbatch_draws"] = mdraws  # [s, s] at MICROBATCH_SHAPES per draw (microbatch_drawer)
     return out
 
 

@@ -286,6 +286,12 @@ def reused_compute(src: MicrobenchResult, source: str, world: int, backend: str,
     if held and (not isinstance(held, list) or len(held) != len(ALIVE_DEPTHS)
                  or any(number_problem(h, 0.0, 1e6) for h in held)):
         raise InputError(source, "alive_held_mib", f"expected [] or {len(ALIVE_DEPTHS)} MiB figures in [0, 1e6]")
+    mdraws = check_draws(source, src.microbatch_draws, "microbatch_draws", 2, "[seconds, seconds] pairs", figures)
+    mhost = check_figures(source, src.microbatch_host, "microbatch_host", {"us": US, "per_op_us": US})
+    mops = src.microbatch_ops
+    if mops and (not isinstance(mops, list) or len(mops) != 2
+                 or any(isinstance(n, bool) or not isinstance(n, int) or not 0 < n < 10**6 for n in mops)):
+        raise InputError(source, "microbatch_ops", "expected [] or 2 op counts in (0, 1e6)")
     for where, v in figures:
         if number_problem(v, 0.0, 60.0, lo_open=True, hi_open=True):
             raise InputError(source, where, f"{v!r}: a measured time must be a number of seconds in (0, 60)")
@@ -316,6 +322,8 @@ def reused_compute(src: MicrobenchResult, source: str, world: int, backend: str,
                             recompute_draws=[list(d) for d in rdraws], checkpoint_region_us=dict(regions),
                             fsdp_draws=[list(d) for d in fdraws], fsdp_unit=dict(unit),
                             alive_draws=[list(d) for d in adraws], alive=dict(alive), alive_held_mib=list(held),
+                            microbatch_draws=[list(d) for d in mdraws], microbatch_ops=list(mops),
+                            microbatch_host=dict(mhost),
                             probe_s=compute_draw, probe_draws_s=[compute_draw],
                             harness=dict(src.harness))
 
@@ -356,7 +364,7 @@ def _measure_compute(world: int, gemm_shapes, mem_sizes, attn_shapes, topk, runt
     processes at once; each figure the median over the ranks."""
     from costmodel.profile import RuntimeSettings
     from validate.compute_bench import ALIVE_DEPTHS, ComputeConfig, alive_held_mib, chain_op_counts, \
-        checkpoint_region_us, compute_worker
+        checkpoint_region_us, compute_worker, microbatch_host_fit, microbatch_ops
     from validate.launch import launch
 
     cw = compute_processes(world, "cuda" if be_name == "nccl" else "cpu")
@@ -389,10 +397,15 @@ def _measure_compute(world: int, gemm_shapes, mem_sizes, attn_shapes, topk, runt
     res.overhead_draws = _draws_over_ranks(per_rank, "overhead_draws", 2)
     for i, (what, ops) in enumerate((("plain", n_fwd), ("train", n_train))):
         res.overhead.append(OverheadSample(what, ops, statistics.median(d[i] for d in res.overhead_draws)))
+    res.microbatch_draws = _draws_over_ranks(per_rank, "microbatch_draws", 2)
+    if res.microbatch_draws:
+        res.microbatch_ops = microbatch_ops(runtime or RuntimeSettings())
+        res.microbatch_host = microbatch_host_fit([statistics.median(d[i] for d in res.microbatch_draws)
+                                                   for i in range(2)], res.microbatch_ops)
     res.recompute_draws = _draws_over_ranks(per_rank, "recompute_draws", 3)
     if res.recompute_draws:
         steps = [statistics.median(d[i] for d in res.recompute_draws) for i in range(3)]
-        res.checkpoint_region_us = checkpoint_region_us(steps, res.overhead[1].per_op_s, runtime or RuntimeSettings())
+        res.checkpoint_region_us = checkpoint_region_us(steps, train_per_op_s(res), runtime or RuntimeSettings())
     res.fsdp_draws = _draws_over_ranks(per_rank, "fsdp_draws", 4)
     res.alive_draws = _draws_over_ranks(per_rank, "alive_draws", len(ALIVE_DEPTHS))
     if res.alive_draws and alive_model is not None:
@@ -400,14 +413,33 @@ def _measure_compute(world: int, gemm_shapes, mem_sizes, attn_shapes, topk, runt
     return fit_draw_figures(res)
 
 
+def train_per_op_s(res: MicrobenchResult) -> float:
+    """The overhead chain's training cost per cost-model op (OverheadSample 'train'), less
+    its per-microbatch share where the record measured one (microbatch_host: the chain's
+    CHAIN_MICROBATCHES microbatches each cost that much besides their ops): what the
+    simulator charges an op, which is priced apart from the microbatch
+    (RuntimeSettings.microbatch_host_us). calibrate.per_op_overheads and the checkpoint
+    regions' fit both take it from here."""
+    from validate.compute_bench import CHAIN_MICROBATCHES
+    train = next((o for o in res.overhead if o.what == "train"), None)
+    if train is None:
+        return res.overhead[0].per_op_s if res.overhead else 0.0
+    per_mb_s = res.microbatch_host.get("us", 0.0) * 1e-6
+    return max(0.0, (train.seconds - CHAIN_MICROBATCHES * per_mb_s) / train.model_ops)
+
+
 def fit_draw_figures(res: MicrobenchResult) -> MicrobenchResult:
     """``res`` with the figures fitted to its own draws: FSDP's unit cost from the medians
     of its fsdp_draws (compute_bench.fsdp_unit_costs) and the alive law from the medians of
-    its alive_draws against the MiB held (compute_bench.fit_alive_law), each where the
+    its alive_draws against the MiB held (compute_bench.fit_alive_law) and the per-microbatch
+    host cost from the medians of its microbatch_draws (compute_bench.microbatch_host_fit), each where the
     record has what it needs, else as it was. What calibration does once the draws are
     taken, and what a refit of a saved record does (benchmarks/repredict.py --refit)."""
-    from validate.compute_bench import ALIVE_DEPTHS, fit_alive_law, fsdp_unit_costs
+    from validate.compute_bench import ALIVE_DEPTHS, fit_alive_law, fsdp_unit_costs, microbatch_host_fit
     out = replace(res)
+    if res.microbatch_draws and len(res.microbatch_ops) == 2:
+        out.microbatch_host = microbatch_host_fit([statistics.median(d[i] for d in res.microbatch_draws)
+                                                   for i in range(2)], res.microbatch_ops)
     if res.fsdp_draws:
         out.fsdp_unit = fsdp_unit_costs([statistics.median(d[i] for d in res.fsdp_draws) for i in range(4)])
     if res.alive_draws and len(res.alive_held_mib) == len(ALIVE_DEPTHS):

@@ -97,6 +97,7 @@ def profile_mapping(fit: FitResult, res: MicrobenchResult, gpu_name: str, link_k
                     **{f"checkpoint_{k}_region_us": round(v, 1) for k, v in sorted(res.checkpoint_region_us.items())},
                     **({"fsdp_unit_us": round(res.fsdp_unit["us"], 1),
                         "fsdp_unit_us_per_mib": round(res.fsdp_unit["us_per_mib"], 1)} if res.fsdp_unit else {}),
+                    **({"microbatch_host_us": round(res.microbatch_host["us"], 1)} if res.microbatch_host else {}),
                     **({"alive_knee_mib": round(res.alive["knee_mib"], 3),
                         "alive_slowdown_per_doubling": round(res.alive["per_doubling"], 4)} if res.alive else {}),
                     "source": (f"host_overhead_us FIT by plansim calibrate ({where}): per cost-model op, "
@@ -113,6 +114,9 @@ def profile_mapping(fit: FitResult, res: MicrobenchResult, gpu_name: str, link_k
                                f"chain at width 8 beyond its recomputed ops (validate/compute_bench.recompute_drawer). "
                                f"fsdp_unit_us, fsdp_unit_us_per_mib: what taking one ZeRO-3 unit into use adds, "
                                f"from the runner's FSDP at one process at widths 8 and 64 (validate/compute_bench.fsdp_drawer). "
+                               f"microbatch_host_us: what each microbatch of a chunk costs besides its ops, from the "
+                               f"runner's overhead chain trained at two shapes, a x ops + F x microbatches "
+                               f"(validate/compute_bench.microbatch_drawer); host_overhead_us is then per op without it. "
                                f"alive_knee_mib, alive_slowdown_per_doubling: three layers of the model trained in orders "
                                f"1-12 microbatches deep, step time against the activations held (validate/compute_bench."
                                f"alive_drawer). "
