@@ -7,9 +7,13 @@ Parameters and what fixes each (few, global, physical):
 - ``kernel_overhead_us``: the per-op cost of a plain (no autograd) tiny op, measured
   directly (microbench (c), 'plain' chain); every op the cost model lists pays it.
 - ``host_overhead_us``: what training adds per op on top (autograd recording in forward,
-  the backward engine), from the 'train' chain per cost-model op, minus the plain cost.
-  On a CPU the device is the issuing thread, so ``launch_blocking`` is true: host and
-  device time add (costmodel.efficiency.ops_time_s).
+  the backward engine), from the 'train' chain per cost-model op, less the chain's
+  microbatches' share where measured (next), minus the plain cost. On a CPU the device is
+  the issuing thread, so ``launch_blocking`` is true: host and device time add
+  (costmodel.efficiency.ops_time_s).
+- ``microbatch_host_us``: what each microbatch of a chunk costs besides its ops, solved
+  from the 'train' chain timed at two shapes of different ops a microbatch
+  (validate/compute_bench.microbatch_host_fit).
 - ``hbm_eff``, ``vector_flops_eff``, ``cache_bw_eff``, ``cache_mib``: least squares over the
   element-wise sweep (add, GELU, layer norm, softmax, 4 Ki to 1 Mi elements),
   t = max(bytes/(bw x share), flops/(peak x vector_flops_eff)) + kernel overhead, the
