@@ -168,14 +168,27 @@ def chunk_work(model: ModelSpec, plan: Plan, cluster: Cluster, profile: Profile,
     gather_b = param_gather_bytes(prec, rt)
     layer_units, outer = fsdp_units(model, layers, tp, first, last)
     unit_s = rt.fsdp_unit_s(layer_units[0] * gather_b) if plan.zero == 3 and layer_units else 0.0
-    fwd_s = layers * ops_time_s(f_ops, gpu, eff, prec, rt, unit_s)
+    # The runner's host time per microbatch of this chunk beyond its ops (calling the chunk,
+    # autograd's backward call; RuntimeSettings.microbatch_host_us), half each way, on the
+    # host side of the chunk's first layer: hidden, as any host time, under asynchronous
+    # kernels that take longer (costmodel/efficiency.ops_time_s).
+    mb_s = rt.microbatch_host_s() / 2
+
+    def with_microbatch(ops, extra_s: float) -> float:
+        """What mb_s adds to one layer of ``ops`` on the host side (all of it with no layers)."""
+        if not mb_s:
+            return 0.0
+        if not layers:
+            return mb_s
+        return ops_time_s(ops, gpu, eff, prec, rt, extra_s + mb_s) - ops_time_s(ops, gpu, eff, prec, rt, extra_s)
+    fwd_s = layers * ops_time_s(f_ops, gpu, eff, prec, rt, unit_s) + with_microbatch(f_ops, unit_s)
     # Backward re-runs each layer's checkpointed part first (r_ops), one region a layer.
     # (with context parallelism's pieces checkpointed one by one, cp_layer_work holds their regions)
     region_s = 0.0 if cp > 1 and pieces_checkpointed(rt, plan.cp_comm, plan.recompute) else \
         rt.checkpoint_region_s(plan.recompute)
     r_s = ops_time_s(r_ops, gpu, eff, prec, rt, region_s) if r_ops else 0.0
-    bwd_s = layers * (ops_time_s(b_ops + grad_accumulation_ops(model, 1, tp, False, False, prec, rt), gpu, eff, prec,
-                                 rt, unit_s) + r_s)
+    b_acc = b_ops + grad_accumulation_ops(model, 1, tp, False, False, prec, rt)
+    bwd_s = layers * (ops_time_s(b_acc, gpu, eff, prec, rt, unit_s) + r_s) + with_microbatch(b_acc, unit_s)
     fwd_fl = layers * matmul_flops(f_ops)
     bwd_fl = layers * (matmul_flops(b_ops) + matmul_flops(r_ops))
     if cpw is not None:  # cp K/V blocks of attention instead of the one the local ops hold
@@ -194,11 +207,6 @@ def chunk_work(model: ModelSpec, plan: Plan, cluster: Cluster, profile: Profile,
         bwd_s += secs(hb)
         fwd_fl += matmul_flops(hf)
         bwd_fl += matmul_flops(hb)
-
-    # The runner's host time per microbatch of this chunk beyond its ops (calling the chunk,
-    # autograd's backward call): RuntimeSettings.microbatch_host_us, half each way.
-    fwd_s += rt.microbatch_host_s() / 2
-    bwd_s += rt.microbatch_host_s() / 2
 
     ranks = plan.tp_group(*_coords(plan, rank))
     act = b * local.seq_length * model.hidden_size * width

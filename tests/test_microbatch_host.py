@@ -54,6 +54,18 @@ def test_every_chunk_of_an_interleaved_stage_pays_it():
     assert grow["interleaved"] > grow["1f1b"] * 1.5
 
 
+def test_it_hides_under_asynchronous_kernels():
+    """With asynchronous launches (a GPU's host runs ahead) the per-microbatch host time
+    counts only where the host is the bottleneck, as any host time: an A100's layer of a
+    16k-wide model takes far longer than 200 us of host work, so the step does not
+    change; a launch-blocking device pays it in full."""
+    big = ModelSpec("wide", 2, 16384, 128, 2048, 51200, 8)
+    cluster = load_topology("dgx-a100", nodes=1)
+    plan = resolve_plan("dp=8,mbs=1", big, 8)
+    assert simulate(big, plan, cluster, worker_profile(launch_blocking=False, microbatch_host_us=200.0)).step_time_s \
+        == pytest.approx(simulate(big, plan, cluster, worker_profile(launch_blocking=False)).step_time_s, rel=1e-12)
+
+
 def test_slowed_profile_scales_it():
     """A device at 1/f speed pays f times the per-microbatch host time, as every other
     host cost."""
