@@ -255,8 +255,9 @@ class RuntimeSettings:
     # width (validate/compute_bench.microbatch_drawer: t = a x ops + F x microbatches; the
     # chain at five shapes fits so within 3 % where one per-op rate leaves +-10 %, 105 us a
     # microbatch on a 2-core CPU, 2026-12-06); charged half to the forward, half to the
-    # backward, a split the measurement does not tell. 0: not measured, as for GPU
-    # runtimes, whose host runs ahead of the kernels.
+    # backward (a split the measurement does not tell), on the host side of the chunk's
+    # first layer, so that asynchronous kernels hide it where they take longer
+    # (sim/program.chunk_work). 0: not measured, as in every bundled runtime.
     microbatch_host_us: float = 0.0
     # Context-parallel ring attention as the validator's runner computes it (validate/cp.py):
     # every visible pair of sequence chunks as unfused attention, merged by log-sum-exp
