@@ -548,6 +548,12 @@ def test_reused_compute_takes_exactly_the_samples_asked_for(monkeypatch):
     src.alive_draws, src.alive = [[0.08, 0.082, 0.085, 0.09]], {"knee_mib": 1.5, "per_doubling": 0.03}
     carried = mb.reused_compute(src, "w4.bench.json", 2, "gloo", 1, shapes, sizes, attn, [])
     assert (carried.alive_draws, carried.alive) == (src.alive_draws, src.alive)
+    # And the per-microbatch host cost's draws, op counts and fit.
+    src.microbatch_draws, src.microbatch_ops = [[3.3e-3, 5.0e-3]], [236, 320]
+    src.microbatch_host = {"us": 105.0, "per_op_us": 12.6}
+    carried = mb.reused_compute(src, "w4.bench.json", 2, "gloo", 1, shapes, sizes, attn, [])
+    assert (carried.microbatch_draws, carried.microbatch_ops, carried.microbatch_host) == (
+        src.microbatch_draws, src.microbatch_ops, src.microbatch_host)
     # Of a record with several probe draws, only its compute worker's (the first) is reused:
     # the others were its collective launches', and this calibration takes its own.
     src.probe_draws_s, src.probe_s = [4.3e-3, 9e-3, 9.5e-3], 9e-3
@@ -643,6 +649,12 @@ def test_overhead_draws_pool_into_their_median():
     (dict(alive={"knee_mib": float("inf"), "per_doubling": 0.1}), "alive.knee_mib: inf: MiB in [0, 1e6]"),
     (dict(alive={"knee": 1.0}), "alive: expected {'knee_mib': number, 'per_doubling': number}"),
     (dict(alive={"knee_mib": 1.0}), "alive: expected {'knee_mib': number, 'per_doubling': number}"),
+    (dict(microbatch_draws=[[1e-3]]), "microbatch_draws: expected a list of [seconds, seconds] pairs"),
+    (dict(microbatch_draws=[[1e-3, float("nan")]]), "microbatch_draws[0][1]: nan: a measured time"),
+    (dict(microbatch_ops=[236, True]), "microbatch_ops: expected [] or 2 op counts in (0, 1e6)"),
+    (dict(microbatch_ops=[236]), "microbatch_ops: expected [] or 2 op counts in (0, 1e6)"),
+    (dict(microbatch_host={"us": float("nan"), "per_op_us": 1.0}), "microbatch_host.us: nan: microseconds in [0, 1e6]"),
+    (dict(microbatch_host={"us": 100.0}), "microbatch_host: expected {'us': us, 'per_op_us': us}"),
 ])
 def test_reused_compute_refuses_other_conditions(monkeypatch, change, needle):
     """A record measured under other conditions (threads, processes at once, cores,
