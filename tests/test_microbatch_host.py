@@ -20,6 +20,8 @@ from validate.profile_file import runtime_facts
 from engine_fixtures import worker_profile
 
 TINY = ModelSpec("tiny", 4, 128, 4, 64, 512, 16)
+# The runtime calibration counts the chain's ops under on a CPU (validate/calibrate.py).
+CPU_RT = RuntimeSettings(**runtime_facts("cpu"))
 
 
 @pytest.mark.parametrize("plan_text,chunk_microbatches", [
@@ -90,15 +92,13 @@ def test_fit_never_negative():
 
 
 def test_shapes_op_counts_are_the_chains():
-    """One definition of the chain's op count: the first shape is the overhead chain
-    itself (chain_op_counts), and an op count grows linearly with the microbatches."""
-    rt = RuntimeSettings()
-    assert microbatch_ops(rt)[0] == chain_op_counts(rt)[1]
-    assert chain_ops(1, 8, rt)[1] == 8 * chain_ops(1, 1, rt)[1] == microbatch_ops(rt)[1]
-
-
-# The runtime calibration counts the chain's ops under on a CPU (validate/calibrate.py).
-CPU_RT = RuntimeSettings(**runtime_facts("cpu"))
+    """The first shape is the overhead chain itself (chain_op_counts), and under the CPU
+    runtime the two shapes' steps count 236 and 320 ops: 118 and 40 a microbatch, the
+    figures the session-21 chain experiment counted with its own copy of the op lists
+    (results/validate-cpu-2026-12-06-s21/ab/chainexp.py, chain-out.txt)."""
+    assert microbatch_ops(CPU_RT)[0] == chain_op_counts(CPU_RT)[1]
+    assert microbatch_ops(CPU_RT) == [236, 320]
+    assert (chain_ops(4, 1, CPU_RT)[1], chain_ops(1, 1, CPU_RT)[1]) == (118, 40)
 
 
 def _record(train_s: float, plain_s: float, draws: list) -> MicrobenchResult:

@@ -364,7 +364,7 @@ def _measure_compute(world: int, gemm_shapes, mem_sizes, attn_shapes, topk, runt
     processes at once; each figure the median over the ranks."""
     from costmodel.profile import RuntimeSettings
     from validate.compute_bench import ALIVE_DEPTHS, ComputeConfig, alive_held_mib, chain_op_counts, \
-        checkpoint_region_us, compute_worker, microbatch_host_fit, microbatch_ops
+        checkpoint_region_us, compute_worker, microbatch_ops
     from validate.launch import launch
 
     cw = compute_processes(world, "cuda" if be_name == "nccl" else "cpu")
@@ -400,8 +400,7 @@ def _measure_compute(world: int, gemm_shapes, mem_sizes, attn_shapes, topk, runt
     res.microbatch_draws = _draws_over_ranks(per_rank, "microbatch_draws", 2)
     if res.microbatch_draws:
         res.microbatch_ops = microbatch_ops(runtime or RuntimeSettings())
-        res.microbatch_host = microbatch_host_fit([statistics.median(d[i] for d in res.microbatch_draws)
-                                                   for i in range(2)], res.microbatch_ops)
+        res.microbatch_host = microbatch_figure(res)  # before the regions: they price ops without it
     res.recompute_draws = _draws_over_ranks(per_rank, "recompute_draws", 3)
     if res.recompute_draws:
         steps = [statistics.median(d[i] for d in res.recompute_draws) for i in range(3)]
@@ -428,6 +427,16 @@ def train_per_op_s(res: MicrobenchResult) -> float:
     return max(0.0, (train.seconds - CHAIN_MICROBATCHES * per_mb_s) / train.model_ops)
 
 
+def microbatch_figure(res: MicrobenchResult) -> dict:
+    """compute_bench.microbatch_host_fit of the medians of ``res``'s microbatch draws, or
+    what ``res`` holds where it lacks the draws or their op counts."""
+    from validate.compute_bench import microbatch_host_fit
+    if not res.microbatch_draws or len(res.microbatch_ops) != 2:
+        return res.microbatch_host
+    return microbatch_host_fit([statistics.median(d[i] for d in res.microbatch_draws) for i in range(2)],
+                               res.microbatch_ops)
+
+
 def fit_draw_figures(res: MicrobenchResult) -> MicrobenchResult:
     """``res`` with the figures fitted to its own draws: FSDP's unit cost from the medians
     of its fsdp_draws (compute_bench.fsdp_unit_costs) and the alive law from the medians of
@@ -435,11 +444,9 @@ def fit_draw_figures(res: MicrobenchResult) -> MicrobenchResult:
     host cost from the medians of its microbatch_draws (compute_bench.microbatch_host_fit), each where the
     record has what it needs, else as it was. What calibration does once the draws are
     taken, and what a refit of a saved record does (benchmarks/repredict.py --refit)."""
-    from validate.compute_bench import ALIVE_DEPTHS, fit_alive_law, fsdp_unit_costs, microbatch_host_fit
+    from validate.compute_bench import ALIVE_DEPTHS, fit_alive_law, fsdp_unit_costs
     out = replace(res)
-    if res.microbatch_draws and len(res.microbatch_ops) == 2:
-        out.microbatch_host = microbatch_host_fit([statistics.median(d[i] for d in res.microbatch_draws)
-                                                   for i in range(2)], res.microbatch_ops)
+    out.microbatch_host = microbatch_figure(res)
     if res.fsdp_draws:
         out.fsdp_unit = fsdp_unit_costs([statistics.median(d[i] for d in res.fsdp_draws) for i in range(4)])
     if res.alive_draws and len(res.alive_held_mib) == len(ALIVE_DEPTHS):
