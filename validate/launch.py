@@ -50,7 +50,7 @@ from datetime import timedelta
 from typing import Any, Callable
 
 from costmodel.errors import InputError, RunError
-from validate.backend import configure_cpu_threads, pick_backend, require_torch
+from validate.backend import configure_cpu_heap, configure_cpu_threads, pick_backend, require_torch
 
 TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
 # Seconds a worker gets to exit after being asked (SIGTERM) before SIGKILL.
@@ -104,6 +104,7 @@ def _init_group(backend_name: str | None, rank: int, world: int, init_method: st
         torch.cuda.set_device(be.device_for(local_rank()))
     else:
         configure_cpu_threads()
+        configure_cpu_heap()
     if not dist.is_initialized():
         dist.init_process_group(be.name, init_method=init_method, rank=rank, world_size=world,
                                 timeout=timedelta(seconds=max(1.0, timeout_s)))
