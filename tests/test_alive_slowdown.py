@@ -181,3 +181,38 @@ def test_alive_fit_keeps_two_depths_above_its_knee():
     assert got["per_doubling"] == pytest.approx(sum(z * y for z, y in zip(zs, ys)) / sum(z * z for z in zs), rel=1e-9)
     assert got["per_doubling"] == pytest.approx(0.0230, abs=5e-4)
     assert 1 + got["per_doubling"] * math.log2(40 / got["knee_mib"]) < 1.09
+
+
+class _Grad:
+    """Stands in for torch in the drawers: only torch.enable_grad() is used."""
+
+    @staticmethod
+    def enable_grad():
+        import contextlib
+        return contextlib.nullcontext()
+
+
+def _switch_costs(slow_s: float, fast_s: float):
+    """Two functions whose call takes ``slow_s`` right after the other one ran and
+    ``fast_s`` otherwise: the transient a deep order leaves for the next call."""
+    import time
+    last = [None]
+
+    def make(name):
+        def f():
+            time.sleep(slow_s if last[0] not in (None, name) else fast_s)
+            last[0] = name
+        return f
+    return [make("a"), make("b")]
+
+
+def test_settled_drawer_leaves_out_the_call_after_a_switch():
+    """The alive draws time each depth after an untimed call of its own: with two functions
+    that take 80 ms right after the other one and 40 ms otherwise (longer than a window,
+    so one call a window, as the alive orders), the settled drawer reports about 40 ms for
+    both, where unsettled windows (every call right after a switch) report about 80."""
+    from validate.compute_bench import _interleaved_drawer
+    settled = _interleaved_drawer(_Grad, _switch_costs(0.080, 0.040), 3, None, settle=True)()
+    assert all(0.039 < t < 0.065 for t in settled), settled
+    interleaved = _interleaved_drawer(_Grad, _switch_costs(0.080, 0.040), 3, None)()
+    assert all(t > 0.075 for t in interleaved), interleaved

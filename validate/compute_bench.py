@@ -269,10 +269,12 @@ def alive_stage_bytes(model: ModelSpec) -> float:
 
 def alive_drawer(torch, dev, dsync, repeats: int, model: ModelSpec):
     """A function that takes one draw of the alive stage's training step at each of
-    ALIVE_DEPTHS (seconds, in that order; interleaved windows as recompute_drawer's)."""
+    ALIVE_DEPTHS (seconds, in that order), each window after an untimed step of its own
+    order (_interleaved_drawer's settle): a plan's stage runs one order step after step,
+    and the first step of an order right after a deeper one is slower than the next."""
     fns = [stage_trainer(model, ALIVE_LAYERS, ALIVE_MICROBATCHES, dev, actions=one_f_one_b(d, ALIVE_MICROBATCHES)[0])[2]
            for d in ALIVE_DEPTHS]
-    return _interleaved_drawer(torch, fns, repeats, dsync)
+    return _interleaved_drawer(torch, fns, repeats, dsync, settle=True)
 
 
 def alive_held_mib(model: ModelSpec) -> list[float]:
@@ -331,10 +333,24 @@ def chain_drawer(torch, dev, dsync, repeats: int):
     return _interleaved_drawer(torch, chain_functions(torch, dev), repeats * 2, dsync)
 
 
-def _interleaved_drawer(torch, fns, windows: int, dsync):
+def _interleaved_drawer(torch, fns, windows: int, dsync, settle: bool = False):
     """A function that times ``fns`` in ``windows`` rounds of one window of about
     COMPUTE_WINDOW_S each, interleaved (f0, f1, .., f0, ..) so that all see the same host,
-    and returns each one's median seconds per call, in order."""
+    and returns each one's median seconds per call, in order.
+
+    ``settle``: each window follows one untimed call of its own function (f0, f0, f1, f1,
+    ..), for functions that leave the process in different states, as the alive orders do
+    (the deepest holds 20 MiB of tiny's activations where the shallowest holds 2): the
+    call right after a switch pays for what the previous function left behind, and a
+    plan never switches. Measured here (2026-12-06, two processes at once, tiny's three
+    layers at 12 microbatches, medians of 12 blocks of six calls): the shallowest order
+    59.1-59.9 ms right after the deepest, 56.3-57.5 ms on the calls after; the deepest
+    63.0-63.9 and 62.1-63.1. Unsettled windows of one call each put the deepest order at
+    1.05-1.06 x the shallowest; settled, 1.10-1.11 x, what the runner's own plans pay for
+    GPipe's order over 1F1B's (tiny's dp=2 in either order: 1.06-1.18 x;
+    docs/validation-cpu.md, mechanism 55). The rounds still interleave the functions: one
+    block of each in turn over a whole draw let a slow second of the host put one
+    depth's figure 26 % high."""
     inner = []
     for f in fns:
         f()
@@ -347,6 +363,10 @@ def _interleaved_drawer(torch, fns, windows: int, dsync):
         with torch.enable_grad():  # some draws are taken inside the rates' no_grad block
             for _ in range(windows):
                 for i, f in enumerate(fns):
+                    if settle:
+                        f()  # right after the previous function: not timed
+                        if dsync:
+                            dsync()
                     times[i].append(_median_time(f, 1, inner[i], dsync))
         return [statistics.median(t) for t in times]
     return draw

@@ -118,8 +118,8 @@ def profile_mapping(fit: FitResult, res: MicrobenchResult, gpu_name: str, link_k
                                f"runner's overhead chain trained at two shapes, a x ops + F x microbatches "
                                f"(validate/compute_bench.microbatch_drawer); host_overhead_us is then per op without it. "
                                f"alive_knee_mib, alive_slowdown_per_doubling: three layers of the model trained in orders "
-                               f"1-12 microbatches deep, step time against the activations held (validate/compute_bench."
-                               f"alive_drawer). "
+                               f"1-12 microbatches deep, each step timed after one of the same order, step time against "
+                               f"the activations held (validate/compute_bench.alive_drawer). "
                                f"Other fields: how validate/'s eager torch runner drives the device.")},
     }
     if fit.fabric is not None and link_kind:
