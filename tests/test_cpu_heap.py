@@ -33,27 +33,35 @@ def _glibc_with_mallinfo2() -> bool:
 
 needs_glibc = pytest.mark.skipif(not _glibc_with_mallinfo2(), reason="needs glibc >= 2.33 (mallinfo2)")
 
-# Prints how many blocks of `size` bytes glibc maps one by one when 4 are allocated, after
-# configure_cpu_heap() when argv[1] == "keep" (the environment decides the rest).
+def mapped_blocks(size: int, count: int = 1) -> int:
+    """How many of ``count`` fresh blocks of ``size`` bytes glibc maps one by one
+    (mallinfo2().hblks before and after allocating them; freed again after)."""
+    class MallInfo2(ctypes.Structure):
+        _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                                    "fsmblks", "uordblks", "fordblks", "keepcost")]
+    libc = ctypes.CDLL(None)
+    libc.mallinfo2.restype = MallInfo2
+    libc.malloc.restype = ctypes.c_void_p
+    libc.malloc.argtypes = [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+    before = libc.mallinfo2().hblks
+    ptrs = [libc.malloc(size) for _ in range(count)]
+    mapped = libc.mallinfo2().hblks - before
+    for p in ptrs:
+        libc.free(p)
+    return mapped
+
+
+# In a fresh process: configure_cpu_heap() first when argv[1] == "keep" (the environment
+# decides the rest), then how many of 4 blocks of argv[2] bytes are mapped one by one.
 PROBE = r"""
-import ctypes, sys
-sys.path.insert(0, sys.argv[3])
-class MallInfo2(ctypes.Structure):
-    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
-                                                "fsmblks", "uordblks", "fordblks", "keepcost")]
-libc = ctypes.CDLL(None)
-libc.mallinfo2.restype = MallInfo2
-libc.malloc.restype = ctypes.c_void_p
-libc.malloc.argtypes = [ctypes.c_size_t]
-libc.free.argtypes = [ctypes.c_void_p]
+import sys
+sys.path[:0] = [sys.argv[3], sys.argv[4]]
 if sys.argv[1] == "keep":
     from validate.backend import configure_cpu_heap
     print("set", configure_cpu_heap())
-before = libc.mallinfo2().hblks
-ptrs = [libc.malloc(int(sys.argv[2])) for _ in range(4)]
-print("mapped", libc.mallinfo2().hblks - before)
-for p in ptrs:
-    libc.free(p)
+from test_cpu_heap import mapped_blocks
+print("mapped", mapped_blocks(int(sys.argv[2]), 4))
 """
 
 
@@ -62,7 +70,7 @@ def _probe(mode: str, size: int, env_value: str | None = None) -> list[str]:
     env.pop(ENV_KEEP_HEAP, None)
     if env_value is not None:
         env[ENV_KEEP_HEAP] = env_value
-    out = subprocess.run([sys.executable, "-c", PROBE, mode, str(size), str(ROOT)], env=env,
+    out = subprocess.run([sys.executable, "-c", PROBE, mode, str(size), str(ROOT), str(ROOT / "tests")], env=env,
                          capture_output=True, text=True, timeout=60, check=True)
     return out.stdout.split()
 
@@ -103,16 +111,4 @@ def test_launched_workers_keep_their_heap():
 
 
 def _mapped_blocks(rank, world, size):
-    class MallInfo2(ctypes.Structure):
-        _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
-                                                    "fsmblks", "uordblks", "fordblks", "keepcost")]
-    libc = ctypes.CDLL(None)
-    libc.mallinfo2.restype = MallInfo2
-    libc.malloc.restype = ctypes.c_void_p
-    libc.malloc.argtypes = [ctypes.c_size_t]
-    libc.free.argtypes = [ctypes.c_void_p]
-    before = libc.mallinfo2().hblks
-    p = libc.malloc(size)
-    mapped = libc.mallinfo2().hblks - before
-    libc.free(p)
-    return mapped
+    return mapped_blocks(size)

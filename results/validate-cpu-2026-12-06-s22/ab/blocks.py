@@ -1,5 +1,8 @@
 """d1 vs GPipe order of the runner's stage (tiny L layers, mb microbatches), two processes
-at once (barrier before each call): alternating calls vs blocks of K calls of one order."""
+at once (barrier before each call): alternating calls vs blocks of K calls of one order.
+    python3 blocks.py L MB K ROUNDS [positions]
+prints the ratio with the first call of a block left out, or with 'positions' each
+position's median in the block (ms)."""
 import sys, time, statistics as st, multiprocessing as mp
 sys.path.insert(0, '/work/main')
 def worker(name, barrier, q, L, mb, K, rounds):
@@ -21,10 +24,16 @@ def worker(name, barrier, q, L, mb, K, rounds):
             for f, acc in ((d1, t1), (gp, tg)):
                 for j in range(k):
                     barrier.wait(); t0 = time.perf_counter(); f(); dt = time.perf_counter() - t0
-                    if k == 1 or j > 0:  # in blocks, the first call after a switch is left out
-                        acc.append(dt)
-        res[mode] = (round(st.median(tg) / st.median(t1), 3), round(st.median(t1) * 1e3, 1), round(st.median(tg) * 1e3, 1))
+                    acc.append((j, dt))
+        if POSITIONS:
+            res[mode] = {'d1': [round(st.median(d for j, d in t1 if j == i) * 1e3, 1) for i in range(k)],
+                         'gp': [round(st.median(d for j, d in tg if j == i) * 1e3, 1) for i in range(k)]}
+        else:  # in blocks, the first call after a switch is left out
+            a = st.median(d for j, d in t1 if k == 1 or j > 0)
+            g = st.median(d for j, d in tg if k == 1 or j > 0)
+            res[mode] = (round(g / a, 3), round(a * 1e3, 1), round(g * 1e3, 1))
     q.put((name, res))
+POSITIONS = sys.argv[5:6] == ['positions']
 if __name__ == '__main__':
     L, mb, K, rounds = (int(x) for x in sys.argv[1:5])
     ctx = mp.get_context('fork')
