@@ -139,6 +139,8 @@ def cmd_calibrate(args) -> int:
 
     cluster, world = resolve_world(args.topology, args.world)
     model = load_model(args.model)
+    from validate.backend import check_worker_env
+    check_worker_env()  # the workers' settings in the environment, before anything is measured
     require_torch()
     from validate.calibrate import calibrate
     from validate.profile_file import format_params, format_residuals

@@ -268,6 +268,8 @@ def cmd_validate(args) -> int:
         raise InputError("--timeout", None, f"{args.timeout:g}: {problem} (seconds)")
     if not 1 <= args.launches <= 100:
         raise InputError("--launches", None, f"must be an integer from 1 to 100 (got {args.launches})")
+    from validate.backend import check_worker_env
+    check_worker_env()  # the workers' settings in the environment, before anything is printed
     benches = None
     plans = args.plans or [args.plan]
     if args.report is not None:

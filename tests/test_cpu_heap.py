@@ -33,6 +33,7 @@ def _glibc_with_mallinfo2() -> bool:
 
 needs_glibc = pytest.mark.skipif(not _glibc_with_mallinfo2(), reason="needs glibc >= 2.33 (mallinfo2)")
 
+
 def mapped_blocks(size: int, count: int = 1) -> int:
     """How many of ``count`` fresh blocks of ``size`` bytes glibc maps one by one
     (mallinfo2().hblks before and after allocating them; freed again after)."""
@@ -112,3 +113,23 @@ def test_launched_workers_keep_their_heap():
 
 def _mapped_blocks(rank, world, size):
     return mapped_blocks(size)
+
+
+@pytest.mark.parametrize("command", ["validate", "calibrate"])
+@pytest.mark.parametrize("var,value", [(ENV_KEEP_HEAP, "yes"), ("PLANSIM_THREADS", "x")])
+def test_a_bad_worker_setting_is_refused_before_any_worker_starts(capsys, monkeypatch, tmp_path, command, var, value):
+    """The workers' settings are read by the process that starts them: `plansim validate`
+    and `plansim calibrate` with a bad $PLANSIM_KEEP_HEAP or $PLANSIM_THREADS exit 2 with
+    one line naming the variable and write nothing, where each worker used to fail as it
+    joined (exit 1, 'rank 0: could not join the process group')."""
+    pytest.importorskip("torch")
+    from plansim.cli import main
+    monkeypatch.setenv(var, value)
+    out = tmp_path / "p.yaml"
+    argv = (["validate", "localhost-cpu", "--model", "tiny", "--plan", "dp=2", "--steps", "1", "--warmup", "0"]
+            if command == "validate" else ["calibrate", "localhost-cpu", "--world", "2", "--out", str(out)])
+    code = main(argv)
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert len(err.strip().splitlines()) == 1 and var in err and "rank" not in err, err
+    assert list(tmp_path.iterdir()) == []

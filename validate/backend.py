@@ -97,6 +97,13 @@ def configure_cpu_threads() -> int:
     2-core machine). Microbenchmarks and runs both call this, so a profile is calibrated
     under the same threading the plans run with."""
     torch = require_torch()
+    n = cpu_threads_setting()
+    torch.set_num_threads(n)
+    return n
+
+
+def cpu_threads_setting() -> int:
+    """$PLANSIM_THREADS as an integer >= 1 (default 1); InputError naming it otherwise."""
     raw = os.environ.get(ENV_THREADS, "1")
     try:
         n = int(raw)
@@ -104,8 +111,23 @@ def configure_cpu_threads() -> int:
         n = 0
     if n < 1:
         raise InputError(ENV_THREADS, "threads", f"must be an integer >= 1, got {raw!r}")
-    torch.set_num_threads(n)
     return n
+
+
+def keep_heap_setting() -> bool:
+    """$PLANSIM_KEEP_HEAP as a bool ('1', the default, or '0'); InputError naming it otherwise."""
+    raw = os.environ.get(ENV_KEEP_HEAP, "1")
+    if raw not in ("0", "1"):
+        raise InputError(ENV_KEEP_HEAP, "keep heap", f"must be 0 or 1, got {raw!r}")
+    return raw == "1"
+
+
+def check_worker_env() -> None:
+    """Read the workers' settings from the environment once, in the process that starts
+    them, so that a bad one is refused at the edge (InputError, exit 2) rather than by
+    every worker as it joins."""
+    cpu_threads_setting()
+    keep_heap_setting()
 
 
 def configure_cpu_heap() -> bool:
@@ -118,15 +140,12 @@ def configure_cpu_heap() -> bool:
     with what was freed, malloc/malloc.c). A schedule that holds many microbatches grows
     the heap by their activations every step and gives it back as the backwards free them,
     so each step the kernel maps and zeroes those pages again. Measured on a 2-core host
-    (2026-12-06, two processes at once, 30-47 draws each): three layers of tiny trained in
-    GPipe's order of 12 microbatches took 1.09-1.12 x their depth-1 order with the
-    defaults, 1.056-1.064 x with the heap kept; a GPU run pays nothing like it. Workers of
+    (2026-12-06, two processes at once, 29-47 draws each): three layers of tiny trained in
+    GPipe's order of 12 microbatches took 1.09-1.13 x their depth-1 order with the
+    defaults, 1.056-1.071 x with the heap kept; a GPU run pays nothing like it. Workers of
     calibration and of the runner both call this (validate/launch.py), so a profile is
     measured under the heap the plans run with. Other C libraries: left as they are."""
-    raw = os.environ.get(ENV_KEEP_HEAP, "1")
-    if raw not in ("0", "1"):
-        raise InputError(ENV_KEEP_HEAP, "keep heap", f"must be 0 or 1, got {raw!r}")
-    if raw == "0":
+    if not keep_heap_setting():
         return False
     import ctypes
     try:

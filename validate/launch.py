@@ -50,7 +50,7 @@ from datetime import timedelta
 from typing import Any, Callable
 
 from costmodel.errors import InputError, RunError
-from validate.backend import configure_cpu_heap, configure_cpu_threads, pick_backend, require_torch
+from validate.backend import check_worker_env, configure_cpu_heap, configure_cpu_threads, pick_backend, require_torch
 
 TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
 # Seconds a worker gets to exit after being asked (SIGTERM) before SIGKILL.
@@ -309,6 +309,7 @@ def launch(fn: Callable, world: int, args: tuple = (), *, timeout_s: float,
     function and its arguments and result picklable (they cross process boundaries)."""
     if not isinstance(world, int) or world < 1:
         raise InputError("--world", "world", f"world={world!r} must be an integer >= 1")
+    check_worker_env()
     if under_torchrun():
         return _torchrun(fn, world, args, timeout_s, backend)
     for attempt in range(_PORT_ATTEMPTS):
