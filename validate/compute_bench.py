@@ -554,10 +554,19 @@ def compute_worker(rank: int, world: int, cfg: ComputeConfig) -> dict:
             # gradient plus the residual the previous selection left), every rank at once
             # after a barrier, as a plan's replicas select: the time depends on the data
             # (one fixed random bucket misses that spread), so each selection is kept.
+            # Between two selections a step computes (the backward whose last layers
+            # fill the bucket, the optimizer, the next forward): each selection here
+            # follows TOPK_GAP_S of GEMMs, as in a step, not the previous selection.
             grads = [torch.randn(elems, device=dev) for _ in range(TOPK_STREAM_GRADS)]
             k = max(1, math.ceil(frac * elems))
             residual, times, bufs = None, [], SelectBuffers.like(grads[0], k)
+            gap_a, gap_w = torch.randn(*TOPK_GAP_GEMM[:2], device=dev), torch.randn(*TOPK_GAP_GEMM[1:], device=dev)
             for i in range(TOPK_STREAM_WARMUP + TOPK_STREAM_STEPS):
+                t_gap = time.perf_counter()
+                while time.perf_counter() - t_gap < TOPK_GAP_S:
+                    torch.mm(gap_a, gap_w)
+                if dsync:
+                    dsync()
                 sync()
                 t0 = time.perf_counter()
                 _, _, residual = select(grads[i % len(grads)], residual, k, bufs)
@@ -589,3 +598,15 @@ def compute_worker(rank: int, world: int, cfg: ComputeConfig) -> dict:
 TOPK_STREAM_WARMUP = 2
 TOPK_STREAM_STEPS = 12
 TOPK_STREAM_GRADS = 4
+# Seconds of GEMMs ([256, 1024] x [1024, 1024] fp32) before each selection of the stream.
+# Back to back, a selection finds its residual and magnitude buffers where the last one
+# left them; in a step they were last touched a whole step earlier. Measured here
+# (2026-12-06, two processes selecting 867,072 elements x 0.1 at once, medians of 16):
+# back to back 9.4-10.5 ms; after 5 ms of GEMMs 11.0-11.3; after 20 or 40 ms 12.1-12.5;
+# after 40 ms of a Python loop that touches no memory 12.9-13.3 (so it is the time since
+# the buffers were last used, not the GEMMs' cache traffic). The runner's own selections
+# in the session-24 validation runs (tiny dp=2 top-k:0.1, the same bucket) took 10.4-11.1
+# ms a step where this stream, back to back, had measured 7.9-9.8 in the same runs.
+# 20 ms is where the measured slowdown stopped growing.
+TOPK_GAP_S = 0.020
+TOPK_GAP_GEMM = (256, 1024, 1024)  # m, k, n
