@@ -601,12 +601,12 @@ TOPK_STREAM_GRADS = 4
 # Seconds of GEMMs ([256, 1024] x [1024, 1024] fp32) before each selection of the stream.
 # Back to back, a selection finds its residual and magnitude buffers where the last one
 # left them; in a step they were last touched a whole step earlier. Measured here
-# (2026-12-06, two processes selecting 867,072 elements x 0.1 at once, medians of 16):
-# back to back 9.4-10.5 ms; after 5 ms of GEMMs 11.0-11.3; after 20 or 40 ms 12.1-12.5;
-# after 40 ms of a Python loop that touches no memory 12.9-13.3 (so it is the time since
-# the buffers were last used, not the GEMMs' cache traffic). The runner's own selections
-# in the session-24 validation runs (tiny dp=2 top-k:0.1, the same bucket) took 10.4-11.1
-# ms a step where this stream, back to back, had measured 7.9-9.8 in the same runs.
-# 20 ms is where the measured slowdown stopped growing.
+# (2026-12-06, benchmarks/topk_gap.py: two processes selecting 867,072 elements x 0.1 at
+# once, medians of 16): back to back 8.5-9.1 ms; after 5 ms of GEMMs 9.7-10.0; after 20
+# or 40 ms 10.9-12.2; after a 20 ms sleep 12.3-12.4 (so it is the time since the buffers
+# were used, not the GEMMs' cache traffic). The runner's own selections in the session-24
+# validation runs (tiny dp=2 top-k:0.1, the same bucket) took 10.4-11.1 ms a step where
+# this stream, back to back, had measured 7.9-9.8 in the same runs. 20 ms: about where the
+# slowdown stopped growing (docs/validation-cpu.md, mechanism 56).
 TOPK_GAP_S = 0.020
 TOPK_GAP_GEMM = (256, 1024, 1024)  # m, k, n

@@ -1,0 +1,116 @@
+"""How long a top-k selection takes depending on what ran before it (docs/validation-cpu.md,
+mechanism 56).
+
+Two processes (forked; no process group, a multiprocessing barrier) select the same bucket
+size at once, as a dp=2 plan's replicas do, in a stream of error-feedback steps. Before
+each selection a process does one of:
+
+  none         nothing (the calibration's stream before mechanism 56: back to back)
+  gemm:MS      MS milliseconds of [256, 1024] x [1024, 1024] GEMMs (the stream since)
+  sleep:MS     sleeps MS milliseconds
+  spin:MS      a Python loop for MS milliseconds (touches next to no memory)
+  chain:MS     trains the calibration's small GPT (validate/compute_bench's chain) for MS ms
+
+and prints, per mode, each process's median selection time and the median split into the
+selection's ops (residual add, abs, torch.topk, index gather, zeroing the kept entries).
+
+  PYTHONPATH=. python3 benchmarks/topk_gap.py [--elems N] [--fraction F] [--grads FILE] none gemm:20 sleep:20
+
+--grads FILE: a saved 1-D fp32 tensor (torch.save) to draw the gradients from, scaled per
+element by 1 + 0.3 x a normal draw, instead of normal draws (torch.topk's time on a CPU
+depends on the data).
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import multiprocessing as mp
+import statistics
+import time
+
+WARMUP, STEPS, GRADS = 4, 16, 4
+OPS = ("add", "abs", "topk", "gather", "zero")
+
+
+def _timed_select(torch, grad, residual, k, mag, vals, idx, packed):
+    """validate/topk.select's ops, each timed (seconds per op, the residual)."""
+    t = [time.perf_counter()]
+    acc = grad.clone() if residual is None else residual.add_(grad)
+    t.append(time.perf_counter())
+    torch.abs(acc, out=mag)
+    t.append(time.perf_counter())
+    torch.topk(mag, k, sorted=False, out=(vals, idx))
+    t.append(time.perf_counter())
+    packed[:k].view(torch.int32).copy_(idx)
+    torch.index_select(acc, 0, idx, out=packed[k:])
+    t.append(time.perf_counter())
+    acc.index_fill_(0, idx, 0.0)
+    t.append(time.perf_counter())
+    return [b - a for a, b in zip(t, t[1:])], acc
+
+
+def _worker(rank: int, barrier, queue, mode: str, elems: int, fraction: float, grads_file: str | None):
+    import torch
+    torch.set_num_threads(1)
+    torch.manual_seed(rank)
+    kind, _, ms = mode.partition(":")
+    gap_s = float(ms or 0) / 1e3
+    if grads_file:
+        base = torch.load(grads_file).flatten().float()[:elems]
+        grads = [base * (1 + 0.3 * torch.randn(base.numel())) for _ in range(GRADS)]
+    else:
+        grads = [torch.randn(elems) for _ in range(GRADS)]
+    n = grads[0].numel()
+    k = max(1, math.ceil(fraction * n))
+    mag, vals = torch.empty(n), torch.empty(k)
+    idx, packed = torch.empty(k, dtype=torch.int64), torch.empty(2 * k)
+    a, w = torch.randn(256, 1024), torch.randn(1024, 1024)
+    train = None
+    if kind == "chain":
+        from validate.compute_bench import _chain_trainer
+        train = _chain_trainer(torch.device("cpu"))[2]
+    residual, rows = None, []
+    for i in range(WARMUP + STEPS):
+        t0 = time.perf_counter()
+        if kind == "sleep":
+            time.sleep(gap_s)
+        elif kind in ("gemm", "spin", "chain"):
+            while time.perf_counter() - t0 < gap_s:
+                if kind == "gemm":
+                    torch.mm(a, w)
+                elif kind == "chain":
+                    train()
+        elif kind != "none":
+            raise SystemExit(f"unknown mode {mode!r}: none, gemm:MS, sleep:MS, spin:MS or chain:MS")
+        barrier.wait()
+        ops, residual = _timed_select(torch, grads[i % GRADS], residual, k, mag, vals, idx, packed)
+        if i >= WARMUP:
+            rows.append(ops)
+    queue.put((rank, statistics.median(sum(r) for r in rows), [statistics.median(c) for c in zip(*rows)]))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("modes", nargs="+")
+    ap.add_argument("--elems", type=int, default=867_072, help="bucket size (default: tiny's one dp=2 bucket)")
+    ap.add_argument("--fraction", type=float, default=0.1)
+    ap.add_argument("--grads", default=None)
+    args = ap.parse_args()
+    ctx = mp.get_context("fork")
+    print(f"{args.elems} elements x {args.fraction:g}, 2 processes at once, medians of {STEPS} selections (ms)")
+    print(f"{'mode':<12} {'rank 0':>8} {'rank 1':>8}   " + " ".join(f"{o:>7}" for o in OPS) + "  (rank 0)")
+    for mode in args.modes:
+        barrier, queue = ctx.Barrier(2), ctx.Queue()
+        procs = [ctx.Process(target=_worker, args=(r, barrier, queue, mode, args.elems, args.fraction, args.grads))
+                 for r in range(2)]
+        for p in procs:
+            p.start()
+        out = sorted(queue.get(timeout=600) for _ in procs)
+        for p in procs:
+            p.join()
+        print(f"{mode:<12} {out[0][1] * 1e3:8.2f} {out[1][1] * 1e3:8.2f}   "
+              + " ".join(f"{x * 1e3:7.2f}" for x in out[0][2]), flush=True)
+
+
+if __name__ == "__main__":
+    main()
