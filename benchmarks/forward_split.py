@@ -16,9 +16,10 @@ and print each per microbatch (ms) and recorded / plain.
 from __future__ import annotations
 
 import argparse
-import multiprocessing as mp
 import statistics
 import time
+
+from process_pair import run_pair
 
 KINDS = ("plain", "recorded", "train")
 
@@ -61,18 +62,10 @@ def main() -> None:
     ap.add_argument("--microbatches", type=int, default=8)
     ap.add_argument("--reps", type=int, default=12)
     args = ap.parse_args()
-    ctx = mp.get_context("fork")
-    barrier, queue = ctx.Barrier(2), ctx.Queue()
-    procs = [ctx.Process(target=_worker, args=(r, barrier, queue, args.model, args.layers, args.microbatches,
-                                                  args.reps)) for r in range(2)]
-    for p in procs:
-        p.start()
-    out = sorted(queue.get(timeout=600) for _ in procs)
-    for p in procs:
-        p.join()
+    out = run_pair(_worker, args.model, args.layers, args.microbatches, args.reps)
     print(f"{args.model}, {args.layers} layers with both ends, {args.microbatches} microbatches, 2 processes at once, "
           f"medians of {args.reps} (ms a microbatch)")
-    for rank, d in out:
+    for rank, d in enumerate(out):
         print(f"rank {rank}: " + ", ".join(f"{k} {d[k] * 1e3:.3f}" for k in KINDS)
               + f"; recorded / plain {d['recorded'] / d['plain']:.3f}")
 

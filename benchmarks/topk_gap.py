@@ -24,9 +24,10 @@ from __future__ import annotations
 
 import argparse
 import math
-import multiprocessing as mp
 import statistics
 import time
+
+from process_pair import run_pair
 
 WARMUP, STEPS, GRADS = 4, 16, 4
 OPS = ("add", "abs", "topk", "gather", "zero")
@@ -86,7 +87,7 @@ def _worker(rank: int, barrier, queue, mode: str, elems: int, fraction: float, g
         ops, residual = _timed_select(torch, grads[i % GRADS], residual, k, mag, vals, idx, packed)
         if i >= WARMUP:
             rows.append(ops)
-    queue.put((rank, statistics.median(sum(r) for r in rows), [statistics.median(c) for c in zip(*rows)]))
+    queue.put((rank, (statistics.median(sum(r) for r in rows), [statistics.median(c) for c in zip(*rows)])))
 
 
 def main() -> None:
@@ -96,20 +97,12 @@ def main() -> None:
     ap.add_argument("--fraction", type=float, default=0.1)
     ap.add_argument("--grads", default=None)
     args = ap.parse_args()
-    ctx = mp.get_context("fork")
     print(f"{args.elems} elements x {args.fraction:g}, 2 processes at once, medians of {STEPS} selections (ms)")
     print(f"{'mode':<12} {'rank 0':>8} {'rank 1':>8}   " + " ".join(f"{o:>7}" for o in OPS) + "  (rank 0)")
     for mode in args.modes:
-        barrier, queue = ctx.Barrier(2), ctx.Queue()
-        procs = [ctx.Process(target=_worker, args=(r, barrier, queue, mode, args.elems, args.fraction, args.grads))
-                 for r in range(2)]
-        for p in procs:
-            p.start()
-        out = sorted(queue.get(timeout=600) for _ in procs)
-        for p in procs:
-            p.join()
-        print(f"{mode:<12} {out[0][1] * 1e3:8.2f} {out[1][1] * 1e3:8.2f}   "
-              + " ".join(f"{x * 1e3:7.2f}" for x in out[0][2]), flush=True)
+        out = run_pair(_worker, mode, args.elems, args.fraction, args.grads)
+        print(f"{mode:<12} {out[0][0] * 1e3:8.2f} {out[1][0] * 1e3:8.2f}   "
+              + " ".join(f"{x * 1e3:7.2f}" for x in out[0][1]), flush=True)
 
 
 if __name__ == "__main__":
