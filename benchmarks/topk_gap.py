@@ -6,13 +6,15 @@ size at once, as a dp=2 plan's replicas do, in a stream of error-feedback steps.
 each selection a process does one of:
 
   none         nothing (the calibration's stream before mechanism 56: back to back)
-  gemm:MS      MS milliseconds of [256, 1024] x [1024, 1024] GEMMs (the stream since)
+  gemm:MS      MS milliseconds of the calibration's gap GEMMs (validate/compute_bench.gemm_gap;
+               the stream since, at 20 ms)
   sleep:MS     sleeps MS milliseconds
   spin:MS      a Python loop for MS milliseconds (touches next to no memory)
   chain:MS     trains the calibration's small GPT (validate/compute_bench's chain) for MS ms
 
 and prints, per mode, each process's median selection time and the median split into the
-selection's ops (residual add, abs, torch.topk, index gather, zeroing the kept entries).
+selection's steps (validate/topk.select's own, timed through its ``lap`` callback: residual
+add, abs, torch.topk, index gather, zeroing the kept entries).
 
   PYTHONPATH=. python3 benchmarks/topk_gap.py [--elems N] [--fraction F] [--grads FILE] none gemm:20 sleep:20
 
@@ -30,24 +32,6 @@ import time
 from process_pair import run_pair
 
 WARMUP, STEPS, GRADS = 4, 16, 4
-OPS = ("add", "abs", "topk", "gather", "zero")
-
-
-def _timed_select(torch, grad, residual, k, mag, vals, idx, packed):
-    """validate/topk.select's ops, each timed (seconds per op, the residual)."""
-    t = [time.perf_counter()]
-    acc = grad.clone() if residual is None else residual.add_(grad)
-    t.append(time.perf_counter())
-    torch.abs(acc, out=mag)
-    t.append(time.perf_counter())
-    torch.topk(mag, k, sorted=False, out=(vals, idx))
-    t.append(time.perf_counter())
-    packed[:k].view(torch.int32).copy_(idx)
-    torch.index_select(acc, 0, idx, out=packed[k:])
-    t.append(time.perf_counter())
-    acc.index_fill_(0, idx, 0.0)
-    t.append(time.perf_counter())
-    return [b - a for a, b in zip(t, t[1:])], acc
 
 
 def _worker(rank: int, barrier, queue, mode: str, elems: int, fraction: float, grads_file: str | None):
@@ -61,11 +45,11 @@ def _worker(rank: int, barrier, queue, mode: str, elems: int, fraction: float, g
         grads = [base * (1 + 0.3 * torch.randn(base.numel())) for _ in range(GRADS)]
     else:
         grads = [torch.randn(elems) for _ in range(GRADS)]
-    n = grads[0].numel()
-    k = max(1, math.ceil(fraction * n))
-    mag, vals = torch.empty(n), torch.empty(k)
-    idx, packed = torch.empty(k, dtype=torch.int64), torch.empty(2 * k)
-    a, w = torch.randn(256, 1024), torch.randn(1024, 1024)
+    from validate.compute_bench import gemm_gap
+    from validate.topk import SelectBuffers, select
+    k = max(1, math.ceil(fraction * grads[0].numel()))
+    bufs = SelectBuffers.like(grads[0], k)
+    gemms = gemm_gap(torch, torch.device("cpu"), gap_s) if kind == "gemm" else None
     train = None
     if kind == "chain":
         from validate.compute_bench import _chain_trainer
@@ -75,22 +59,24 @@ def _worker(rank: int, barrier, queue, mode: str, elems: int, fraction: float, g
         t0 = time.perf_counter()
         if kind == "sleep":
             time.sleep(gap_s)
-        elif kind in ("gemm", "spin", "chain"):
+        elif kind == "gemm":
+            gemms()  # the calibration's own gap (validate/compute_bench.gemm_gap)
+        elif kind in ("spin", "chain"):
             while time.perf_counter() - t0 < gap_s:
-                if kind == "gemm":
-                    torch.mm(a, w)
-                elif kind == "chain":
+                if kind == "chain":
                     train()
         elif kind != "none":
             raise SystemExit(f"unknown mode {mode!r}: none, gemm:MS, sleep:MS, spin:MS or chain:MS")
         barrier.wait()
-        ops, residual = _timed_select(torch, grads[i % GRADS], residual, k, mag, vals, idx, packed)
+        marks = [time.perf_counter()]
+        residual = select(grads[i % GRADS], residual, k, bufs, lap=lambda: marks.append(time.perf_counter()))[2]
         if i >= WARMUP:
-            rows.append(ops)
+            rows.append([b - a for a, b in zip(marks, marks[1:])])
     queue.put((rank, (statistics.median(sum(r) for r in rows), [statistics.median(c) for c in zip(*rows)])))
 
 
 def main() -> None:
+    from validate.topk import SELECT_STEPS
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("modes", nargs="+")
     ap.add_argument("--elems", type=int, default=867_072, help="bucket size (default: tiny's one dp=2 bucket)")
@@ -98,7 +84,7 @@ def main() -> None:
     ap.add_argument("--grads", default=None)
     args = ap.parse_args()
     print(f"{args.elems} elements x {args.fraction:g}, 2 processes at once, medians of {STEPS} selections (ms)")
-    print(f"{'mode':<12} {'rank 0':>8} {'rank 1':>8}   " + " ".join(f"{o:>7}" for o in OPS) + "  (rank 0)")
+    print(f"{'mode':<12} {'rank 0':>8} {'rank 1':>8}   " + " ".join(f"{o:>7}" for o in SELECT_STEPS) + "  (rank 0)")
     for mode in args.modes:
         out = run_pair(_worker, mode, args.elems, args.fraction, args.grads)
         print(f"{mode:<12} {out[0][0] * 1e3:8.2f} {out[1][0] * 1e3:8.2f}   "

@@ -162,3 +162,19 @@ def test_topk_select_reuses_its_buffers_and_matches_plain_error_feedback():
         assert torch.equal(ours, plain)
     assert len(ptrs) == 1
     assert idx.data_ptr() == bufs.packed.data_ptr() and vals.data_ptr() == bufs.packed[k:].data_ptr()
+
+
+def test_topk_select_lap_marks_each_step_and_changes_nothing():
+    """select's ``lap`` callback (benchmarks/topk_gap.py times the steps with it) is called
+    once after each of SELECT_STEPS, and a selection with it returns the same indices,
+    values and residual, bit for bit, as the same selection without it."""
+    from validate.topk import SELECT_STEPS, SelectBuffers, select
+    gen = torch.Generator().manual_seed(5)
+    n, k = 3000, 300
+    g, r = torch.randn(n, generator=gen), torch.randn(n, generator=gen)
+    calls = []
+    a = select(g, r.clone(), k, SelectBuffers.like(g, k), lap=lambda: calls.append(1))
+    b = select(g, r.clone(), k, SelectBuffers.like(g, k))
+    assert len(calls) == len(SELECT_STEPS) == 5
+    for x, y in zip(a, b):
+        assert torch.equal(x, y)

@@ -549,6 +549,7 @@ def compute_worker(rank: int, world: int, cfg: ComputeConfig) -> dict:
             f = lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)  # noqa: E731
             out["attention"].append([bh, sq, d, timed(f)])
         from validate.topk import SelectBuffers, select
+        gap = gemm_gap(torch, dev) if cfg.topk else None
         for (elems, frac) in cfg.topk:
             # A stream of selections as error feedback makes them (each step's fresh
             # gradient plus the residual the previous selection left), every rank at once
@@ -560,11 +561,8 @@ def compute_worker(rank: int, world: int, cfg: ComputeConfig) -> dict:
             grads = [torch.randn(elems, device=dev) for _ in range(TOPK_STREAM_GRADS)]
             k = max(1, math.ceil(frac * elems))
             residual, times, bufs = None, [], SelectBuffers.like(grads[0], k)
-            gap_a, gap_w = torch.randn(*TOPK_GAP_GEMM[:2], device=dev), torch.randn(*TOPK_GAP_GEMM[1:], device=dev)
             for i in range(TOPK_STREAM_WARMUP + TOPK_STREAM_STEPS):
-                t_gap = time.perf_counter()
-                while time.perf_counter() - t_gap < TOPK_GAP_S:
-                    torch.mm(gap_a, gap_w)
+                gap()
                 if dsync:
                     dsync()
                 sync()
@@ -610,3 +608,16 @@ TOPK_STREAM_GRADS = 4
 # slowdown stopped growing (docs/validation-cpu.md, mechanism 56).
 TOPK_GAP_S = 0.020
 TOPK_GAP_GEMM = (256, 1024, 1024)  # m, k, n
+
+
+def gemm_gap(torch, dev, seconds: float = TOPK_GAP_S):
+    """A function that computes TOPK_GAP_GEMM GEMMs on ``dev`` for ``seconds`` (issue time:
+    the caller syncs a device)."""
+    m, k, n = TOPK_GAP_GEMM
+    a, w = torch.randn(m, k, device=dev), torch.randn(k, n, device=dev)
+
+    def gap():
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            torch.mm(a, w)
+    return gap

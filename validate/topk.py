@@ -45,22 +45,33 @@ class SelectBuffers:
                    grad.new_empty(2 * k))
 
 
-def select(grad, residual, k: int, bufs: SelectBuffers | None = None):
+# The steps of select, in order, as its ``lap`` callback names them.
+SELECT_STEPS = ("add", "abs", "topk", "gather", "zero")
+
+
+def select(grad, residual, k: int, bufs: SelectBuffers | None = None, lap=None):
     """The compression of one bucket: add the residual (error feedback), keep the k entries
     of largest magnitude. Returns (int32 indices, values, the new residual: the sum with
     the kept entries zeroed). ``residual`` is that sum's buffer and is updated in place
     (None on the first step: a copy of ``grad`` starts it); indices and values are views
     of ``bufs.packed`` (allocated here when None). validate/compute_bench.py times this
-    same function."""
+    same function; ``lap``, when given, is called after each of SELECT_STEPS
+    (benchmarks/topk_gap.py times them one by one)."""
     import torch
+    mark = lap or (lambda: None)
     acc = grad.clone() if residual is None else residual.add_(grad)
+    mark()
     b = SelectBuffers.like(grad, k) if bufs is None else bufs
     torch.abs(acc, out=b.mag)
+    mark()
     torch.topk(b.mag, k, sorted=False, out=(b.top_vals, b.top_idx))
+    mark()
     idx32, vals = b.packed[:k].view(torch.int32), b.packed[k:]
     idx32.copy_(b.top_idx)
     torch.index_select(acc, 0, b.top_idx, out=vals)
+    mark()
     acc.index_fill_(0, b.top_idx, 0.0)
+    mark()
     return idx32, vals, acc
 
 
