@@ -1,6 +1,6 @@
 """Re-predict saved CPU validation runs with this tree's model: the measurements stay fixed.
 
-    python3 benchmarks/repredict.py [--launch-aggregate mean|median | --refit] [--memory-model cache] [--no-drift] RESULTS_DIR [RESULTS_DIR ...]
+    python3 benchmarks/repredict.py [--launch-aggregate mean|median | --refit] [--memory-model cache] [--stage-scales] [--no-drift] RESULTS_DIR [RESULTS_DIR ...]
 
 Each RESULTS_DIR is what benchmarks/validate_cpu.sh wrote: validation.json (the measured
 steps, the plans, the host-speed probe of each run) and cpu-w<N>.yaml (the profile
@@ -32,7 +32,9 @@ change to the fit tried on measurements already taken. The figures fitted to a r
 own draws are refitted too (validate/microbench.fit_draw_figures): FSDP's unit cost
 always, the alive law where the record keeps the MiB held at each depth (records from
 session 16 on; older ones keep their saved alive figures). --memory-model cache (with
---refit) fits the element-wise ops as `plansim calibrate --memory-model cache` would.
+--refit) fits the element-wise ops as `plansim calibrate --memory-model cache` would;
+--stage-scales (with --refit) adds the stage scales fitted to the record's split draws as
+`plansim calibrate --stage-scales` would (records from session 26 on; none in older ones).
 
 --no-drift predicts every plan with its profile as calibrated, ignoring the speed probe's
 drift factor the run applied (what `plansim validate --no-drift-correction` would have
@@ -112,7 +114,8 @@ def load_run(path: Path) -> dict:
 AGGREGATES = ("mean", "median")
 
 
-def refit_profile(path: Path, world: int, aggregate: str | None, cluster, memory_model: str = "bandwidth"):
+def refit_profile(path: Path, world: int, aggregate: str | None, cluster, memory_model: str = "bandwidth",
+                  scales: bool = False):
     """The profile of ``path``'s cpu-w<world>.bench.json, refitted by this tree's
     calibration (element-wise ops by ``memory_model``, validate/calibrate.fit_memory), with
     its launches merged by ``aggregate`` (AGGREGATES) when given."""
@@ -129,12 +132,13 @@ def refit_profile(path: Path, world: int, aggregate: str | None, cluster, memory
             raise InputError(str(bench_file), "launch_samples", "absent: calibrated before each launch was kept")
         res = with_launch_aggregate(res, statistics.fmean if aggregate == "mean" else statistics.median)
         where += f", launches merged by the {aggregate}"
-    _, mapping = profile_from_bench(cluster, res, where, memory_model)
+    _, mapping = profile_from_bench(cluster, res, where, memory_model, scales)
     return overlay_profile(load_profile(None, bundled=cluster.profiles), mapping, where)
 
 
 def repredict(path: Path, aggregate: str | None = None, drift: bool = True,
-              refit: bool = False, memory_model: str = "bandwidth") -> list[tuple[str, int, float, float, float]]:
+              refit: bool = False, memory_model: str = "bandwidth",
+              scales: bool = False) -> list[tuple[str, int, float, float, float]]:
     """(plan, processes, measured s, saved prediction s, new prediction s) per plan;
     ``refit`` or ``aggregate``: refit each profile (refit_profile) first, ``aggregate``
     merging its launches; ``drift`` False: the profile unscaled by the run's speed probe."""
@@ -158,7 +162,7 @@ def repredict(path: Path, aggregate: str | None = None, drift: bool = True,
             plan = resolve_plan(p["plan"], model, cluster.num_devices)
         except InputError as e:  # name the saved file, not --plan
             raise InputError(str(path / "validation.json"), f"plans[{i}].plan", f"{e.field or ''} {e.message}".strip()) from None
-        profile = (refit_profile(path, world, aggregate, cluster, memory_model) if aggregate or refit
+        profile = (refit_profile(path, world, aggregate, cluster, memory_model, scales) if aggregate or refit
                    else load_profile(str(prof_file), bundled=cluster.profiles))
         factor = run_drift(rows, i) if drift else None
         sim = simulate(model, plan, cluster, slowed_profile(profile, factor) if factor else profile)
@@ -200,6 +204,11 @@ def main(argv: list[str]) -> int:
         if not refit:
             raise InputError("--memory-model", None, "needs --refit (the saved profiles were fitted already)")
         argv = argv[:i] + argv[i + 2:]
+    scales = "--stage-scales" in argv
+    if scales:
+        if not refit:
+            raise InputError("--stage-scales", None, "needs --refit (the saved profiles were fitted already)")
+        argv = [a for a in argv if a != "--stage-scales"]
     if argv and argv[0].startswith("--launch-aggregate"):
         _, _, value = argv[0].partition("=")
         if not value:
@@ -210,7 +219,7 @@ def main(argv: list[str]) -> int:
     errors: dict[str, list[float]] = {}
     if not argv:
         raise InputError("repredict", "RESULTS_DIR", "give at least one results directory")
-    runs = [(d, repredict(d, aggregate, drift, refit, memory_model)) for d in map(Path, argv)]  # every input checked before printing
+    runs = [(d, repredict(d, aggregate, drift, refit, memory_model, scales)) for d in map(Path, argv)]  # every input checked before printing
     print(f"{'run':24s} {'plan':26s} {'procs':>5} {'measured ms':>11} {'saved':>8} {'now':>8}")
     for d, rows in runs:
         for plan, world, measured, saved, now in rows:

@@ -41,6 +41,7 @@
 # Workers are forked from a server that imported torch once (validate/launch.py; since
 # 2026-12-03): 259-296 s on the fourth host type against 352-445 s spawned.
 # PLANSIM_START_METHOD=spawn starts each worker as a fresh interpreter instead.
+# STAGE_SCALES=1: plansim calibrate --stage-scales (docs/validation-cpu.md, mechanism 57).
 # MEMORY_MODEL=cache: plansim calibrate --memory-model cache (docs/validation-cpu.md
 # mechanism 52; not the default).
 set -euo pipefail
@@ -57,6 +58,8 @@ WORLDS=(2 4)
 if [ "${COMPUTE_REUSE:-0}" = 1 ]; then
     WORLDS=(4 2)
 fi
+SCALES=()
+if [ "${STAGE_SCALES:-0}" = 1 ]; then SCALES=(--stage-scales); fi
 for W in "${WORLDS[@]}"; do
     REUSE=()
     if [ "${COMPUTE_REUSE:-0}" = 1 ] && [ "$W" = 2 ] \
@@ -64,7 +67,7 @@ for W in "${WORLDS[@]}"; do
         REUSE=(--compute-from "$OUT/cpu-w4.bench.json")
     fi
     "$PY" -m plansim calibrate localhost-cpu --world "$W" --model tiny ${REUSE[@]+"${REUSE[@]}"} \
-        --memory-model "${MEMORY_MODEL:-bandwidth}" --out "$OUT/cpu-w$W.yaml" \
+        --memory-model "${MEMORY_MODEL:-bandwidth}" ${SCALES[@]+"${SCALES[@]}"} --out "$OUT/cpu-w$W.yaml" \
         > "$OUT/calibrate-w$W.txt"
     grep '^fitted:' "$OUT/calibrate-w$W.txt" | sed "s/^/world $W /"
 done

@@ -315,11 +315,14 @@ def optimizer_time_s(params: float, gpu: GpuSpec, eff: GpuEfficiency, precision:
     with runtime.eager_adam, nine element-wise ops each paying its issue cost)."""
     if params <= 0:
         return 0.0
+    # measured over priced where a calibration timed the runner's own (RuntimeSettings.optimizer_scale)
+    scale = runtime.optimizer_scale if runtime is not None else 1.0
     if runtime is not None and runtime.eager_adam:
         ops = [Op(f"adam_{i}", "memory", 0.0, params * b) for i, b in enumerate(EAGER_ADAM_BYTES)]
-        return ops_time_s(ops, gpu, eff, "fp32", runtime)
+        return scale * ops_time_s(ops, gpu, eff, "fp32", runtime)
     per_param = OPTIMIZER_BYTES_PER_PARAM.get(precision, OPTIMIZER_BYTES_PER_PARAM["bf16"])
-    return params * per_param / (gpu.mem_bw_Bps * eff.hbm_eff) + OPTIMIZER_KERNELS * eff.kernel_overhead_us * 1e-6
+    return scale * (params * per_param / (gpu.mem_bw_Bps * eff.hbm_eff)
+                    + OPTIMIZER_KERNELS * eff.kernel_overhead_us * 1e-6)
 
 
 # Top-k with error feedback, bytes moved per fp32 gradient element on the sender:

@@ -276,6 +276,25 @@ class RuntimeSettings:
     # for GPU runtimes, whose kernels stream activations from HBM either way.
     alive_knee_mib: float = 0.0
     alive_slowdown_per_doubling: float = 0.0
+    # The model's own stage, timed as the runner trains it, over what the ops the cost model
+    # lists for it cost at the fitted rates: forward and backward apart (measured over
+    # priced). On CPU workers each op of a training step runs after other ops that left
+    # the caches full of their data and under autograd's recording, which the op-by-op
+    # loops the rates are fitted to do not see (2026-12-06, sessions 22 and 25: the
+    # runner's forwards 1.18-1.42 x their price, backwards 0.90-1.11 x). Measured by plansim
+    # calibrate on the alive draws' stage (three layers of the model with both ends, one
+    # microbatch in flight: validate/compute_bench.split_drawer) and priced by
+    # sim/program.chunk_work itself (validate/calibrate.stage_scales); every chunk's
+    # forward and backward compute is multiplied by them. 1: not measured, as for GPU
+    # runtimes, whose kernels are timed as they run.
+    forward_scale: float = 1.0
+    backward_scale: float = 1.0
+    # Likewise the optimizer step: the runner's Adam closing each step of that stage, over
+    # what costmodel/efficiency.optimizer_time_s prices for the stage's weights. Its nine
+    # in-place passes ran at 0.13-0.31 x their price on a 2-core AMD EPYC host (2026-12-06,
+    # session 26, one run's traces), whose fitted element-wise bandwidth comes from GELU,
+    # softmax and layer norm, slower per byte there than Adam's multiply-adds. 1: not measured.
+    optimizer_scale: float = 1.0
     source: str = "built-in default"
 
     def alive_factor(self, mean_alive_bytes: float) -> float:
@@ -326,7 +345,10 @@ _RANGES = {"compute_slowdown": (0.0, 1.0, False, True), "topk_select_cv": (0.0, 
            "cache_bw_eff": (0.0, 1.0, False, False),  # 0: unset (hbm_eff for every op); else >= EFF_MIN
            "cache_mib": (0.0, 1e6, False, False),
            "fp8_weight_copies": (0, 4, False, False), "fsdp_prefetch_layers": (0, 64, False, False),
-           "alive_slowdown_per_doubling": (0.0, 1.0, False, False), "alive_knee_mib": (0.0, 1e6, False, False)}
+           "alive_slowdown_per_doubling": (0.0, 1.0, False, False), "alive_knee_mib": (0.0, 1e6, False, False),
+           # a stage measured at a tenth or ten times its price is no calibration but a fault
+           "forward_scale": (0.1, 10.0, False, False), "backward_scale": (0.1, 10.0, False, False),
+           "optimizer_scale": (0.1, 10.0, False, False)}
 _DEFAULT_RANGE = (0.0, 1e6, False, False)
 
 

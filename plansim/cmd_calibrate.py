@@ -1,7 +1,7 @@
 """`plansim calibrate`: fit a hardware profile, from microbenchmarks or from run logs.
 
     plansim calibrate TOPOLOGY [--world N] [--model M] [--compute-from BENCH.json]
-                      [--memory-model bandwidth|cache] --out PROFILE.yaml
+                      [--memory-model bandwidth|cache] [--stage-scales] --out PROFILE.yaml
     plansim calibrate --runs RUNS.csv --out PROFILE.yaml [--folds K]
 
 From microbenchmarks (validate/microbench.py, validate/calibrate.py): runs GEMMs,
@@ -48,6 +48,11 @@ def register(subparsers) -> None:
                    help="element-wise ops: one bandwidth for every op (default), or the longer of their "
                         "traffic and their arithmetic with a cache level (docs/validation-cpu.md mechanism 52: "
                         "better on a host whose vector math is slow, worse on the three others tried)")
+    p.add_argument("--stage-scales", action="store_true",
+                   help="multiply the model's forward, backward and Adam by the ratios measured on its own "
+                        "stage, as the runner trains it, over their price (docs/validation-cpu.md mechanism 57: "
+                        "Adam priced 3-4x high on a host type, but the plans predicted no better there); "
+                        "measured either way and kept in the .bench.json")
     p.add_argument("--json", action="store_true", help="print the measurements and the fit as one JSON object")
     p.add_argument("--runs", metavar="RUNS.csv", help="fit to measured step times of training runs instead")
     p.add_argument("--folds", type=int, default=None,
@@ -104,6 +109,8 @@ def cmd_calibrate(args) -> int:
         raise InputError("--compute-from", None, "applies to microbenchmark calibration, not to --runs")
     if args.runs and args.memory_model != MEMORY_MODELS[0]:
         raise InputError("--memory-model", None, "applies to microbenchmark calibration, not to --runs")
+    if args.runs and args.stage_scales:
+        raise InputError("--stage-scales", None, "applies to microbenchmark calibration, not to --runs")
     if args.folds is not None and not args.runs:
         raise InputError("--folds", None, "applies to calibration from run logs (--runs), not to microbenchmarks")
     if args.runs:
@@ -153,7 +160,7 @@ def cmd_calibrate(args) -> int:
     kw = dict(repeats=3, max_bytes=1024 * 1024, max_gemm_dim=256) if args.quick else dict(
         repeats=args.repeats, max_bytes=args.max_bytes)
     cal = calibrate(cluster, model, world, progress=None if args.json else say, compute_from=args.compute_from,
-                    memory_model=args.memory_model, **kw)
+                    memory_model=args.memory_model, stage_scales=args.stage_scales, **kw)
     # The measurements beside the profile (P.yaml -> P.bench.json): the validation report
     # draws the calibration curves against them. Both written together, atomically.
     out = Path(args.out)

@@ -220,6 +220,12 @@ def chunk_work(model: ModelSpec, plan: Plan, cluster: Cluster, profile: Profile,
         outer_s = rt.fsdp_unit_s(outer * gather_b)  # host time with no ops of its own to hide behind
         fwd_s += outer_s
         bwd_s += outer_s
+    # The model's stage as measured over as priced (RuntimeSettings.forward_scale: 1 unless
+    # a CPU calibration timed it), context-parallel blocks alike.
+    fs, bs = rt.forward_scale, rt.backward_scale
+    fwd_s, bwd_s = fwd_s * fs, bwd_s * bs
+    if cpw is not None:
+        cpw = cpw._replace(fwd_block_s=cpw.fwd_block_s * fs, bwd_block_s=cpw.bwd_block_s * bs)
     grad_bytes = params * grad_reduce_bytes(prec, rt) if plan.grad_degree > 1 else 0.0
     # Pipeline p2p: with scatter/gather (Megatron-LM's default; DeepSpeed's pipeline engine
     # partitions its boundary tensors the same way) each TP rank sends its b*s*h/t slice and

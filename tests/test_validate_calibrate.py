@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 
-from dataclasses import replace
+from dataclasses import asdict, replace
 
 import pytest
 import yaml
@@ -554,6 +554,12 @@ def test_reused_compute_takes_exactly_the_samples_asked_for(monkeypatch):
     carried = mb.reused_compute(src, "w4.bench.json", 2, "gloo", 1, shapes, sizes, attn, [])
     assert (carried.microbatch_draws, carried.microbatch_ops, carried.microbatch_host) == (
         src.microbatch_draws, src.microbatch_ops, src.microbatch_host)
+    # And the split draws with the model they timed (the stage scales' measurements).
+    from costmodel.shapes import ModelSpec
+    src.split_draws = [[3.1e-3, 5.2e-3, 1.1e-3]]
+    src.split_model = asdict(ModelSpec("tiny", 4, 128, 4, 64, 512, 16))
+    carried = mb.reused_compute(src, "w4.bench.json", 2, "gloo", 1, shapes, sizes, attn, [])
+    assert (carried.split_draws, carried.split_model) == (src.split_draws, src.split_model)
     # Of a record with several probe draws, only its compute worker's (the first) is reused:
     # the others were its collective launches', and this calibration takes its own.
     src.probe_draws_s, src.probe_s = [4.3e-3, 9e-3, 9.5e-3], 9e-3

@@ -163,6 +163,13 @@ class MicrobenchResult:
     microbatch_draws: list = field(default_factory=list)
     microbatch_ops: list = field(default_factory=list)
     microbatch_host: dict = field(default_factory=dict)
+    # Each draw of the alive stage's forward and backward in its shallowest order and the
+    # Adam closing each of its steps, [forward s, backward s] a microbatch and [optimizer s]
+    # a step (compute_bench.split_drawer; median over the compute processes), and the model it trained (costmodel.shapes.ModelSpec's fields), so that a
+    # refit prices that stage again (calibrate.stage_scales). Empty in records written
+    # before session 26 and where the alive draws were not taken (then 1 in the profile).
+    split_draws: list = field(default_factory=list)
+    split_model: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -191,7 +198,8 @@ class MicrobenchResult:
                    alive_held_mib=list(d.get("alive_held_mib", [])),
                    microbatch_draws=list(d.get("microbatch_draws", [])),
                    microbatch_ops=list(d.get("microbatch_ops", [])),
-                   microbatch_host=dict(d.get("microbatch_host", {})))
+                   microbatch_host=dict(d.get("microbatch_host", {})),
+                   split_draws=list(d.get("split_draws", [])), split_model=dict(d.get("split_model", {})))
 
 
 def check_draws(source: str, rows, name: str, width: int, what: str, figures: list) -> list:

@@ -435,13 +435,14 @@ class Calibration:
 def calibrate(cluster, model, world: int, *, tps: list[int] | None = None, repeats: int = 5,
               max_bytes: int = 64 * 1024 * 1024, max_gemm_dim: int = 1024, backend: str | None = None,
               progress=None, timeout_s: float = 600.0, compute_from: str | None = None,
-              memory_model: str = "bandwidth") -> Calibration:
+              memory_model: str = "bandwidth", stage_scales: bool = False) -> Calibration:
     """Run the microbenchmarks in ``world`` processes on this host and fit the profile of
     the cluster's device type and intra-node link class. ``cluster`` must have ``world``
     devices on one node (load_topology(..., gpus_per_node=world)). Never runs a plan.
     ``compute_from``: a calibration record (.bench.json) whose compute samples to reuse
     (validate/microbench.reused_compute); checked before anything is measured.
-    ``memory_model``: how element-wise ops are fitted (fit_memory)."""
+    ``memory_model``: how element-wise ops are fitted (fit_memory). ``stage_scales``: write
+    the stage scales (stage_scales; measured either way, kept in the record)."""
     from validate.backend import pick_backend
     from costmodel.profile import RuntimeSettings
     from validate.collective_bench import sizes_bytes
@@ -471,16 +472,17 @@ def calibrate(cluster, model, world: int, *, tps: list[int] | None = None, repea
     where = where_and_when(res, device_name)
     if compute_from is not None:
         where += f"; compute samples and speed probe reused from {compute_from} (same conditions)"
-    fit, mapping = profile_from_bench(cluster, res, where, memory_model)
+    fit, mapping = profile_from_bench(cluster, res, where, memory_model, stage_scales)
     return Calibration(res, fit, mapping)
 
 
-def profile_from_bench(cluster, res, where: str, memory_model: str = "bandwidth"):
+def profile_from_bench(cluster, res, where: str, memory_model: str = "bandwidth", with_scales: bool = False):
     """(FitResult, profile mapping) fitted to the microbenchmarks ``res``
     (validate/bench_record.MicrobenchResult) for ``cluster``'s device type and intra-node
     link class; ``where``: where and when they were measured, for the profile's source.
     What calibrate does after measuring, and what a refit of a saved .bench.json does
-    (benchmarks/repredict.py --launch-aggregate)."""
+    (benchmarks/repredict.py --launch-aggregate). ``with_scales``: add the stage scales
+    fitted to the record's split draws (stage_scales; not the default: mechanism 57)."""
     from costmodel.profile import load_profile
     from validate.profile_file import profile_mapping
 
@@ -491,4 +493,53 @@ def profile_from_bench(cluster, res, where: str, memory_model: str = "bandwidth"
     link = (node.intra_bw_Bps, node.intra_latency_s, node.intra_kind) if res.world > 1 else None
     fit = fit_profile(res, gpu, base.gpu(gpu.name), link, base.fabric(node.intra_kind), memory_model)
     name = f"calibrated-{cluster.name}-w{res.world}"
-    return fit, profile_mapping(fit, res, gpu.name, node.intra_kind if link else None, kind, where, name)
+    mapping = profile_mapping(fit, res, gpu.name, node.intra_kind if link else None, kind, where, name)
+    scales = stage_scales(cluster, res, mapping, where) if with_scales else {}
+    if scales:
+        mapping["runtime"].update(scales)
+        mapping["runtime"]["source"] += (
+            " forward_scale, backward_scale, optimizer_scale: the runner's forward and backward of three "
+            "layers of the model with both ends, one microbatch in flight, and its Adam closing each step "
+            "(validate/compute_bench.split_drawer), over what the simulator prices for them with the fitted "
+            "figures above (validate/calibrate.stage_scales).")
+    return fit, mapping
+
+
+# A stage's scale is kept inside this range (RuntimeSettings.forward_scale's own bounds):
+# beyond it the record's stage or its price is broken, not the host slow.
+SCALE_RANGE = (0.1, 10.0)
+
+
+# The profile's runtime fields stage_scales fits, in the order of the split draws' spans
+# (validate/compute_bench.SPLIT_SPANS: forward, backward, optimizer).
+SCALE_FIELDS = ("forward_scale", "backward_scale", "optimizer_scale")
+
+
+def stage_scales(cluster, res, mapping: dict, where: str) -> dict[str, float]:
+    """{'forward_scale': f, 'backward_scale': b, 'optimizer_scale': o}: the median over
+    ``res``'s split draws of the alive stage's forward and backward a microbatch and its
+    Adam a step (validate/compute_bench.split_drawer), each over what the simulator prices
+    for that stage (ALIVE_LAYERS layers of the record's split_model with both ends, a
+    one-device fp32 plan, one sequence a microbatch: sim/program.chunk_work and
+    costmodel/efficiency.optimizer_time_s of its weights) under ``mapping``'s profile with
+    the scales at 1: the one definition of each, so a scale corrects exactly what the
+    simulator would have charged. {} where the record has no split draws (GPU workers, a
+    model too large, records before session 26)."""
+    from costmodel.efficiency import optimizer_time_s
+    from costmodel.profile import load_profile, overlay_profile
+    from sim.program import chunk_work
+    from specs.plan import resolve_plan
+    from validate.compute_bench import ALIVE_LAYERS
+    from validate.microbench import split_model
+    model = split_model(res, where)
+    if model is None or not res.split_draws:
+        return {}
+    runtime = {k: v for k, v in mapping["runtime"].items() if k not in SCALE_FIELDS}
+    prof = overlay_profile(load_profile(None, bundled=cluster.profiles), {**mapping, "runtime": runtime}, where)
+    plan = resolve_plan("precision=fp32", model, 1)
+    work = chunk_work(model, plan, cluster, prof, 0, ALIVE_LAYERS, True, True)
+    gpu = cluster.devices[0].gpu
+    priced = (work.fwd_s, work.bwd_s, optimizer_time_s(work.params, gpu, prof.gpu(gpu.name), "fp32", prof.runtime))
+    lo, hi = SCALE_RANGE
+    return {key: round(min(hi, max(lo, statistics.median(d[i] for d in res.split_draws) / priced[i])), 4)
+            for i, key in enumerate(SCALE_FIELDS)}

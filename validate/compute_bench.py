@@ -98,7 +98,7 @@ def microbatch_host_fit(steps_s: list[float], ops: list[int]) -> dict[str, float
 
 
 def stage_trainer(model, layers: int, microbatches: int, dev, recompute: str = "none", schedule: str = "1f1b",
-                  actions=None, fsdp: bool = False):
+                  actions=None, fsdp: bool = False, optimizer: bool = False):
     """(chunk, microbatches, one training step) of ``layers`` layers of ``model`` (with the
     embedding and the output layer and loss) as the runner trains a one-stage pipeline
     on one rank: validate/pp.PipelineStage executing ``schedule``'s action list over
@@ -106,7 +106,8 @@ def stage_trainer(model, layers: int, microbatches: int, dev, recompute: str = "
     from sim/schedules.py, when given), validate/dp.GradReducer's buckets (or, when
     ``fsdp``, validate/fsdp.FSDP over a group of one: every unit gathered, viewed, hooked
     and reduced as at zero=3, nothing communicated), ``recompute`` applied as the runner
-    applies it."""
+    applies it; ``optimizer``: each step ends with the runner's Adam over the stage's
+    weights (validate/dp.GradReducer.step), as a plan's step does."""
     from validate.comm import Comm
     from validate.dp import GradReducer
     from validate.fsdp import FSDP, ShardedChunk
@@ -125,13 +126,18 @@ def stage_trainer(model, layers: int, microbatches: int, dev, recompute: str = "
     tokens = batch_tokens(model, 0, 0).to(dev)
     mbs = [(tokens[i:i + 1, :-1], tokens[i:i + 1, 1:]) for i in range(microbatches)]
 
-    def train():
+    steps = [0]
+
+    def train() -> dict:
         rec.begin_step()
         reducer.begin_step()
         stage.run(acts, mbs, 1.0 / microbatches)
         reducer.mark_late_ready()
         reducer.finish()
-        rec.end_step()
+        if optimizer:
+            steps[0] += 1
+            reducer.step(steps[0])
+        return rec.end_step()  # the step's timing record (validate/timeline.Recorder)
     return chunk, mbs, train
 
 
@@ -275,6 +281,35 @@ def alive_drawer(torch, dev, dsync, repeats: int, model: ModelSpec):
     fns = [stage_trainer(model, ALIVE_LAYERS, ALIVE_MICROBATCHES, dev, actions=one_f_one_b(d, ALIVE_MICROBATCHES)[0])[2]
            for d in ALIVE_DEPTHS]
     return _interleaved_drawer(torch, fns, repeats, dsync, settle=True)
+
+
+def split_drawer(torch, dev, repeats: int, model: ModelSpec):
+    """A function that takes one draw of the alive stage's training step in the shallowest
+    order (ALIVE_DEPTHS[0]: one microbatch in flight, nothing held beyond it), each step
+    closed by the runner's Adam as a plan's is: [forward s, backward s] a microbatch and
+    [optimizer s] a step, each the median over 2 x ``repeats`` steps of the runner's own
+    spans (validate/pp.PipelineStage's 'forward' and 'backward', validate/dp.GradReducer's
+    'optimizer'), the first two divided by ALIVE_MICROBATCHES. What a plan's stage
+    computes, as its trace times it, to set against what the cost model prices for the
+    same stage (validate/calibrate.stage_scales; RuntimeSettings.forward_scale). CPU
+    workers only (as the alive draws): the spans read the host's clock without a device sync."""
+    train = stage_trainer(model, ALIVE_LAYERS, ALIVE_MICROBATCHES, dev,
+                          actions=one_f_one_b(ALIVE_DEPTHS[0], ALIVE_MICROBATCHES)[0], optimizer=True)[2]
+
+    def draw() -> list[float]:
+        times = {k: [] for k in SPLIT_SPANS}
+        with torch.enable_grad():  # some draws are taken inside the rates' no_grad block
+            train()  # the first step after other work pays for what that left behind
+            for _ in range(2 * repeats):
+                detail = train()["detail_s"]
+                for k in SPLIT_SPANS:
+                    times[k].append(detail.get(k, 0.0))
+        return [statistics.median(times[k]) / (ALIVE_MICROBATCHES if k != "optimizer" else 1) for k in SPLIT_SPANS]
+    return draw
+
+
+# The spans each split draw reports, in order (split_drawer).
+SPLIT_SPANS = ("forward", "backward", "optimizer")
 
 
 def alive_held_mib(model: ModelSpec) -> list[float]:
@@ -475,6 +510,8 @@ def compute_worker(rank: int, world: int, cfg: ComputeConfig) -> dict:
     fdraws = []
     adraw = alive_drawer(torch, dev, dsync, cfg.repeats, cfg.alive_model) if cfg.alive_model is not None else None
     adraws = []
+    sdraw = split_drawer(torch, dev, cfg.repeats, cfg.alive_model) if cfg.alive_model is not None else None
+    sdraws = []
     mdraw = microbatch_drawer(torch, dev, dsync, cfg.repeats)
     mdraws = []
 
@@ -491,6 +528,8 @@ def compute_worker(rank: int, world: int, cfg: ComputeConfig) -> dict:
             if adraw is not None:
                 sync()
                 adraws.append(adraw())
+                sync()
+                sdraws.append(sdraw())
 
     out = {"gemm": [], "memory": [], "attention": [], "topk": [], "harness": []}
     # The speed probe (validate/probe.py), every rank at once, first: the runner probes its
@@ -587,6 +626,7 @@ def compute_worker(rank: int, world: int, cfg: ComputeConfig) -> dict:
     out["recompute_draws"] = rdraws  # [none s, full s, selective s] per draw (recompute_drawer)
     out["fsdp_draws"] = fdraws  # [plain s, zero=3 s] per FSDP_MODELS model, per draw (fsdp_drawer)
     out["alive_draws"] = adraws  # [s at each of ALIVE_DEPTHS] per draw (alive_drawer); [] when not measured
+    out["split_draws"] = sdraws  # [forward s, backward s] a microbatch, [optimizer s] a step, per draw (split_drawer); [] when not measured
     out["microbatch_draws"] = mdraws  # [s, s] at MICROBATCH_SHAPES per draw (microbatch_drawer)
     return out
 

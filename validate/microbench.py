@@ -32,7 +32,7 @@ import contextlib
 import os
 import statistics
 import time
-from dataclasses import replace
+from dataclasses import asdict, replace
 
 from costmodel import flops as fl
 from costmodel.errors import InputError
@@ -278,7 +278,7 @@ def reused_compute(src: MicrobenchResult, source: str, world: int, backend: str,
     fdraws = check_draws(source, src.fsdp_draws, "fsdp_draws", 4, "[plain, zero=3, plain, zero=3] seconds", figures)
     regions = check_figures(source, src.checkpoint_region_us, "checkpoint_region_us", {"full": US, "selective": US})
     unit = check_figures(source, src.fsdp_unit, "fsdp_unit", {"us": US, "us_per_mib": US})
-    from validate.compute_bench import ALIVE_DEPTHS
+    from validate.compute_bench import ALIVE_DEPTHS, SPLIT_SPANS
     adraws = check_draws(source, src.alive_draws, "alive_draws", len(ALIVE_DEPTHS),
                         f"[seconds at each of {len(ALIVE_DEPTHS)} depths]", figures)
     alive = check_figures(source, src.alive, "alive", {"knee_mib": ("MiB", 1e6), "per_doubling": ("shares", 1.0)})
@@ -287,6 +287,9 @@ def reused_compute(src: MicrobenchResult, source: str, world: int, backend: str,
                  or any(number_problem(h, 0.0, 1e6) for h in held)):
         raise InputError(source, "alive_held_mib", f"expected [] or {len(ALIVE_DEPTHS)} MiB figures in [0, 1e6]")
     mdraws = check_draws(source, src.microbatch_draws, "microbatch_draws", 2, "[seconds, seconds] pairs", figures)
+    sdraws = check_draws(source, src.split_draws, "split_draws", len(SPLIT_SPANS),
+                         "[forward seconds, backward seconds, optimizer seconds]", figures)
+    smodel = split_model(src, source)
     mhost = check_figures(source, src.microbatch_host, "microbatch_host", {"us": US, "per_op_us": US})
     mops = src.microbatch_ops
     if mops and (not isinstance(mops, list) or len(mops) != 2
@@ -324,6 +327,7 @@ def reused_compute(src: MicrobenchResult, source: str, world: int, backend: str,
                             alive_draws=[list(d) for d in adraws], alive=dict(alive), alive_held_mib=list(held),
                             microbatch_draws=[list(d) for d in mdraws], microbatch_ops=list(mops),
                             microbatch_host=dict(mhost),
+                            split_draws=[list(d) for d in sdraws], split_model=asdict(smodel) if smodel else {},
                             probe_s=compute_draw, probe_draws_s=[compute_draw],
                             harness=dict(src.harness))
 
@@ -364,7 +368,7 @@ def _measure_compute(world: int, gemm_shapes, mem_sizes, attn_shapes, topk, runt
     processes at once; each figure the median over the ranks."""
     from costmodel.profile import RuntimeSettings
     from validate.compute_bench import ALIVE_DEPTHS, ComputeConfig, alive_held_mib, chain_op_counts, \
-        checkpoint_region_us, compute_worker, microbatch_ops
+        SPLIT_SPANS, checkpoint_region_us, compute_worker, microbatch_ops
     from validate.launch import launch
 
     cw = compute_processes(world, "cuda" if be_name == "nccl" else "cpu")
@@ -409,7 +413,21 @@ def _measure_compute(world: int, gemm_shapes, mem_sizes, attn_shapes, topk, runt
     res.alive_draws = _draws_over_ranks(per_rank, "alive_draws", len(ALIVE_DEPTHS))
     if res.alive_draws and alive_model is not None:
         res.alive_held_mib = alive_held_mib(alive_model)
+    res.split_draws = _draws_over_ranks(per_rank, "split_draws", len(SPLIT_SPANS))
+    if res.split_draws and alive_model is not None:
+        res.split_model = asdict(alive_model)
     return fit_draw_figures(res)
+
+
+def split_model(res: MicrobenchResult, source: str):
+    """The ModelSpec whose stage ``res``'s split draws timed (checked as any model file is:
+    InputError naming ``source`` and the field), or None where the record has none."""
+    if not res.split_model:
+        return None
+    from specs.model import model_from_mapping
+    if not isinstance(res.split_model, dict):
+        raise InputError(source, "split_model", "expected a model's fields")
+    return model_from_mapping(res.split_model, f"{source} (split_model)")
 
 
 def train_per_op_s(res: MicrobenchResult) -> float:
