@@ -278,22 +278,22 @@ class RuntimeSettings:
     alive_slowdown_per_doubling: float = 0.0
     # The model's own stage, timed as the runner trains it, over what the ops the cost model
     # lists for it cost at the fitted rates: forward and backward apart (measured over
-    # priced). On CPU workers each op of a training step runs after other ops that left
-    # the caches full of their data and under autograd's recording, which the op-by-op
-    # loops the rates are fitted to do not see (2026-12-06, sessions 22 and 25: the
+    # priced). On CPU workers a training step's ops do not cost what the same ops cost in
+    # the loops the rates are fitted to (2026-12-06, sessions 22 and 25, a Xeon host: the
     # runner's forwards 1.18-1.42 x their price, backwards 0.90-1.11 x). Measured by plansim
     # calibrate on the alive draws' stage (three layers of the model with both ends, one
     # microbatch in flight: validate/compute_bench.split_drawer) and priced by
     # sim/program.chunk_work itself (validate/calibrate.stage_scales); every chunk's
-    # forward and backward compute is multiplied by them. 1: not measured, as for GPU
-    # runtimes, whose kernels are timed as they run.
+    # forward and backward compute is multiplied by them. Written only by plansim
+    # calibrate --stage-scales (not the default: docs/validation-cpu.md, mechanism 57).
+    # 1: not applied, as for GPU runtimes, whose kernels are timed as they run.
     forward_scale: float = 1.0
     backward_scale: float = 1.0
     # Likewise the optimizer step: the runner's Adam closing each step of that stage, over
     # what costmodel/efficiency.optimizer_time_s prices for the stage's weights. Its nine
     # in-place passes ran at 0.13-0.31 x their price on a 2-core AMD EPYC host (2026-12-06,
     # session 26, one run's traces), whose fitted element-wise bandwidth comes from GELU,
-    # softmax and layer norm, slower per byte there than Adam's multiply-adds. 1: not measured.
+    # softmax and layer norm, slower per byte there than Adam's multiply-adds. 1: not applied.
     optimizer_scale: float = 1.0
     source: str = "built-in default"
 
@@ -350,6 +350,11 @@ _RANGES = {"compute_slowdown": (0.0, 1.0, False, True), "topk_select_cv": (0.0, 
            "forward_scale": (0.1, 10.0, False, False), "backward_scale": (0.1, 10.0, False, False),
            "optimizer_scale": (0.1, 10.0, False, False)}
 _DEFAULT_RANGE = (0.0, 1e6, False, False)
+
+
+def allowed_range(key: str) -> tuple[float, float]:
+    """(low, high) a profile's number ``key`` may take (closed or open as load_profile checks)."""
+    return _range(key)[:2]
 
 
 def _range(key: str) -> tuple[float, float, bool, bool]:

@@ -505,11 +505,6 @@ def profile_from_bench(cluster, res, where: str, memory_model: str = "bandwidth"
     return fit, mapping
 
 
-# A stage's scale is kept inside this range (RuntimeSettings.forward_scale's own bounds):
-# beyond it the record's stage or its price is broken, not the host slow.
-SCALE_RANGE = (0.1, 10.0)
-
-
 # The profile's runtime fields stage_scales fits, in the order of the split draws' spans
 # (validate/compute_bench.SPLIT_SPANS: forward, backward, optimizer).
 SCALE_FIELDS = ("forward_scale", "backward_scale", "optimizer_scale")
@@ -526,7 +521,7 @@ def stage_scales(cluster, res, mapping: dict, where: str) -> dict[str, float]:
     simulator would have charged. {} where the record has no split draws (GPU workers, a
     model too large, records before session 26)."""
     from costmodel.efficiency import optimizer_time_s
-    from costmodel.profile import load_profile, overlay_profile
+    from costmodel.profile import allowed_range, load_profile, overlay_profile
     from sim.program import chunk_work
     from specs.plan import resolve_plan
     from validate.compute_bench import ALIVE_LAYERS
@@ -540,6 +535,9 @@ def stage_scales(cluster, res, mapping: dict, where: str) -> dict[str, float]:
     work = chunk_work(model, plan, cluster, prof, 0, ALIVE_LAYERS, True, True)
     gpu = cluster.devices[0].gpu
     priced = (work.fwd_s, work.bwd_s, optimizer_time_s(work.params, gpu, prof.gpu(gpu.name), "fp32", prof.runtime))
-    lo, hi = SCALE_RANGE
-    return {key: round(min(hi, max(lo, statistics.median(d[i] for d in res.split_draws) / priced[i])), 4)
-            for i, key in enumerate(SCALE_FIELDS)}
+    out = {}
+    for i, key in enumerate(SCALE_FIELDS):
+        # held inside the profile's own bounds: beyond them the record or its price is broken
+        lo, hi = allowed_range(key)
+        out[key] = round(min(hi, max(lo, statistics.median(d[i] for d in res.split_draws) / priced[i])), 4)
+    return out
