@@ -51,7 +51,7 @@ def register(subparsers) -> None:
     p.add_argument("--stage-scales", action="store_true",
                    help="multiply the model's forward, backward and Adam by the ratios measured on its own "
                         "stage, as the runner trains it, over their price (docs/validation-cpu.md mechanism 57: "
-                        "Adam priced 3-10x high on one host type, but the plans predicted no better there); "
+                        "Adam priced 2-10x high on one host type, but the plans predicted no better there); "
                         "measured either way and kept in the .bench.json")
     p.add_argument("--json", action="store_true", help="print the measurements and the fit as one JSON object")
     p.add_argument("--runs", metavar="RUNS.csv", help="fit to measured step times of training runs instead")

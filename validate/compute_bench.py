@@ -283,6 +283,10 @@ def alive_drawer(torch, dev, dsync, repeats: int, model: ModelSpec):
     return _interleaved_drawer(torch, fns, repeats, dsync, settle=True)
 
 
+# The spans each split draw reports, in order (split_drawer).
+SPLIT_SPANS = ("forward", "backward", "optimizer")
+
+
 def split_drawer(torch, dev, repeats: int, model: ModelSpec):
     """A function that takes one draw of the alive stage's training step in the shallowest
     order (ALIVE_DEPTHS[0]: one microbatch in flight, nothing held beyond it), each step
@@ -306,10 +310,6 @@ def split_drawer(torch, dev, repeats: int, model: ModelSpec):
                     times[k].append(detail.get(k, 0.0))
         return [statistics.median(times[k]) / (ALIVE_MICROBATCHES if k != "optimizer" else 1) for k in SPLIT_SPANS]
     return draw
-
-
-# The spans each split draw reports, in order (split_drawer).
-SPLIT_SPANS = ("forward", "backward", "optimizer")
 
 
 def alive_held_mib(model: ModelSpec) -> list[float]:
