@@ -1,6 +1,6 @@
 """Re-predict saved CPU validation runs with this tree's model: the measurements stay fixed.
 
-    python3 benchmarks/repredict.py [--launch-aggregate mean|median | --refit] [--memory-model cache] [--stage-scales] [--no-drift] RESULTS_DIR [RESULTS_DIR ...]
+    python3 benchmarks/repredict.py [--launch-aggregate mean|median | --refit] [--memory-model cache] [--stage-scales] [--pool] [--no-drift] RESULTS_DIR [RESULTS_DIR ...]
 
 Each RESULTS_DIR is what benchmarks/validate_cpu.sh wrote: validation.json (the measured
 steps, the plans, the host-speed probe of each run) and cpu-w<N>.yaml (the profile
@@ -34,7 +34,9 @@ always, the alive law where the record keeps the MiB held at each depth (records
 session 16 on; older ones keep their saved alive figures). --memory-model cache (with
 --refit) fits the element-wise ops as `plansim calibrate --memory-model cache` would;
 --stage-scales (with --refit) adds the stage scales fitted to the record's split draws as
-`plansim calibrate --stage-scales` would (records from session 26 on; none in older ones).
+`plansim calibrate --stage-scales` would (records from session 26 on; none in older ones);
+--pool (with --refit) pools each profile's compute samples with the run's other
+calibration records first, as `plansim calibrate --pool` does (validate/pool.py).
 
 --no-drift predicts every plan with its profile as calibrated, ignoring the speed probe's
 drift factor the run applied (what `plansim validate --no-drift-correction` would have
@@ -115,10 +117,12 @@ AGGREGATES = ("mean", "median")
 
 
 def refit_profile(path: Path, world: int, aggregate: str | None, cluster, memory_model: str = "bandwidth",
-                  scales: bool = False):
+                  scales: bool = False, pool: bool = False):
     """The profile of ``path``'s cpu-w<world>.bench.json, refitted by this tree's
     calibration (element-wise ops by ``memory_model``, validate/calibrate.fit_memory), with
-    its launches merged by ``aggregate`` (AGGREGATES) when given."""
+    its launches merged by ``aggregate`` (AGGREGATES) when given; ``pool``: its compute
+    samples pooled with those of the run's other cpu-w<N>.bench.json (validate/pool.py,
+    as `plansim calibrate --pool` does)."""
     from costmodel.profile import load_profile, overlay_profile
     from validate.calibrate import profile_from_bench
     from validate.bench_record import bench_record_path, load_bench
@@ -127,6 +131,13 @@ def refit_profile(path: Path, world: int, aggregate: str | None, cluster, memory
     bench_file = bench_record_path(path / f"cpu-w{world}.yaml")
     res = fit_draw_figures(load_bench(bench_file, "file"))  # this tree's fits of the record's own draws
     where = f"refit of {bench_file}"
+    if pool:
+        from validate.pool import pooled_compute
+        others = [(load_bench(f, "file"), str(f)) for f in sorted(path.glob("cpu-w*.bench.json")) if f != bench_file]
+        if not others:
+            raise InputError(str(path), "--pool", "needs a second calibration record (cpu-w<N>.bench.json) to pool with")
+        res = pooled_compute(res, str(bench_file), others)
+        where += f", compute pooled with {', '.join(Path(o).name for _, o in others)}"
     if aggregate is not None:
         if not res.launch_samples:
             raise InputError(str(bench_file), "launch_samples", "absent: calibrated before each launch was kept")
@@ -138,7 +149,7 @@ def refit_profile(path: Path, world: int, aggregate: str | None, cluster, memory
 
 def repredict(path: Path, aggregate: str | None = None, drift: bool = True,
               refit: bool = False, memory_model: str = "bandwidth",
-              scales: bool = False) -> list[tuple[str, int, float, float, float]]:
+              scales: bool = False, pool: bool = False) -> list[tuple[str, int, float, float, float]]:
     """(plan, processes, measured s, saved prediction s, new prediction s) per plan;
     ``refit`` or ``aggregate``: refit each profile (refit_profile) first, ``aggregate``
     merging its launches; ``drift`` False: the profile unscaled by the run's speed probe."""
@@ -162,7 +173,7 @@ def repredict(path: Path, aggregate: str | None = None, drift: bool = True,
             plan = resolve_plan(p["plan"], model, cluster.num_devices)
         except InputError as e:  # name the saved file, not --plan
             raise InputError(str(path / "validation.json"), f"plans[{i}].plan", f"{e.field or ''} {e.message}".strip()) from None
-        profile = (refit_profile(path, world, aggregate, cluster, memory_model, scales) if aggregate or refit
+        profile = (refit_profile(path, world, aggregate, cluster, memory_model, scales, pool) if aggregate or refit
                    else load_profile(str(prof_file), bundled=cluster.profiles))
         factor = run_drift(rows, i) if drift else None
         sim = simulate(model, plan, cluster, slowed_profile(profile, factor) if factor else profile)
@@ -209,6 +220,11 @@ def main(argv: list[str]) -> int:
         if not refit:
             raise InputError("--stage-scales", None, "needs --refit (the saved profiles were fitted already)")
         argv = [a for a in argv if a != "--stage-scales"]
+    pool = "--pool" in argv
+    if pool:
+        if not refit:
+            raise InputError("--pool", None, "needs --refit (the saved profiles were fitted already)")
+        argv = [a for a in argv if a != "--pool"]
     if argv and argv[0].startswith("--launch-aggregate"):
         _, _, value = argv[0].partition("=")
         if not value:
@@ -219,7 +235,7 @@ def main(argv: list[str]) -> int:
     errors: dict[str, list[float]] = {}
     if not argv:
         raise InputError("repredict", "RESULTS_DIR", "give at least one results directory")
-    runs = [(d, repredict(d, aggregate, drift, refit, memory_model, scales)) for d in map(Path, argv)]  # every input checked before printing
+    runs = [(d, repredict(d, aggregate, drift, refit, memory_model, scales, pool)) for d in map(Path, argv)]  # every input checked before printing
     print(f"{'run':24s} {'plan':26s} {'procs':>5} {'measured ms':>11} {'saved':>8} {'now':>8}")
     for d, rows in runs:
         for plan, world, measured, saved, now in rows:

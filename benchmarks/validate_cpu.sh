@@ -41,6 +41,7 @@
 # Workers are forked from a server that imported torch once (validate/launch.py; since
 # 2026-12-03): 259-296 s on the fourth host type against 352-445 s spawned.
 # PLANSIM_START_METHOD=spawn starts each worker as a fresh interpreter instead.
+# POOL=0: skip step 3 below (each world's profile fitted to its own compute samples only).
 # STAGE_SCALES=1: plansim calibrate --stage-scales (docs/validation-cpu.md, mechanism 57).
 # MEMORY_MODEL=cache: plansim calibrate --memory-model cache (docs/validation-cpu.md
 # mechanism 52; not the default).
@@ -71,6 +72,16 @@ for W in "${WORLDS[@]}"; do
         > "$OUT/calibrate-w$W.txt"
     grep '^fitted:' "$OUT/calibrate-w$W.txt" | sed "s/^/world $W /"
 done
+# 3. POOL=1 (the default where both calibrations timed compute in the same number of
+#    processes, i.e. on a host of at most 2 cores, and COMPUTE_REUSE is off): refit both
+#    profiles to their compute samples pooled (plansim calibrate --pool; docs/validation-cpu.md
+#    mechanism 58). POOL=0: each profile keeps its own calibration's compute.
+if [ "${POOL:-1}" = 1 ] && [ "${COMPUTE_REUSE:-0}" != 1 ] \
+    && [ "$("$PY" -c 'from validate.microbench import host_cores; print(host_cores())')" -le 2 ]; then
+    "$PY" -m plansim calibrate --pool "$OUT/cpu-w2.yaml" "$OUT/cpu-w4.yaml" \
+        --memory-model "${MEMORY_MODEL:-bandwidth}" ${SCALES[@]+"${SCALES[@]}"} > "$OUT/calibrate-pool.txt"
+    sed "s|^$OUT/cpu-w\([0-9]*\)\.yaml fitted:|world \1 pooled fitted:|" "$OUT/calibrate-pool.txt" | grep 'fitted:'
+fi
 PLANS=("dp=2" "tp=2" "pp=2,schedule=1f1b" "pp=2,schedule=gpipe" "dp=2,compress=topk:0.1" "tp=2,dp=2" "pp=2,dp=2" "dp=4")
 SHARE=()
 if [ "${SHARED:-1}" = 1 ]; then

@@ -2,6 +2,7 @@
 
     plansim calibrate TOPOLOGY [--world N] [--model M] [--compute-from BENCH.json]
                       [--memory-model bandwidth|cache] [--stage-scales] --out PROFILE.yaml
+    plansim calibrate --pool PROFILE.yaml PROFILE.yaml [...] [--memory-model M] [--stage-scales]
     plansim calibrate --runs RUNS.csv --out PROFILE.yaml [--folds K]
 
 From microbenchmarks (validate/microbench.py, validate/calibrate.py): runs GEMMs,
@@ -9,6 +10,10 @@ memory-bound ops, tiny-op chains and collectives in N worker processes on this h
 (as a plan with N processes would), fits the profile's efficiencies, overheads and the
 intra-node link's bandwidth efficiency and call latency by least squares, prints the
 measurements and residuals and writes the profile. It never runs a plan.
+
+--pool refits profiles already calibrated on this host, each to its own record with the
+compute samples of all their records pooled (validate/pool.py: e.g. --world 2's and --world
+4's on a 2-core host, where both time compute in two processes at once), and rewrites them.
 
 From run logs (validate/fit_runs.py): fits a small set of profile parameters to measured
 step times of real training runs and reports the k-fold held-out error.
@@ -33,8 +38,8 @@ def register(subparsers) -> None:
     p.add_argument("topology", nargs="?", help="bundled topology name or YAML path (the host's device and link)")
     p.add_argument("--world", type=int, default=None,
                    help="worker processes measured at once (default: the topology's devices on its node)")
-    p.add_argument("--model", default=DEFAULT_MODEL, help=f"model whose GEMM shapes to measure (default {DEFAULT_MODEL})")
-    p.add_argument("--out", required=True, metavar="PROFILE.yaml", help="profile file to write")
+    p.add_argument("--model", default=None, help=f"model whose GEMM shapes to measure (default {DEFAULT_MODEL})")
+    p.add_argument("--out", metavar="PROFILE.yaml", help="profile file to write")
     p.add_argument("--repeats", type=int, default=None, help="timed repeats per measurement (median taken; default 5)")
     p.add_argument("--max-bytes", type=int, default=None,
                    help="largest collective size in bytes (default 64 MiB)")
@@ -53,6 +58,10 @@ def register(subparsers) -> None:
                         "stage, as the runner trains it, over their price (docs/validation-cpu.md mechanism 57: "
                         "Adam priced 2-10x high on one host type, but the plans predicted no better there); "
                         "measured either way and kept in the .bench.json")
+    p.add_argument("--pool", nargs="+", metavar="PROFILE.yaml",
+                   help="refit these calibrated profiles (each with its .bench.json beside it), each to its own "
+                        "record with every record's compute samples pooled, and rewrite them; the records must "
+                        "have timed compute under the same conditions (docs/validation-cpu.md mechanism 58)")
     p.add_argument("--json", action="store_true", help="print the measurements and the fit as one JSON object")
     p.add_argument("--runs", metavar="RUNS.csv", help="fit to measured step times of training runs instead")
     p.add_argument("--folds", type=int, default=None,
@@ -104,7 +113,40 @@ def resolve_world(topology: str, world: int | None, flag: str = "--world", what:
     return load_topology(topology, nodes=1, gpus_per_node=world), world
 
 
+def _pool(args) -> int:
+    """--pool: refit the profiles on their pooled compute and rewrite them together."""
+    for flag, given in (("TOPOLOGY", args.topology), ("--world", args.world), ("--model", args.model),
+                        ("--out", args.out), ("--compute-from", args.compute_from), ("--repeats", args.repeats),
+                        ("--max-bytes", args.max_bytes), ("--quick", args.quick or None), ("--json", args.json or None)):
+        if given is not None:
+            raise InputError(flag, None, "does not apply to --pool (it refits the profiles given, measuring nothing)")
+    from reports.files import output_file, write_files
+    from validate.pool import pool_profiles
+    from validate.profile_file import format_params
+    for p in args.pool:  # each rewritten in place: it must be a writable file
+        output_file(p, "--pool", [])
+    done = pool_profiles(args.pool, args.memory_model, args.stage_scales)
+    folders: dict[Path, dict[str, bytes]] = {}
+    for p, _, mapping in done:
+        folders.setdefault(Path(p).parent, {})[Path(p).name] = _profile_text(p, mapping).encode("utf-8")
+    for folder, files in folders.items():
+        write_files(folder, files)
+    for p, fit, _ in done:
+        print(f"{p} fitted: " + format_params(fit))
+    print("profiles rewritten, compute pooled: " + ", ".join(args.pool))
+    return 0
+
+
 def cmd_calibrate(args) -> int:
+    if args.pool:
+        if args.runs:
+            raise InputError("--pool", None, "applies to microbenchmark calibration, not to --runs")
+        if args.folds is not None:
+            raise InputError("--folds", None, "applies to --runs, not to --pool")
+        return _pool(args)
+    if not args.out:
+        raise InputError("calibrate", "--out", "give the profile file to write (--out PROFILE.yaml)")
+    args.model = args.model or DEFAULT_MODEL
     if args.runs and args.compute_from:
         raise InputError("--compute-from", None, "applies to microbenchmark calibration, not to --runs")
     if args.runs and args.memory_model != MEMORY_MODELS[0]:

@@ -248,24 +248,13 @@ def _over_launches(rows: list, more: list[list]) -> tuple[list, list]:
     return merged, samples
 
 
-def reused_compute(src: MicrobenchResult, source: str, world: int, backend: str, threads: int, gemm_shapes,
-                   mem_sizes, attn_shapes, topk) -> MicrobenchResult:
-    """A result holding ``src``'s compute families (a)-(c'), the speed probe and the
-    harness figures, restricted to the shapes and sizes asked for: what this calibration's
-    compute launch would have measured, because ``src``'s ran under the same conditions
-    (backend, processes at once, threads per process, cores). On a CPU a world-4 and a
-    world-2 calibration both time compute in min(world, cores) processes, so one launch
-    serves both. InputError (naming ``source``) when a condition or a shape differs."""
-    cw = compute_processes(world, "cuda" if backend == "nccl" else "cpu")
-    have = {"backend": (src.backend, backend), "compute processes": (src.compute_world or src.world, cw),
-            "threads": (src.threads, threads), "host cores": (src.host_cores, host_cores())}
-    for what, (got, want) in have.items():
-        if got != want:
-            raise InputError(source, "--compute-from", f"its compute ran with {what} {got}; this calibration "
-                             f"needs {want}")
-    # The compute worker's own draw of the probe (src's others were taken by its collective
-    # launches; this calibration's collective launches take their own).
-    compute_draw = src.probe_draws_s[0] if src.probe_draws_s else src.probe_s
+def checked_compute(src: MicrobenchResult, source: str) -> dict:
+    """``src``'s compute families checked as any input is (InputError naming ``source``
+    and the field: a draw of the wrong width, a figure out of range, a time that is not a
+    number of seconds in (0, 60), no overhead chain): {field: value} of its draws and the
+    figures fitted to them. What reusing a record's compute (reused_compute) and pooling
+    records (validate/pool.py) both read."""
+    compute_draw = src.probe_draws_s[0] if src.probe_draws_s else src.probe_s  # the compute worker's
     figures = ([("probe_s", src.probe_s), ("probe_draws_s[0]", compute_draw)]
                + [(f"overhead.{o.what}", o.per_op_s) for o in src.overhead]
                + [(f"gemm.{i}", g.seconds) for i, g in enumerate(src.gemm)]
@@ -300,6 +289,35 @@ def reused_compute(src: MicrobenchResult, source: str, world: int, backend: str,
             raise InputError(source, where, f"{v!r}: a measured time must be a number of seconds in (0, 60)")
     if not src.overhead:
         raise InputError(source, "overhead", "absent: not a calibration's record")
+    return {"overhead_draws": draws, "recompute_draws": rdraws, "fsdp_draws": fdraws, "alive_draws": adraws,
+            "checkpoint_region_us": regions, "fsdp_unit": unit, "alive": alive, "alive_held_mib": held,
+            "microbatch_draws": mdraws, "split_draws": sdraws, "split_model": smodel, "microbatch_host": mhost,
+            "microbatch_ops": mops}
+
+
+def reused_compute(src: MicrobenchResult, source: str, world: int, backend: str, threads: int, gemm_shapes,
+                   mem_sizes, attn_shapes, topk) -> MicrobenchResult:
+    """A result holding ``src``'s compute families (a)-(c'), the speed probe and the
+    harness figures, restricted to the shapes and sizes asked for: what this calibration's
+    compute launch would have measured, because ``src``'s ran under the same conditions
+    (backend, processes at once, threads per process, cores). On a CPU a world-4 and a
+    world-2 calibration both time compute in min(world, cores) processes, so one launch
+    serves both. InputError (naming ``source``) when a condition or a shape differs."""
+    cw = compute_processes(world, "cuda" if backend == "nccl" else "cpu")
+    have = {"backend": (src.backend, backend), "compute processes": (src.compute_world or src.world, cw),
+            "threads": (src.threads, threads), "host cores": (src.host_cores, host_cores())}
+    for what, (got, want) in have.items():
+        if got != want:
+            raise InputError(source, "--compute-from", f"its compute ran with {what} {got}; this calibration "
+                             f"needs {want}")
+    # The compute worker's own draw of the probe (src's others were taken by its collective
+    # launches; this calibration's collective launches take their own).
+    compute_draw = src.probe_draws_s[0] if src.probe_draws_s else src.probe_s
+    c = checked_compute(src, source)
+    draws, rdraws, fdraws, adraws = c["overhead_draws"], c["recompute_draws"], c["fsdp_draws"], c["alive_draws"]
+    regions, unit, alive, held = c["checkpoint_region_us"], c["fsdp_unit"], c["alive"], c["alive_held_mib"]
+    mdraws, sdraws, smodel, mhost, mops = (c["microbatch_draws"], c["split_draws"], c["split_model"],
+                                           c["microbatch_host"], c["microbatch_ops"])
     gemm = {(g.m, g.n, g.k, g.batch): g for g in src.gemm}
     mem = {(x.op, x.elems): x for x in src.memory}
     attn = {(a.batch, a.s, a.d): a for a in src.attention}

@@ -24,6 +24,10 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+# How a profile fitted to microbenchmarks opens its source (validate/pool.py reads the rest back).
+SOURCE_PREFIX = "plansim calibrate (microbenchmarks only), "
+
+
 def where_and_when(res: MicrobenchResult, device_name: str) -> str:
     import torch
     now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
@@ -76,7 +80,7 @@ def profile_mapping(fit: FitResult, res: MicrobenchResult, gpu_name: str, link_k
                f"(costmodel/gpus.py {gpu_name}).")
     out = {
         "name": name,
-        "source": f"plansim calibrate (microbenchmarks only), {where}",
+        "source": f"{SOURCE_PREFIX}{where}",
         "gpus": {gpu_name: {
             "gemm_eff_max": round(g.gemm_eff_max, 5), "gemm_k_half": round(g.gemm_k_half, 3),
             "gemm_dim_half": round(g.gemm_dim_half, 3), "sm_count": 0,
