@@ -187,3 +187,24 @@ def test_six_within_counts_runs_with_all_six_by_hand():
     missing = [r for r in full if r[0] != "pp=2,schedule=gpipe"]
     assert rep.six_within([(ROOT, full)]) == (0, 1, 1)
     assert rep.six_within([(ROOT, full), (ROOT, one_off), (ROOT, missing)]) == (1, 1, 2)
+
+
+def test_six_met_agrees_with_the_saved_scores_and_exact_predictions_meet_it():
+    """six_met's verdict on a saved run's own predictions is validation_runs' verdict on the
+    same file (session 25's a-1 met the six, a-3 missed by the order, a-9 by the errors), and
+    predictions equal to the measurements meet the target in every one of them."""
+    from benchmarks.validation_runs import SIX, comparisons, load_run as load, run_scores
+    from validate.compare import short_plan
+    rep = _load()
+    wants = []
+    for name in ("a-1", "a-3", "a-9"):
+        d = ROOT / "results" / "validate-cpu-2026-12-06-s25" / name
+        plans = load(d)["plans"]
+        six = run_scores(comparisons({"plans": plans}))[1]
+        want = six["within"] == len(SIX) and six["resolved_order"]
+        rows = [(p["plan"], p["world"], p["measured_step_time_s"], p["predicted_step_time_s"],
+                 p["measured_step_time_s"]) for p in plans]
+        assert rep.six_met(d, rows) == (want, True)
+        wants.append(want)
+    assert wants == [True, False, False]
+    assert rep.six_met(d, [r for r in rows if short_plan(r[0]) != "dp=2"]) is None  # a run without one of the six
