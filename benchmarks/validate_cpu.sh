@@ -55,6 +55,8 @@ PY="${PYTHON:-python3}"
 # (docs/validation-cpu.md, Results), so every run keeps its CPU's description.
 { command -v lscpu >/dev/null && lscpu || cat /proc/cpuinfo 2>/dev/null || true; } > "$OUT/lscpu.txt"
 start=$(date +%s)
+mark=$start
+STEPS_WALL=()  # where the wall time goes, printed at the end
 WORLDS=(2 4)
 if [ "${COMPUTE_REUSE:-0}" = 1 ]; then
     WORLDS=(4 2)
@@ -71,6 +73,7 @@ for W in "${WORLDS[@]}"; do
         --memory-model "${MEMORY_MODEL:-bandwidth}" ${SCALES[@]+"${SCALES[@]}"} --out "$OUT/cpu-w$W.yaml" \
         > "$OUT/calibrate-w$W.txt"
     grep '^fitted:' "$OUT/calibrate-w$W.txt" | sed "s/^/world $W /"
+    STEPS_WALL+=("calibrate world $W $(( $(date +%s) - mark )) s"); mark=$(date +%s)
 done
 # 3. POOL=1 (the default where both calibrations timed compute in the same number of
 #    processes, i.e. on a host of at most 2 cores, and COMPUTE_REUSE is off): refit both
@@ -81,6 +84,7 @@ if [ "${POOL:-1}" = 1 ] && [ "${COMPUTE_REUSE:-0}" != 1 ] \
     "$PY" -m plansim calibrate --pool "$OUT/cpu-w2.yaml" "$OUT/cpu-w4.yaml" \
         --memory-model "${MEMORY_MODEL:-bandwidth}" ${SCALES[@]+"${SCALES[@]}"} > "$OUT/calibrate-pool.txt"
     sed "s|^$OUT/cpu-w\([0-9]*\)\.yaml fitted:|world \1 pooled fitted:|" "$OUT/calibrate-pool.txt" | grep 'fitted:'
+    STEPS_WALL+=("pool $(( $(date +%s) - mark )) s"); mark=$(date +%s)
 fi
 PLANS=("dp=2" "tp=2" "pp=2,schedule=1f1b" "pp=2,schedule=gpipe" "dp=2,compress=topk:0.1" "tp=2,dp=2" "pp=2,dp=2" "dp=4")
 SHARE=()
@@ -92,6 +96,7 @@ fi
     --steps "$(( (STEPS + LAUNCHES - 1) / LAUNCHES ))" --launches "$LAUNCHES" \
     --report "$OUT/report" | tee "$OUT/validation.txt"
 wall=$(( $(date +%s) - start ))
+STEPS_WALL+=("validate $(( $(date +%s) - mark )) s")
 "$PY" - "$OUT" "$wall" <<'PYEOF' | tee "$OUT/summary.txt"
 import json, sys, pathlib
 from validate.compare import short_plan
@@ -119,3 +124,4 @@ print(f"Spearman {rho:.3f}; same order: {'yes' if d['same_order'] else 'no'}; "
       f"{sum(abs(p['error_pct']) <= 15 for p in d['plans'])}/{len(d['plans'])}")
 print(f"calibrate + validate wall time: {wall} s; results in {out}/")
 PYEOF
+( IFS=','; echo "wall time by step: ${STEPS_WALL[*]}" ) | sed 's/,/, /g' | tee -a "$OUT/summary.txt"
