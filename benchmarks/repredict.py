@@ -162,6 +162,7 @@ def repredict(path: Path, aggregate: str | None = None, drift: bool = True,
 
     model = load_model("tiny")
     out = []
+    profiles = {}  # world -> its profile: each refitted (or read) once, not once a plan
     rows = load_run(path)["plans"]
     for i, p in enumerate(rows):
         world = int(p["world"])
@@ -173,8 +174,10 @@ def repredict(path: Path, aggregate: str | None = None, drift: bool = True,
             plan = resolve_plan(p["plan"], model, cluster.num_devices)
         except InputError as e:  # name the saved file, not --plan
             raise InputError(str(path / "validation.json"), f"plans[{i}].plan", f"{e.field or ''} {e.message}".strip()) from None
-        profile = (refit_profile(path, world, aggregate, cluster, memory_model, scales, pool) if aggregate or refit
-                   else load_profile(str(prof_file), bundled=cluster.profiles))
+        if world not in profiles:
+            profiles[world] = (refit_profile(path, world, aggregate, cluster, memory_model, scales, pool)
+                               if aggregate or refit else load_profile(str(prof_file), bundled=cluster.profiles))
+        profile = profiles[world]
         factor = run_drift(rows, i) if drift else None
         sim = simulate(model, plan, cluster, slowed_profile(profile, factor) if factor else profile)
         out.append((p["plan"], world, float(p["measured_step_time_s"]), float(p["predicted_step_time_s"]),
@@ -266,7 +269,7 @@ def six_met(path: Path, rows) -> tuple[bool, bool] | None:
     order of the run's plans."""
     from benchmarks.validation_runs import SIX, comparisons, run_scores
     plans = load_run(path)["plans"]
-    if not {s for s in SIX} <= {short(r[0]) for r in rows}:
+    if not set(SIX) <= {short(r[0]) for r in rows}:
         return None
     met = []
     for i in (3, 4):

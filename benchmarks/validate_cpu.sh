@@ -61,12 +61,15 @@ WORLDS=(2 4)
 if [ "${COMPUTE_REUSE:-0}" = 1 ]; then
     WORLDS=(4 2)
 fi
+# Cores this host gives the workers: both calibrations time compute in min(world, cores)
+# processes, the same number for world 2 and 4 where this is at most 2.
+CORES="$("$PY" -c 'from validate.microbench import host_cores; print(host_cores())')"
 SCALES=()
 if [ "${STAGE_SCALES:-0}" = 1 ]; then SCALES=(--stage-scales); fi
 for W in "${WORLDS[@]}"; do
     REUSE=()
     if [ "${COMPUTE_REUSE:-0}" = 1 ] && [ "$W" = 2 ] \
-        && [ "$("$PY" -c 'from validate.microbench import host_cores; print(host_cores())')" -le 2 ]; then
+        && [ "$CORES" -le 2 ]; then
         REUSE=(--compute-from "$OUT/cpu-w4.bench.json")
     fi
     "$PY" -m plansim calibrate localhost-cpu --world "$W" --model tiny ${REUSE[@]+"${REUSE[@]}"} \
@@ -80,7 +83,7 @@ done
 #    profiles to their compute samples pooled (plansim calibrate --pool; docs/validation-cpu.md
 #    mechanism 58). POOL=0: each profile keeps its own calibration's compute.
 if [ "${POOL:-1}" = 1 ] && [ "${COMPUTE_REUSE:-0}" != 1 ] \
-    && [ "$("$PY" -c 'from validate.microbench import host_cores; print(host_cores())')" -le 2 ]; then
+    && [ "$CORES" -le 2 ]; then
     "$PY" -m plansim calibrate --pool "$OUT/cpu-w2.yaml" "$OUT/cpu-w4.yaml" \
         --memory-model "${MEMORY_MODEL:-bandwidth}" ${SCALES[@]+"${SCALES[@]}"} > "$OUT/calibrate-pool.txt"
     sed "s|^$OUT/cpu-w\([0-9]*\)\.yaml fitted:|world \1 pooled fitted:|" "$OUT/calibrate-pool.txt" | grep 'fitted:'
