@@ -68,15 +68,19 @@ def read_text(path: str | Path, source: str | None = None, what: str = "file") -
 
 
 def decode(data: bytes, source: str) -> str:
-    """UTF-8 text of ``data``, refusing binary content (NUL bytes) and other encodings."""
+    """UTF-8 text of ``data``, refusing binary content (NUL bytes) and other encodings. A
+    leading byte-order mark is dropped: Excel's "CSV UTF-8" export and Windows Notepad write
+    one (EF BB BF, Unicode 15.0 section 23.8), and kept it would glue itself to the first
+    column's name, so a runs table exported from a spreadsheet lost its `run_id` column."""
     if b"\x00" in data:
         at = data.index(b"\x00")
         raise InputError(source, None, f"binary content (a NUL byte at offset {at}); expected a UTF-8 text file")
     try:
-        return data.decode("utf-8")
+        text = data.decode("utf-8")
     except UnicodeDecodeError as err:
         raise InputError(source, None, f"not UTF-8 text (byte 0x{data[err.start]:02x} at offset {err.start}); "
                                        "save the file as UTF-8") from None
+    return text.removeprefix("\ufeff")
 
 
 # The pure-Python parser, not libyaml's (yaml.CSafeLoader): libyaml overflows its C stack

@@ -198,6 +198,20 @@ def test_ragged_rows_and_repeated_columns_refused(tmp_path):
         load_rows(tmp_path / "twice.csv")
 
 
+def test_a_spreadsheet_export_with_a_byte_order_mark_reads_the_same_rows(tmp_path):
+    """Excel's "CSV UTF-8" export starts the file with a byte-order mark (EF BB BF); the
+    table reads exactly as without it (it used to fuse with the first column's name, and
+    the file was refused for a missing `run_id`), and a non-UTF-8 byte after the mark is
+    still named at its offset in the file."""
+    bom = tmp_path / "export.csv"
+    bom.write_bytes(b"\xef\xbb\xbf" + DEFAULT_ROWS.read_bytes())
+    assert load_rows(bom) == load_rows(DEFAULT_ROWS)
+    bad = tmp_path / "bad.csv"
+    bad.write_bytes(b"\xef\xbb\xbfrun_id\n\xff\n")
+    with pytest.raises(InputError, match=r"byte 0xff at offset 10"):
+        load_rows(bad)
+
+
 def test_bad_files_give_one_line_errors(tmp_path):
     """A file that is not UTF-8, a binary file, a missing one, or one that lacks a required
     column, is refused in one line naming the file (and the column)."""
