@@ -123,8 +123,7 @@ def refit_profile(path: Path, world: int, aggregate: str | None, cluster, memory
     its launches merged by ``aggregate`` (AGGREGATES) when given; ``pool``: its compute
     samples pooled with those of the run's other cpu-w<N>.bench.json (validate/pool.py,
     as `plansim calibrate --pool` does)."""
-    from costmodel.profile import load_profile, overlay_profile
-    from validate.calibrate import profile_from_bench
+    from validate.calibrate import fitted_profile, profile_from_bench
     from validate.bench_record import bench_record_path, load_bench
     from validate.microbench import fit_draw_figures, with_launch_aggregate
 
@@ -144,7 +143,7 @@ def refit_profile(path: Path, world: int, aggregate: str | None, cluster, memory
         res = with_launch_aggregate(res, statistics.fmean if aggregate == "mean" else statistics.median)
         where += f", launches merged by the {aggregate}"
     _, mapping = profile_from_bench(cluster, res, where, memory_model, scales)
-    return overlay_profile(load_profile(None, bundled=cluster.profiles), mapping, where)
+    return fitted_profile(cluster, mapping, where)
 
 
 def repredict(path: Path, aggregate: str | None = None, drift: bool = True,

@@ -476,6 +476,14 @@ def calibrate(cluster, model, world: int, *, tps: list[int] | None = None, repea
     return Calibration(res, fit, mapping)
 
 
+def fitted_profile(cluster, mapping: dict, where: str):
+    """The Profile the simulator gets from a fitted ``mapping`` on ``cluster``: the
+    cluster's bundled profiles with the mapping merged over them, as loading the written
+    file with the cluster's profiles does (costmodel.profile.load_profile)."""
+    from costmodel.profile import load_profile, overlay_profile
+    return overlay_profile(load_profile(None, bundled=cluster.profiles), mapping, where)
+
+
 def profile_from_bench(cluster, res, where: str, memory_model: str = "bandwidth", with_scales: bool = False):
     """(FitResult, profile mapping) fitted to the microbenchmarks ``res``
     (validate/bench_record.MicrobenchResult) for ``cluster``'s device type and intra-node
@@ -521,7 +529,7 @@ def stage_scales(cluster, res, mapping: dict, where: str) -> dict[str, float]:
     simulator would have charged. {} where the record has no split draws (GPU workers, a
     model too large, records before session 26)."""
     from costmodel.efficiency import optimizer_time_s
-    from costmodel.profile import allowed_range, load_profile, overlay_profile
+    from costmodel.profile import allowed_range
     from sim.program import chunk_work
     from specs.plan import resolve_plan
     from validate.compute_bench import ALIVE_LAYERS
@@ -530,7 +538,7 @@ def stage_scales(cluster, res, mapping: dict, where: str) -> dict[str, float]:
     if model is None or not res.split_draws:
         return {}
     runtime = {k: v for k, v in mapping["runtime"].items() if k not in SCALE_FIELDS}
-    prof = overlay_profile(load_profile(None, bundled=cluster.profiles), {**mapping, "runtime": runtime}, where)
+    prof = fitted_profile(cluster, {**mapping, "runtime": runtime}, where)
     plan = resolve_plan("precision=fp32", model, 1)
     work = chunk_work(model, plan, cluster, prof, 0, ALIVE_LAYERS, True, True)
     gpu = cluster.devices[0].gpu
