@@ -1,6 +1,6 @@
 """Re-predict saved CPU validation runs with this tree's model: the measurements stay fixed.
 
-    python3 benchmarks/repredict.py [--launch-aggregate mean|median | --refit] [--memory-model cache] [--stage-scales] [--pool] [--no-drift] RESULTS_DIR [RESULTS_DIR ...]
+    python3 benchmarks/repredict.py [--launch-aggregate mean|median | --refit] [--memory-model cache] [--stage-scales] [--pool] [--no-drift] [--no-call-drift] RESULTS_DIR [RESULTS_DIR ...]
 
 Each RESULTS_DIR is what benchmarks/validate_cpu.sh wrote: validation.json (the measured
 steps, the plans, the host-speed probe of each run) and cpu-w<N>.yaml (the profile
@@ -38,6 +38,10 @@ session 16 on; older ones keep their saved alive figures). --memory-model cache 
 --pool (with --refit) pools each profile's compute samples with the run's other
 calibration records first, as `plansim calibrate --pool` does (validate/pool.py).
 
+--no-call-drift predicts every plan with its profile's collective call costs as
+calibrated, where the run was saved with call probes and the profile has their calibrated
+figure (call_probe_us; from session 28 on, or any record with --refit): what the validator
+predicted before the call probe (docs/validation-cpu.md mechanism 59).
 --no-drift predicts every plan with its profile as calibrated, ignoring the speed probe's
 drift factor the run applied (what `plansim validate --no-drift-correction` would have
 predicted): whether the probe's correction helped those runs.
@@ -104,6 +108,10 @@ def load_run(path: Path) -> dict:
         if not isinstance(launches, list) or not all(isinstance(x, list) and len(x) == 2 for x in launches):
             raise InputError(src, f"plans[{i}].speed_probe.launches_s", "expected a list of [before, after] seconds")
         times += [(f"speed_probe.launches_s[{j}][{k}]", v) for j, x in enumerate(launches) for k, v in enumerate(x)]
+        calls = (p.get("call_probe") or {}).get("launches_s") or []
+        if not isinstance(calls, list) or not all(isinstance(x, list) and len(x) == 2 for x in calls):
+            raise InputError(src, f"plans[{i}].call_probe.launches_s", "expected a list of [before, after] seconds")
+        times += [(f"call_probe.launches_s[{j}][{k}]", v) for j, x in enumerate(calls) for k, v in enumerate(x)]
         if launches and probe.get("calibrated_s"):  # 0: a profile calibrated without the probe
             times.append(("speed_probe.calibrated_s", probe.get("calibrated_s")))
         for key, v in times:
@@ -148,13 +156,18 @@ def refit_profile(path: Path, world: int, aggregate: str | None, cluster, memory
 
 def repredict(path: Path, aggregate: str | None = None, drift: bool = True,
               refit: bool = False, memory_model: str = "bandwidth",
-              scales: bool = False, pool: bool = False) -> list[tuple[str, int, float, float, float]]:
+              scales: bool = False, pool: bool = False,
+              call_drift: bool = True) -> list[tuple[str, int, float, float, float]]:
     """(plan, processes, measured s, saved prediction s, new prediction s) per plan;
     ``refit`` or ``aggregate``: refit each profile (refit_profile) first, ``aggregate``
-    merging its launches; ``drift`` False: the profile unscaled by the run's speed probe."""
+    merging its launches; ``drift`` False: the profile unscaled by the run's speed probe;
+    ``call_drift`` False: its call costs unscaled by the run's call probes (a run saved
+    with them and a profile with call_probe_us: validate/probe.call_drift, as the
+    validator applies it)."""
     from costmodel.profile import load_profile
     from plansim.cmd_calibrate import resolve_world
-    from sim.core_sharing import slowed_profile
+    from sim.core_sharing import slowed_calls, slowed_profile
+    from validate.probe import call_drift as call_factors
     from sim.metrics import simulate
     from specs.model import load_model
     from specs.plan import resolve_plan
@@ -163,6 +176,7 @@ def repredict(path: Path, aggregate: str | None = None, drift: bool = True,
     out = []
     profiles = {}  # world -> its profile: each refitted (or read) once, not once a plan
     rows = load_run(path)["plans"]
+    prepared = []
     for i, p in enumerate(rows):
         world = int(p["world"])
         prof_file = path / f"cpu-w{world}.yaml"
@@ -176,9 +190,13 @@ def repredict(path: Path, aggregate: str | None = None, drift: bool = True,
         if world not in profiles:
             profiles[world] = (refit_profile(path, world, aggregate, cluster, memory_model, scales, pool)
                                if aggregate or refit else load_profile(str(prof_file), bundled=cluster.profiles))
-        profile = profiles[world]
+        prepared.append((plan, cluster, profiles[world]))
+    calls = call_factors([((p.get("call_probe") or {}).get("launches_s") or [], profile.runtime.call_probe_us)
+                          for p, (_, _, profile) in zip(rows, prepared)])
+    for i, (p, (plan, cluster, profile), call_f) in enumerate(zip(rows, prepared, calls)):
         factor = run_drift(rows, i) if drift else None
-        sim = simulate(model, plan, cluster, slowed_profile(profile, factor) if factor else profile)
+        profile = slowed_profile(profile, factor) if factor else profile
+        sim = simulate(model, plan, cluster, slowed_calls(profile, call_f) if call_drift and call_f else profile)
         out.append((p["plan"], world, float(p["measured_step_time_s"]), float(p["predicted_step_time_s"]),
                     float(sim.step_time_s)))
     return out
@@ -205,6 +223,8 @@ def main(argv: list[str]) -> int:
     aggregate, drift, refit = None, True, False
     if "--no-drift" in argv:
         drift, argv = False, [a for a in argv if a != "--no-drift"]
+    call_drift = "--no-call-drift" not in argv
+    argv = [a for a in argv if a != "--no-call-drift"]
     if "--refit" in argv:
         refit, argv = True, [a for a in argv if a != "--refit"]
     from costmodel.profile import MEMORY_MODELS
@@ -237,7 +257,7 @@ def main(argv: list[str]) -> int:
     errors: dict[str, list[float]] = {}
     if not argv:
         raise InputError("repredict", "RESULTS_DIR", "give at least one results directory")
-    runs = [(d, repredict(d, aggregate, drift, refit, memory_model, scales, pool)) for d in map(Path, argv)]  # every input checked before printing
+    runs = [(d, repredict(d, aggregate, drift, refit, memory_model, scales, pool, call_drift)) for d in map(Path, argv)]  # every input checked before printing
     print(f"{'run':24s} {'plan':26s} {'procs':>5} {'measured ms':>11} {'saved':>8} {'now':>8}")
     for d, rows in runs:
         for plan, world, measured, saved, now in rows:

@@ -218,6 +218,13 @@ class RuntimeSettings:
     # (median over the compute workers); 0: not measured. The validator times the same
     # probe before each run and predicts with the compute slowed by the ratio.
     speed_probe_us: float = 0.0
+    # What a 32 KiB 2-rank all-reduce added to a round of about 1 ms of the runner's layer
+    # code when the profile was calibrated, us (the median over the calibration's launches
+    # of that after-compute stream, validate/collective_bench.after_compute_rows); 0: not
+    # measured. The validator times the same stream before and after each plan's steps
+    # (validate/probe.call_probe_s) and scales the fabric's call costs by the ratio
+    # (sim/core_sharing.slowed_calls), as speed_probe_us does the compute.
+    call_probe_us: float = 0.0
     # How much longer the gradient reduction that closes each backward waits than the same
     # collective after a short compute, us: replicas given the same work drift apart over
     # a long phase where processes time-share cores (the scheduler is fair over its period,

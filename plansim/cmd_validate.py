@@ -44,7 +44,7 @@ def register(subparsers) -> None:
     p.add_argument("--report", metavar="DIR", help="write a validation report (HTML, Markdown, traces)")
     p.add_argument("--no-drift-correction", dest="drift_correction", action="store_false",
                    help="predict with the profile as calibrated, not slowed or sped up by the speed probe "
-                        "timed before each run (validate/probe.py)")
+                        "and the call probe timed before and after each run (validate/probe.py)")
     p.set_defaults(func=cmd_validate)
 
 
@@ -95,10 +95,10 @@ def validate_plans(topology: str, model_name: str, plans: list[str], profiles: d
     from sim.metrics import simulate
     from specs.model import load_model
     from validate.backend import require_torch
-    from sim.core_sharing import slowed_profile
+    from sim.core_sharing import slowed_calls, slowed_profile
     from validate.compare import compare, predicted_saved_bytes, saved_activations
     from validate.profile_file import runtime_facts
-    from validate.probe import drift_factor, validation_drift
+    from validate.probe import call_drift, drift_factor, validation_drift
 
     model = load_model(model_name)
     if prepared is None:
@@ -152,17 +152,25 @@ def validate_plans(topology: str, model_name: str, plans: list[str], profiles: d
     # a plan's own otherwise.
     pooled = validation_drift([(rec.launch_probes_s, profile.runtime.speed_probe_us)
                                for rec, (_, _, profile, _) in zip(records, prepared)])
-    for (plan, cluster, profile, prof_path), rec in zip(prepared, records):
+    # The collectives' call costs: one factor for the plans of each profile (probe.call_drift).
+    calls = call_drift([(rec.launch_call_probes_s, profile.runtime.call_probe_us)
+                        for rec, (_, _, profile, _) in zip(records, prepared)])
+    for (plan, cluster, profile, prof_path), rec, call_f in zip(prepared, records, calls):
         drift = pooled if pooled is not None else drift_factor(rec.speed_probe_s, profile.runtime.speed_probe_us)
         applied = drift_correction and drift is not None
-        sim = simulate(model, plan, cluster, slowed_profile(profile, drift) if applied else profile, record=record)
+        call_applied = drift_correction and call_f is not None
+        predict_with = slowed_profile(profile, drift) if applied else profile
+        sim = simulate(model, plan, cluster, slowed_calls(predict_with, call_f) if call_applied else predict_with,
+                       record=record)
         # The run is the project's runner whatever the profile: its memory follows the
         # runner's facts (no dropout, gathered SP inputs saved), not the profile's framework.
         runner_rt = replace(profile.runtime, **runtime_facts("cuda" if rec.backend == "nccl" else "cpu"))
         saved = saved_activations(rec, predicted_saved_bytes(model, plan, runner_rt, rec.per_rank), plan)
         out.append(compare(rec, sim, drift=drift, drift_applied=applied,
                            calibrated_probe_s=profile.runtime.speed_probe_us * 1e-6, saved=saved,
-                           drift_plans=len(prepared) if pooled is not None else 1))
+                           drift_plans=len(prepared) if pooled is not None else 1, call_drift=call_f,
+                           call_drift_applied=call_applied,
+                           calibrated_call_probe_s=profile.runtime.call_probe_us * 1e-6))
     return out
 
 

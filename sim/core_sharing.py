@@ -42,7 +42,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from costmodel.profile import Profile
+from costmodel.profile import COLLECTIVE_OPS, Profile
 
 ITERATIONS = 6
 DAMPING = 0.5  # share of the new estimate taken per iteration (the map can overshoot)
@@ -85,6 +85,25 @@ def slowed_profile(profile: Profile, f: float) -> Profile:
                  fsdp_unit_us=r.fsdp_unit_us * f, fsdp_unit_us_per_mib=r.fsdp_unit_us_per_mib * f,
                  microbatch_host_us=r.microbatch_host_us * f)
     return replace(profile, gpus=gpus, runtime=rt)
+
+
+def slowed_calls(profile: Profile, f: float) -> Profile:
+    """The profile of a host whose collective calls cost f times what they did at
+    calibration: every fabric's per-call software costs (the generic and each
+    collective's call cost, the per-rank cost, the fitted per-step latency) multiplied by
+    f; bandwidths and the pipeline handoffs' own measured figures unchanged. What the
+    validator predicts with when its call probe (validate/probe.call_probe_s) reads f times
+    the calibrated one (docs/validation-cpu.md mechanism 59)."""
+    if f == 1.0:
+        return profile
+
+    def times(x):
+        return None if x is None else x * f
+    fabrics = {k: replace(fb, call_latency_us=fb.call_latency_us * f, call_us_per_rank=fb.call_us_per_rank * f,
+                          hop_latency_us=times(fb.hop_latency_us),
+                          **{f"{op}_call_us": times(getattr(fb, f"{op}_call_us")) for op in COLLECTIVE_OPS})
+               for k, fb in profile.fabrics.items()}
+    return replace(profile, fabrics=fabrics)
 
 
 def next_slowdown(ratio: float, compute_s: float, wait_s: float, busy: float = 0.0) -> float:

@@ -121,7 +121,7 @@ def test_topology_numbers_bounded(tmp_path, path, value, needle):
     ("fabrics: 3\n", "fabrics: 3: must be a mapping"),
     ("gpus:\n  default: {sm_count: true}\n", "sm_count: True"),
     # 30 runtime names no longer fit one line: the closest ones are named instead.
-    ("runtime: {fsdp_unit_ud: 3}\n", "runtime.fsdp_unit_ud: unknown field; allowed: one of 36 names (closest: "
+    ("runtime: {fsdp_unit_ud: 3}\n", "runtime.fsdp_unit_ud: unknown field; allowed: one of 37 names (closest: "
                                       "fsdp_unit_us, fsdp_unit_us_per_mib; all in costmodel/profile.py RuntimeSettings)"),
 ], ids=["nan-overhead", "inf-call-latency", "slowdown-50", "nan-eff", "denormal-gemm-eff", "tiny-hbm-eff",
         "tiny-fp8-eff", "float-prefetch", "float-host-cores", "typo-gpu", "typo-fabric", "huge-host", "gpus-list", "fabrics-int", "bool-sm",

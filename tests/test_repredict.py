@@ -126,10 +126,14 @@ GOOD = {"plan": "pp=2,schedule=gpipe,precision=fp32", "world": 2, "measured_step
     (json.dumps({"plans": [dict(GOOD, launch_medians_s="abc")]}), "plans[0].launch_medians_s: expected a list"),
     (json.dumps({"plans": [dict(GOOD, speed_probe={"applied": True, "drift_factor": -3})]}),
      "plans[0].speed_probe.drift_factor: -3: must be a finite number in (0, inf)"),
+    (json.dumps({"plans": [dict(GOOD, call_probe={"launches_s": [[0.002, "slow"]]})]}),
+     "plans[0].call_probe.launches_s[0][1]: slow: must be a finite number in (0, inf)"),
+    (json.dumps({"plans": [dict(GOOD, call_probe={"launches_s": [0.002]})]}),
+     "plans[0].call_probe.launches_s: expected a list of [before, after] seconds"),
     ('{"plans": [{"world": 1' + "0" * 5000 + "}]}", "file: not JSON (ValueError)"),
     ("[" * 100_000 + "]" * 100_000, "file: not JSON (RecursionError)"),
 ], ids=["nan", "infinity", "zero", "text", "world-text", "world-huge", "plan-int", "plan-bad", "entry-int",
-        "medians-text", "drift-negative", "digits", "deep"])
+        "medians-text", "drift-negative", "call-probe-text", "call-probe-flat", "digits", "deep"])
 def test_repredict_hostile_validation_json(tmp_path, text, field):
     """validation.json with NaN or Infinity (which json.loads accepts), zero, negative or
     text step times, a process count that is not an integer in range, a plan that is not a
@@ -208,3 +212,22 @@ def test_six_met_agrees_with_the_saved_scores_and_exact_predictions_meet_it():
         wants.append(want)
     assert wants == [True, False, False]
     assert rep.six_met(d, [r for r in rows if short_plan(r[0]) != "dp=2"]) is None  # a run without one of the six
+
+
+def test_repredict_gives_back_a_saved_run_with_call_probes_exactly():
+    """Session 28's s-2 was validated with the call probe's correction (validate/probe.
+    call_drift, sim/core_sharing.slowed_calls): re-predicting it from its saved profiles and
+    probes gives back every saved prediction, so the offline path is the validator's. The
+    correction is what moves the tensor-parallel plans: without it (--no-call-drift) tp=2
+    and tp=2 x dp=2 move, and every saved prediction of a plan whose collectives are few
+    stays within 1 %."""
+    rep = _load()
+    d = ROOT / "results" / "validate-cpu-2026-12-07-s28" / "s-2"
+    rows = rep.repredict(d)
+    assert len(rows) == 8
+    for plan, _, _, saved, now in rows:
+        assert now == pytest.approx(saved, rel=1e-9), plan
+    off = {plan: now for plan, _, _, _, now in rep.repredict(d, call_drift=False)}
+    saved = {plan: s for plan, _, _, s, _ in rows}
+    moved = {plan for plan in saved if abs(off[plan] / saved[plan] - 1) > 0.01}
+    assert moved == {p for p in saved if p.startswith("tp=2,")}

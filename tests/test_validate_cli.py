@@ -202,6 +202,10 @@ def test_calibrate_and_validate_smoke(tmp_path, capsys):
     assert (rt.alive_knee_mib, rt.alive_slowdown_per_doubling) == (
         round(bench.alive["knee_mib"], 3), round(bench.alive["per_doubling"], 4))
     assert rt.alive_knee_mib > 0 and 0 <= rt.alive_slowdown_per_doubling <= 1
+    # The call probe's calibrated figure is the record's 32 KiB 2-rank after-compute row.
+    from validate.probe import call_probe_figure
+    row = [c.seconds for c in bench.collectives if (c.op, c.n, c.nbytes) == ("all_reduce_after_compute", 2, 32768)]
+    assert len(row) == 1 and rt.call_probe_us == round(row[0] * 1e6, 1) == round(call_probe_figure(bench) * 1e6, 1) > 0
     # The record keeps the MiB held at each depth, so a refit of the saved record
     # (microbench.fit_draw_figures, benchmarks/repredict.py --refit) needs no model and gives
     # back exactly what the calibration wrote.
@@ -262,6 +266,16 @@ def test_calibrate_and_validate_smoke(tmp_path, capsys):
     model = load_model("tiny")
     plan = resolve_plan({"dp": 2, "precision": "fp32"}, model, 2)
     used = slowed_profile(profile, f) if f is not None else profile
+    # The call probe likewise: timed at calibration (call_probe_us) and beside the run, the
+    # fabric's call costs scaled by the ratio (validate/probe.call_drift, sim/core_sharing.slowed_calls).
+    from sim.core_sharing import slowed_calls
+    from validate.probe import call_drift
+    calls = d["call_probe"]
+    assert calls["calibrated_s"] == pytest.approx(profile.runtime.call_probe_us * 1e-6) and calls["calibrated_s"] > 0
+    assert len(calls["launches_s"]) == 2 and all(x > 0 for pair in calls["launches_s"] for x in pair)
+    cf = call_drift([(calls["launches_s"], profile.runtime.call_probe_us)])[0]
+    assert calls["drift_factor"] == (None if cf is None else pytest.approx(cf)) and calls["applied"] == (cf is not None)
+    used = slowed_calls(used, cf) if cf is not None else used
     assert d["predicted_step_time_s"] == pytest.approx(simulate(model, plan, cluster, used).step_time_s, rel=1e-9)
 
 

@@ -83,3 +83,74 @@ def test_validation_drift_is_one_median_over_every_plans_probes():
     assert validation_drift(plans + [([[1e-3, 1e-3]], 0.0)]) is None
     assert validation_drift([([[30e-3, 30e-3]], 10_000.0)]) is None  # 3x: not drift
     assert validation_drift([]) is None
+
+
+def test_call_drift_pools_the_probes_of_the_plans_of_one_profile():
+    """Two plans of a profile calibrated at 1,000 us probed [1, 2] and [3, 1.5] ms: ratios
+    1, 2, 3, 1.5, and both get their median (1.5 + 2) / 2 = 1.75, not their own (1.5 and
+    2.25). A plan of another profile (2,000 us) that probed [1, 1.2] ms gets its own 0.55.
+    A plan without probes, or a profile without the calibrated figure (0, a profile
+    calibrated before session 28), gets None, and so does a factor outside
+    [DRIFT_MIN, DRIFT_MAX] (4,000 us against 100: x40, another host)."""
+    from validate.probe import call_drift
+    got = call_drift([([[1e-3, 2e-3]], 1000.0), ([[3e-3, 1.5e-3]], 1000.0), ([[1e-3, 1.2e-3]], 2000.0),
+                      ([], 1000.0), ([[1e-3, 1e-3]], 0.0), ([[4e-3, 4e-3]], 100.0)])
+    assert got[:3] == [pytest.approx(1.75), pytest.approx(1.75), pytest.approx(0.55)]
+    assert got[3:] == [None, None, None]
+
+
+def test_record_keeps_each_launchs_call_probes():
+    """The call probe of a launch is the median over ranks of [before, after] (ranks 0-3
+    probed 1/4, 2/2, 3/3, 9/1 ms: medians 2.5 and 2.5 ms); pooled launches keep each
+    launch's pair; an odd world keeps none."""
+    ws = [_worker(r, [1e-3, 1e-3]) for r in range(4)]
+    for w, probes in zip(ws, ([1e-3, 4e-3], [2e-3, 2e-3], [3e-3, 3e-3], [9e-3, 1e-3])):
+        w["call_probe_s"] = probes
+    rec = RunRecord.from_workers(ws, model="tiny", plan="dp=4", backend="gloo", device="cpu",
+                                 steps=1, warmup=0, seed=0)
+    assert rec.launch_call_probes_s == [[pytest.approx(2.5e-3), pytest.approx(2.5e-3)]]
+    assert RunRecord.pooled([rec, rec]).launch_call_probes_s == rec.launch_call_probes_s * 2
+    odd = RunRecord.from_workers(ws[:3], model="tiny", plan="dp=3", backend="gloo", device="cpu",
+                                 steps=1, warmup=0, seed=0)
+    assert odd.launch_call_probes_s == []
+
+
+def test_comparison_reports_the_call_drift():
+    """The text and the JSON say what the call probe read, against what, and whether the
+    prediction's call costs were scaled."""
+    from types import SimpleNamespace
+    ws = [_worker(r, [4e-3, 4e-3]) for r in range(2)]
+    for w in ws:
+        w["call_probe_s"] = [2.4e-3, 2.6e-3]
+    rec = RunRecord.from_workers(ws, model="tiny", plan="tp=2", backend="gloo", device="cpu",
+                                 steps=1, warmup=0, seed=0)
+    sim = SimpleNamespace(step_time_s=1.0, breakdown={"compute": 1.0})
+    c = compare(rec, sim, call_drift=1.25, call_drift_applied=True, calibrated_call_probe_s=2e-3)
+    assert ("call probe: 2.50 ms a 2-rank all-reduce after compute during the run, 2.00 ms at calibration "
+            "(call costs predicted x1.250, the median over the probes of the plans of 2 processes)") in format_comparison(c)
+    assert c.to_dict()["call_probe"] == {"launches_s": [[2.4e-3, 2.6e-3]], "calibrated_s": 2e-3,
+                                         "drift_factor": 1.25, "applied": True}
+    off = compare(rec, sim, call_drift=None, calibrated_call_probe_s=2e-3)
+    assert f"(outside {DRIFT_MIN:g}..{DRIFT_MAX:g}, not applied)" in format_comparison(off)
+
+
+def test_slowed_calls_scales_call_costs_and_nothing_else():
+    """x1.5 on a calibrated-like fabric: the generic and each collective's call cost, the
+    per-rank cost and the fitted per-step latency are 1.5 times theirs; an unset one stays
+    unset, bandwidth and the pipeline handoffs' measured figures stay as they were, and
+    the GPUs and runtime are untouched. x1 gives back the same profile."""
+    from dataclasses import replace as dc_replace
+
+    from costmodel.profile import load_profile
+    from sim.core_sharing import slowed_calls
+    prof = load_profile(None)
+    fab = dc_replace(prof.fabric("loopback"), call_latency_us=100.0, all_reduce_call_us=1200.0,
+                     all_gather_call_us=None, hop_latency_us=40.0, call_us_per_rank=8.0,
+                     send_recv_preposted_us=300.0, bw_eff=0.3)
+    prof = dc_replace(prof, fabrics={**prof.fabrics, "loopback": fab})
+    got = slowed_calls(prof, 1.5).fabrics["loopback"]
+    assert (got.call_latency_us, got.all_reduce_call_us, got.hop_latency_us, got.call_us_per_rank) == \
+        (pytest.approx(150.0), pytest.approx(1800.0), pytest.approx(60.0), pytest.approx(12.0))
+    assert got.all_gather_call_us is None and got.bw_eff == 0.3 and got.send_recv_preposted_us == 300.0
+    assert slowed_calls(prof, 1.5).gpus == prof.gpus and slowed_calls(prof, 1.5).runtime == prof.runtime
+    assert slowed_calls(prof, 1.0) is prof

@@ -8,6 +8,7 @@ them per rank in the same categories, so they pair one to one. The error is
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from statistics import median
 
 from sim.result import CATEGORIES, StepResult
 from validate.accuracy import spearman
@@ -31,6 +32,12 @@ class Comparison:
     drift_applied: bool = False
     calibrated_probe_s: float = 0.0
     drift_plans: int = 1  # plans whose probes the factor pools (probe.validation_drift)
+    # validate/probe.call_probe_s: the collectives' call cost during the run over at
+    # calibration (probe.call_drift; None: not both measured, or out of bounds), whether the
+    # prediction used it, the calibrated figure
+    call_drift: float | None = None
+    call_drift_applied: bool = False
+    calibrated_call_probe_s: float = 0.0
     # Activations kept for backward, measured on the first step (validate/saved_bytes.py)
     # and predicted by the cost model's memory (costmodel/device_memory.py), per rank.
     saved: dict = field(default_factory=dict)
@@ -61,6 +68,12 @@ class Comparison:
                                 "launches_s": [[float(x) for x in p] for p in self.record.get("launch_probes_s", [])],
                                 "calibrated_s": self.calibrated_probe_s, "drift_factor": self.drift,
                                 "drift_plans": self.drift_plans, "applied": self.drift_applied},
+                # each launch's call probe (before, after its steps), seconds a 32 KiB 2-rank
+                # all-reduce adds to a round of layer code (validate/probe.call_probe_s)
+                "call_probe": {"launches_s": [[float(x) for x in p]
+                                              for p in self.record.get("launch_call_probes_s", [])],
+                               "calibrated_s": self.calibrated_call_probe_s, "drift_factor": self.call_drift,
+                               "applied": self.call_drift_applied},
                 "activation_memory": self.saved,
                 "phases_by_stage": {str(s): v for s, v in self.stages.items()}}
 
@@ -139,9 +152,12 @@ def phases_by_stage(per_rank: list[dict], sim: StepResult) -> dict[int, dict[str
 
 
 def compare(record, sim: StepResult, *, drift: float | None = None, drift_applied: bool = False,
-            calibrated_probe_s: float = 0.0, saved: dict | None = None, drift_plans: int = 1) -> Comparison:
+            calibrated_probe_s: float = 0.0, saved: dict | None = None, drift_plans: int = 1,
+            call_drift: float | None = None, call_drift_applied: bool = False,
+            calibrated_call_probe_s: float = 0.0) -> Comparison:
     """Pair a run record with the simulated step of the same plan (simulated with the
-    profile slowed by ``drift`` when ``drift_applied``); ``saved``: saved_activations'."""
+    profile slowed by ``drift`` when ``drift_applied``, its call costs by ``call_drift``
+    when ``call_drift_applied``); ``saved``: saved_activations'."""
     measured = dict(record.phases_s)
     phases = {c: {"measured_s": float(measured.get(c, 0.0)), "predicted_s": float(sim.breakdown.get(c, 0.0))}
               for c in CATEGORIES}
@@ -151,6 +167,8 @@ def compare(record, sim: StepResult, *, drift: float | None = None, drift_applie
                       p10_step_time_s=float(record.p10_step_time_s), p90_step_time_s=float(record.p90_step_time_s),
                       phases=phases, record=record.to_dict(), sim=sim, drift=drift, drift_applied=drift_applied,
                       calibrated_probe_s=calibrated_probe_s, saved=saved or {}, drift_plans=drift_plans,
+                      call_drift=call_drift, call_drift_applied=call_drift_applied,
+                      calibrated_call_probe_s=calibrated_call_probe_s,
                       stages=phases_by_stage(record.per_rank, sim))
 
 
@@ -283,6 +301,13 @@ def format_comparison(c: Comparison) -> str:
                "not applied" if c.drift is not None else f"outside {DRIFT_MIN:g}..{DRIFT_MAX:g}, not applied")
         lines.append(f"  host speed probe: {run_probe * 1e3:.2f} ms during the run, {c.calibrated_probe_s * 1e3:.2f} ms "
                      f"at calibration ({how})")
+    calls = [x for pair in c.record.get("launch_call_probes_s", []) for x in pair if x > 0]
+    if calls and c.calibrated_call_probe_s > 0:
+        how = (f"call costs predicted x{c.call_drift:.3f}, the median over the probes of the plans of "
+               f"{c.world} processes" if c.call_drift_applied else
+               "not applied" if c.call_drift is not None else f"outside {DRIFT_MIN:g}..{DRIFT_MAX:g}, not applied")
+        lines.append(f"  call probe: {median(calls) * 1e3:.2f} ms a 2-rank all-reduce after compute during the run, "
+                     f"{c.calibrated_call_probe_s * 1e3:.2f} ms at calibration ({how})")
     if c.saved:
         sv = c.saved
         lines.append(f"  activations kept for backward (first step, busiest rank {sv['rank']}): measured "

@@ -102,6 +102,51 @@ def in_rounds(world: int, kind: str, fn):
     return got
 
 
+# The call probe: what a 2-rank all-reduce of tiny's tensor-parallel activation (mbs 1 x
+# seq 64 x hidden 128 fp32 = 32 KiB) adds to a round of about 1 ms of the runner's layer
+# code, as calibration times it (collective_bench.after_compute_rows; the row its handoff
+# launches repeat, microbench.HANDOFF_LAUNCH_CALLS rounds a stream). Taken right before and
+# after a plan's steps, beside the speed probe, in every pair of consecutive ranks at once.
+CALL_PROBE_BYTES = 32 * 1024
+CALL_PROBE_ROUNDS = 50
+
+
+def call_probe_s(rank: int, world: int, dev=None, dsync=None, groups=None) -> float:
+    """Seconds one 2-rank all-reduce of CALL_PROBE_BYTES adds to a round of the runner's
+    layer code on this rank's pair (ranks 2i, 2i+1; ``groups`` their process groups, made
+    by call_probe_groups), the slower rank's mean over CALL_PROBE_ROUNDS rounds; 0.0 when
+    the world is odd. Every rank of the world must call it."""
+    if world < 2 or world % 2:
+        return 0.0
+    from validate.collective_bench import CollectiveConfig, after_compute_rows
+    group = None if world == 2 else groups[rank // 2]
+    first = rank // 2 * 2
+    cfg = CollectiveConfig(sizes=(), ops=(), group_sizes=(2,), after_compute_sizes=(CALL_PROBE_BYTES,),
+                           after_compute_ops=("all_reduce",), after_compute_calls=CALL_PROBE_ROUNDS,
+                           after_compute_min_calls=CALL_PROBE_ROUNDS)
+    other = first + 1 - (rank - first)
+    rows = after_compute_rows(cfg, 2, group, first, other, other, dev, dsync)
+    return float(rows[0][3])
+
+
+def call_probe_figure(res) -> float:
+    """The calibration's figure for the call probe, seconds: its after-compute row of a
+    CALL_PROBE_BYTES 2-rank all-reduce (the median over its launches, microbench), from a
+    validate/bench_record.MicrobenchResult; 0.0 when it has none (a world of 1 or 3)."""
+    from validate.collective_bench import AFTER_COMPUTE_SUFFIX
+    return next((float(c.seconds) for c in res.collectives if c.op == "all_reduce" + AFTER_COMPUTE_SUFFIX
+                 and c.n == 2 and c.nbytes == CALL_PROBE_BYTES), 0.0)
+
+
+def call_probe_groups(world: int):
+    """The pairs' process groups for call_probe_s (None for a world of 2 or an odd one).
+    Every rank of the world must call it, in the same order."""
+    if world <= 2 or world % 2:
+        return None
+    import torch.distributed as dist
+    return [dist.new_group([i, i + 1]) for i in range(0, world, 2)]
+
+
 def run_probe_s(launch_probes: list) -> float:
     """The host's speed during a plan's run, seconds of probe: the median of every probe its
     launches took, before and after their steps ([[before, after], ...], each already the
@@ -113,6 +158,27 @@ def run_probe_s(launch_probes: list) -> float:
     slow moment."""
     got = sorted(float(x) for pair in launch_probes for x in pair if x > 0)
     return float(statistics.median(got)) if got else 0.0
+
+
+def call_drift(plans: list) -> list[float | None]:
+    """Each plan's call-cost factor: the median, over every call probe taken by the plans
+    calibrated to the same figure (one profile: the plans of one process count), of probe
+    over that figure; ``plans`` is [(launch call probes [[before, after], ...], calibrated
+    call_probe_us)]. None for a plan without probes or figure, or a factor outside
+    [DRIFT_MIN, DRIFT_MAX]. Pooled over the plans for the reason validation_drift is: one
+    probe is a short stream (CALL_PROBE_ROUNDS rounds, about 0.2 s), and the plans' own
+    read 0.71-1.16 of the calibrated figure within one validation (session 28, `q-3`)."""
+    by_figure: dict[float, list[float]] = {}
+    for launches, calibrated_us in plans:
+        if calibrated_us > 0:
+            by_figure.setdefault(calibrated_us, []).extend(
+                float(x) / (calibrated_us * 1e-6) for pair in launches for x in pair if x > 0)
+    out = []
+    for launches, calibrated_us in plans:
+        ratios = by_figure.get(calibrated_us) if calibrated_us > 0 and launches else None
+        f = float(statistics.median(ratios)) if ratios else None
+        out.append(f if f is not None and DRIFT_MIN <= f <= DRIFT_MAX else None)
+    return out
 
 
 def validation_drift(plans: list) -> float | None:

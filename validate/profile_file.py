@@ -10,6 +10,7 @@ from datetime import datetime, timezone
 
 from validate.calibrate import CPU_ATTENTION_SHAPE, FITTED_COLLECTIVES, FitResult
 from validate.bench_record import MicrobenchResult
+from validate.probe import CALL_PROBE_BYTES, call_probe_figure
 
 
 def cpu_model() -> str:
@@ -70,6 +71,10 @@ def runtime_facts(kind: str) -> dict:
 def profile_mapping(fit: FitResult, res: MicrobenchResult, gpu_name: str, link_kind: str | None,
                     device_kind: str, where: str, name: str) -> dict:
     """The profile as a mapping in the bundled profiles' schema (load_profile reads it)."""
+    call_s = call_probe_figure(res)
+    call_note = (f"call_probe_us: what a {CALL_PROBE_BYTES // 1024} KiB 2-rank all-reduce added to a round of "
+                 "about 1 ms of layer code, the median of its after-compute launches (validate/probe.call_probe_s "
+                 "times the same during a validation). " if call_s else "")
     g = fit.gpu
     gpu_src = (f"FIT by plansim calibrate, {where}. Measured: {len(res.gemm)} GEMM shapes "
                f"(best {fit.measured_peak_flops / 1e9:.1f} GFLOP/s per process; residual RMS "
@@ -97,6 +102,7 @@ def profile_mapping(fit: FitResult, res: MicrobenchResult, gpu_name: str, link_k
                     "host_cores": res.host_cores if device_kind == "cpu" else 0,
                     "comm_busy_fraction": round(res.comm_busy_fraction, 4) if device_kind == "cpu" else 0.0,
                     "speed_probe_us": round(res.probe_s * 1e6, 2),
+                    **({"call_probe_us": round(call_s * 1e6, 1)} if call_s else {}),
                     "straggler_us": round(res.straggler_s * 1e6, 1),
                     **{f"checkpoint_{k}_region_us": round(v, 1) for k, v in sorted(res.checkpoint_region_us.items())},
                     **({"fsdp_unit_us": round(res.fsdp_unit["us"], 1),
@@ -110,6 +116,7 @@ def profile_mapping(fit: FitResult, res: MicrobenchResult, gpu_name: str, link_k
                                f"measured in {res.compute_world or res.world} process(es) at once. "
                                f"speed_probe_us: validate/probe.py's probe then, the median of {max(1, len(res.probe_draws_s))} "
                                f"draw(s) (the compute processes' and one per collective launch). "
+                               f"{call_note}"
                                f"comm_busy_fraction: CPU seconds per wall second in a stream of small all-reduces "
                                f"(validate/collective_bench.busy_fraction_row). "
                                f"straggler_us: the extra wait of a 32 KiB all-reduce closing about 50 ms of "

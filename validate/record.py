@@ -72,6 +72,9 @@ class RunRecord:
     # launch order: whether a launch's step time follows the host's speed at its start
     # ([] in records written before it).
     launch_probes_s: list[list[float]] = field(default_factory=list)
+    # Each launch's call probe [before, after] its steps (validate/probe.call_probe_s: the
+    # median over the pairs of ranks); [] for an odd world or a record without them.
+    launch_call_probes_s: list[list[float]] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -126,7 +129,8 @@ class RunRecord:
                                               else float(statistics.fmean(probes)) if all(probes) else 0.0),
             launches=sum(r.launches for r in records),
             launch_medians_s=[m for r in records for m in (r.launch_medians_s or [r.median_step_time_s])],
-            launch_probes_s=launch_probes)
+            launch_probes_s=launch_probes,
+            launch_call_probes_s=[p for r in records for p in r.launch_call_probes_s])
 
     @classmethod
     def from_workers(cls, workers: list[dict], *, model: str, plan: str, backend: str, device: str,
@@ -189,6 +193,8 @@ class RunRecord:
                            if all(w.get("probe_s") for w in workers) else 0.0),
             launch_medians_s=[stats["median_step_time_s"]],
             launch_probes_s=launch_probes,
+            launch_call_probes_s=([[float(statistics.median(w["call_probe_s"][i] for w in workers)) for i in (0, 1)]]
+                                  if n % 2 == 0 and all(len(w.get("call_probe_s") or []) > 1 for w in workers) else []),
         )
 
 

@@ -38,7 +38,7 @@ from sim.program import BUCKET_BYTES
 from specs.plan import Plan
 from validate.backend import pick_backend
 from validate.launch import launch, local_rank
-from validate.probe import probe_in_rounds
+from validate.probe import call_probe_groups, call_probe_s, probe_in_rounds
 from validate.record import RunRecord
 from validate.saved_bytes import SavedBytes
 
@@ -216,6 +216,8 @@ def _worker(rank: int, world: int, model: ModelSpec, plan: Plan, cfg: RunConfig)
     dsync = torch.cuda.synchronize if be.kind == "cuda" else None
     _reset_peak_memory(be.kind, device)
     probes = [probe_in_rounds(world, be.kind, device, dsync)]
+    pairs = call_probe_groups(world)
+    calls = [call_probe_s(rank, world, device, dsync, pairs)]
     for step in range(cfg.warmup + cfg.steps):
         tokens = batch_tokens(model, step, cfg.seed).to(device)
         mbs = [(split(tokens[row0 + i * plan.mbs: row0 + (i + 1) * plan.mbs, :-1]),
@@ -260,8 +262,9 @@ def _worker(rank: int, world: int, model: ModelSpec, plan: Plan, cfg: RunConfig)
         if holds_loss:
             losses.append(loss)
     probes.append(probe_in_rounds(world, be.kind, device, dsync))
+    calls.append(call_probe_s(rank, world, device, dsync, pairs))
     out = {"rank": rank, "stage": s, "tp_rank": t, "dp_rank": d, "cp_rank": c_idx, "steps": steps,
-           "probe_s": probes,
+           "probe_s": probes, "call_probe_s": calls,
            "segments": segments, "losses": losses,
            "peak_memory_bytes": _peak_memory_bytes(be.kind, device), "saved_activation_bytes": saved_peak}
     if cfg.capture:
