@@ -29,6 +29,14 @@ median of the same GEMM loop moved 8.1-13.4 ms within 20 s, the probe read 10.8-
 consecutive calls of one process, and a calibration whose single probe caught a fast
 moment (9.83 ms against 14.2 in the next) set a drift factor of 1.5-1.7 on every
 2-process plan and over-predicted them by 16-37 %.
+
+The collectives drift too, and not with the compute: on the seventh host type the
+calibration's 32 KiB 2-rank all-reduce after compute moved between calibrations by about
+twice what its own launches scatter, and not with the speed probe (scaling call costs by the
+compute's factor made tp=2 worse, session 27). So the runner also times that row itself
+beside each plan's steps (call_probe_s), and the validator scales the fabric's call costs
+by its ratio to the calibrated figure, one factor per profile (call_drift;
+docs/validation-cpu.md mechanism 59).
 """
 from __future__ import annotations
 
