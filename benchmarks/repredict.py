@@ -197,7 +197,7 @@ def repredict(path: Path, aggregate: str | None = None, drift: bool = True,
         factor = run_drift(rows, i) if drift else None
         profile = slowed_profile(profile, factor) if factor else profile
         sim = simulate(model, plan, cluster, slowed_calls(profile, call_f) if call_drift and call_f else profile)
-        out.append((p["plan"], world, float(p["measured_step_time_s"]), float(p["predicted_step_time_s"]),
+        out.append((p["plan"], int(p["world"]), float(p["measured_step_time_s"]), float(p["predicted_step_time_s"]),
                     float(sim.step_time_s)))
     return out
 

@@ -225,6 +225,8 @@ def test_repredict_gives_back_a_saved_run_with_call_probes_exactly():
     d = ROOT / "results" / "validate-cpu-2026-12-07-s28" / "s-2"
     rows = rep.repredict(d)
     assert len(rows) == 8
+    worlds = [p["world"] for p in json.loads((d / "validation.json").read_text())["plans"]]
+    assert [w for _, w, _, _, _ in rows] == worlds == [2] * 5 + [4] * 3
     for plan, _, _, saved, now in rows:
         assert now == pytest.approx(saved, rel=1e-9), plan
     off = {plan: now for plan, _, _, _, now in rep.repredict(d, call_drift=False)}
