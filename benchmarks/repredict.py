@@ -99,19 +99,19 @@ def load_run(path: Path) -> dict:
         if not isinstance(medians, list):
             raise InputError(src, f"plans[{i}].launch_medians_s", "expected a list of seconds")
         times += [(f"launch_medians_s[{j}]", v) for j, v in enumerate(medians)]
-        probe = p.get("speed_probe") or {}
-        if not isinstance(probe, dict):
-            raise InputError(src, f"plans[{i}].speed_probe", "expected a mapping")
+        sections = {}  # the speed and call probes: each a mapping with [before, after] pairs a launch
+        for name in ("speed_probe", "call_probe"):
+            sec = p.get(name) or {}
+            if not isinstance(sec, dict):
+                raise InputError(src, f"plans[{i}].{name}", "expected a mapping")
+            pairs = sec.get("launches_s") or []
+            if not isinstance(pairs, list) or not all(isinstance(x, list) and len(x) == 2 for x in pairs):
+                raise InputError(src, f"plans[{i}].{name}.launches_s", "expected a list of [before, after] seconds")
+            times += [(f"{name}.launches_s[{j}][{k}]", v) for j, x in enumerate(pairs) for k, v in enumerate(x)]
+            sections[name] = (sec, pairs)
+        probe, launches = sections["speed_probe"]
         if probe.get("applied"):
             times.append(("speed_probe.drift_factor", probe.get("drift_factor")))
-        launches = probe.get("launches_s") or []
-        if not isinstance(launches, list) or not all(isinstance(x, list) and len(x) == 2 for x in launches):
-            raise InputError(src, f"plans[{i}].speed_probe.launches_s", "expected a list of [before, after] seconds")
-        times += [(f"speed_probe.launches_s[{j}][{k}]", v) for j, x in enumerate(launches) for k, v in enumerate(x)]
-        calls = (p.get("call_probe") or {}).get("launches_s") or []
-        if not isinstance(calls, list) or not all(isinstance(x, list) and len(x) == 2 for x in calls):
-            raise InputError(src, f"plans[{i}].call_probe.launches_s", "expected a list of [before, after] seconds")
-        times += [(f"call_probe.launches_s[{j}][{k}]", v) for j, x in enumerate(calls) for k, v in enumerate(x)]
         if launches and probe.get("calibrated_s"):  # 0: a profile calibrated without the probe
             times.append(("speed_probe.calibrated_s", probe.get("calibrated_s")))
         for key, v in times:

@@ -130,10 +130,11 @@ GOOD = {"plan": "pp=2,schedule=gpipe,precision=fp32", "world": 2, "measured_step
      "plans[0].call_probe.launches_s[0][1]: slow: must be a finite number in (0, inf)"),
     (json.dumps({"plans": [dict(GOOD, call_probe={"launches_s": [0.002]})]}),
      "plans[0].call_probe.launches_s: expected a list of [before, after] seconds"),
+    (json.dumps({"plans": [dict(GOOD, call_probe=[0.002, 0.003])]}), "plans[0].call_probe: expected a mapping"),
     ('{"plans": [{"world": 1' + "0" * 5000 + "}]}", "file: not JSON (ValueError)"),
     ("[" * 100_000 + "]" * 100_000, "file: not JSON (RecursionError)"),
 ], ids=["nan", "infinity", "zero", "text", "world-text", "world-huge", "plan-int", "plan-bad", "entry-int",
-        "medians-text", "drift-negative", "call-probe-text", "call-probe-flat", "digits", "deep"])
+        "medians-text", "drift-negative", "call-probe-text", "call-probe-flat", "call-probe-list", "digits", "deep"])
 def test_repredict_hostile_validation_json(tmp_path, text, field):
     """validation.json with NaN or Infinity (which json.loads accepts), zero, negative or
     text step times, a process count that is not an integer in range, a plan that is not a

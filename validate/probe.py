@@ -174,8 +174,9 @@ def call_drift(plans: list) -> list[float | None]:
     over that figure; ``plans`` is [(launch call probes [[before, after], ...], calibrated
     call_probe_us)]. None for a plan without probes or figure, or a factor outside
     [DRIFT_MIN, DRIFT_MAX]. Pooled over the plans for the reason validation_drift is: one
-    probe is a short stream (CALL_PROBE_ROUNDS rounds, about 0.2 s), and the plans' own
-    read 0.71-1.16 of the calibrated figure within one validation (session 28, `q-3`)."""
+    probe is a short stream (CALL_PROBE_ROUNDS rounds, 0.32-0.56 s measured), and the
+    2-process plans' own read 0.71-1.05 of the calibrated figure within one validation
+    (session 28, `q-3`)."""
     by_figure: dict[float, list[float]] = {}
     for launches, calibrated_us in plans:
         if calibrated_us > 0:
