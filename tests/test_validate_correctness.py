@@ -76,7 +76,8 @@ def one_thread():
 
 def _cfg(steps=STEPS):
     return RunConfig(steps=steps, warmup=0, seed=0, backend="gloo",
-                     bucket_bytes=SMALL_BUCKET_BYTES, capture=True, saved_bytes=True)
+                     bucket_bytes=SMALL_BUCKET_BYTES, capture=True, saved_bytes=True,
+                     probes=False)  # the probes serve the validator's prediction only
 
 
 @pytest.fixture(scope="module")
@@ -155,6 +156,18 @@ def test_two_process_layouts_match_reference(runs_2, plan):
     the module's tolerances. (ZeRO-1 holds only a shard of the reduced gradient, so its
     gradients are checked through the weights they produce.)"""
     _check(runs_2[plan], plan, grads="zero" not in plan)
+
+
+def test_correctness_runs_take_no_probes(runs_2, runs_4):
+    """RunConfig(probes=False) skips the speed and call probes the validator needs and
+    these runs do not: every worker returns empty probe lists, so the record built from
+    them keeps no speed probe (0) and no launch call probes."""
+    from validate.record import RunRecord
+    for workers in list(runs_2.values()) + list(runs_4.values()):
+        assert all(w["probe_s"] == [] and w["call_probe_s"] == [] for w in workers)
+    rec = RunRecord.from_workers(runs_2["dp=2"], model="tiny", plan="dp=2", backend="gloo", device="cpu",
+                                 steps=STEPS, warmup=0, seed=0)
+    assert rec.speed_probe_s == 0.0 and rec.launch_probes_s == [] and rec.launch_call_probes_s == []
 
 
 @pytest.mark.parametrize("plan", PLANS_4)

@@ -54,6 +54,11 @@ class RunConfig:
     # Measure the first step's saved activations (validate/saved_bytes.py): its hooks cost a
     # Python call per saved tensor, so plansim validate asks only when that step is a warm-up.
     saved_bytes: bool = False
+    # Time the host's speed and the collectives' call cost before and after the steps
+    # (validate/probe.py), which only the validator's prediction uses: the correctness
+    # tests turn them off (about 1 s a run of 2 processes here: two call probes of
+    # 0.32-0.56 s and two speed probes).
+    probes: bool = True
 
 
 def coords(plan: Plan, rank: int) -> tuple[int, int, int]:
@@ -215,9 +220,14 @@ def _worker(rank: int, world: int, model: ModelSpec, plan: Plan, cfg: RunConfig)
     # the validator compares it with the profile's calibration.
     dsync = torch.cuda.synchronize if be.kind == "cuda" else None
     _reset_peak_memory(be.kind, device)
-    probes = [probe_in_rounds(world, be.kind, device, dsync)]
     pairs = call_probe_groups(world)
-    calls = [call_probe_s(rank, world, device, dsync, pairs)]
+    probes, calls = [], []
+
+    def take_probes():
+        if cfg.probes:
+            probes.append(probe_in_rounds(world, be.kind, device, dsync))
+            calls.append(call_probe_s(rank, world, device, dsync, pairs))
+    take_probes()
     for step in range(cfg.warmup + cfg.steps):
         tokens = batch_tokens(model, step, cfg.seed).to(device)
         mbs = [(split(tokens[row0 + i * plan.mbs: row0 + (i + 1) * plan.mbs, :-1]),
@@ -261,8 +271,7 @@ def _worker(rank: int, world: int, model: ModelSpec, plan: Plan, cfg: RunConfig)
         segments = meas["segments"] if last else None
         if holds_loss:
             losses.append(loss)
-    probes.append(probe_in_rounds(world, be.kind, device, dsync))
-    calls.append(call_probe_s(rank, world, device, dsync, pairs))
+    take_probes()
     out = {"rank": rank, "stage": s, "tp_rank": t, "dp_rank": d, "cp_rank": c_idx, "steps": steps,
            "probe_s": probes, "call_probe_s": calls,
            "segments": segments, "losses": losses,
