@@ -3,7 +3,7 @@ gaps, the first entry).
 
 Two processes (forked, a multiprocessing barrier, no process group) each build a one-rank
 stage of LAYERS layers of MODEL with both ends, as the calibration's alive and microbatch
-draws do (validate/compute_bench.stage_trainer), and time, interleaved, medians of REPS:
+draws do (validate/host_draws.stage_trainer), and time, interleaved, medians of REPS:
 
   plain     the forward of every microbatch under torch.no_grad()
   recorded  the same forward with autograd recording (the graph dropped unused)
@@ -29,7 +29,7 @@ def _worker(rank: int, barrier, queue, model_name: str, layers: int, microbatche
     torch.set_num_threads(1)
     torch.manual_seed(rank)
     from specs.model import load_model
-    from validate.compute_bench import stage_trainer
+    from validate.host_draws import stage_trainer
     chunk, mbs, train = stage_trainer(load_model(model_name), layers, microbatches, torch.device("cpu"))
 
     def plain():

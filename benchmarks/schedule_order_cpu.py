@@ -3,7 +3,7 @@
     python3 benchmarks/schedule_order_cpu.py [--model tiny] [--layers 2] [--microbatches 2 4 8 16]
     python3 benchmarks/schedule_order_cpu.py --depths 1 2 4 8 16 [--microbatches 16]
 
-Runs the runner's own stage code (validate/compute_bench.stage_trainer: a one-stage
+Runs the runner's own stage code (validate/host_draws.stage_trainer: a one-stage
 pipeline of ``--layers`` layers of the model, with the embedding and the output layer and
 loss, validate/dp.GradReducer's buckets) in GPipe order (every forward,
 then every backward) and in 1F1B order (each forward followed by its backward), nothing
@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 def main(argv: list[str]) -> int:
     import torch
     from specs.model import load_model
-    from validate.compute_bench import stage_trainer
+    from validate.host_draws import stage_trainer
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="tiny")
     ap.add_argument("--layers", type=int, default=2)
@@ -73,7 +73,7 @@ def _per_microbatch_ms(steps: dict, m: int, rounds: int) -> dict:
 def _depths(torch, model, a) -> int:
     from costmodel.memory import activation_bytes_per_layer, head_activation_bytes
     from sim.schedules import one_f_one_b
-    from validate.compute_bench import stage_trainer
+    from validate.host_draws import stage_trainer
     per_mb = (a.layers * activation_bytes_per_layer(model, 1, 1, False, "none", bytes_per_elem=4,
                                                     flash_attention=True, dropout=False)
               + head_activation_bytes(model, 1, 1, False, bytes_per_elem=4))

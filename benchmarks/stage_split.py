@@ -3,7 +3,7 @@
 change what the next step's forward and backward cost.
 
 Two processes (forked, a multiprocessing barrier, no process group) each build the
-calibration's split stage (validate/compute_bench.split_drawer: ALIVE_LAYERS layers of
+calibration's split stage (validate/alive_bench.split_drawer: ALIVE_LAYERS layers of
 MODEL with both ends, ALIVE_MICROBATCHES microbatches, one in flight) twice, one whose
 steps end with the runner's Adam and one whose steps do not, and time them in alternating
 blocks of BLOCK steps (the first of each block left out: it follows the other stage),
@@ -28,7 +28,8 @@ def _worker(rank: int, barrier, queue, model_name: str, reps: int, block: int) -
     torch.manual_seed(rank)
     from sim.schedules import one_f_one_b
     from specs.model import load_model
-    from validate.compute_bench import ALIVE_DEPTHS, ALIVE_LAYERS, ALIVE_MICROBATCHES, stage_trainer
+    from validate.alive_bench import ALIVE_DEPTHS, ALIVE_LAYERS, ALIVE_MICROBATCHES
+    from validate.host_draws import stage_trainer
     model = load_model(model_name)
     order = one_f_one_b(ALIVE_DEPTHS[0], ALIVE_MICROBATCHES)[0]
     fns = {k: stage_trainer(model, ALIVE_LAYERS, ALIVE_MICROBATCHES, torch.device("cpu"), actions=order,
@@ -53,7 +54,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=8)
     ap.add_argument("--block", type=int, default=4)
     args = ap.parse_args()
-    from validate.compute_bench import ALIVE_MICROBATCHES
+    from validate.alive_bench import ALIVE_MICROBATCHES
     out = run_pair(_worker, args.model, args.reps, args.block)
     print(f"{args.model}, the split draws' stage ({ALIVE_MICROBATCHES} microbatches), 2 processes at once, "
           f"{args.reps} blocks of {args.block - 1} kept steps each (ms a microbatch; Adam ms a step)")

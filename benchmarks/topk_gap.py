@@ -10,7 +10,7 @@ each selection a process does one of:
                the stream since, at 20 ms)
   sleep:MS     sleeps MS milliseconds
   spin:MS      a Python loop for MS milliseconds (touches next to no memory)
-  chain:MS     trains the calibration's small GPT (validate/compute_bench's chain) for MS ms
+  chain:MS     trains the calibration's small GPT (validate/host_draws' chain) for MS ms
 
 and prints, per mode, each process's median selection time and the median split into the
 selection's steps (validate/topk.select's own, timed through its ``lap`` callback: residual
@@ -52,7 +52,7 @@ def _worker(rank: int, barrier, queue, mode: str, elems: int, fraction: float, g
     gemms = gemm_gap(torch, torch.device("cpu"), gap_s) if kind == "gemm" else None
     train = None
     if kind == "chain":
-        from validate.compute_bench import _chain_trainer
+        from validate.host_draws import _chain_trainer
         train = _chain_trainer(torch.device("cpu"))[2]
     residual, rows = None, []
     for i in range(WARMUP + STEPS):

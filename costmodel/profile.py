@@ -237,7 +237,7 @@ class RuntimeSettings:
     # Python-side work (saving and restoring RNG state, pack/unpack hooks per saved tensor,
     # re-entering the region in backward). One region per layer: the whole layer under
     # recompute=full, core attention under selective. Measured by plansim calibrate on the
-    # runner's own layers at negligible width (validate/compute_bench.recompute_drawer: 0.56
+    # runner's own layers at negligible width (validate/host_draws.recompute_drawer: 0.56
     # and 0.30 ms here on a 2-core CPU, 2026-12-04); 0: not measured, as for GPU runtimes,
     # whose host runs ahead of the kernels (costmodel/efficiency.ops_time_s).
     checkpoint_full_region_us: float = 0.0
@@ -248,7 +248,7 @@ class RuntimeSettings:
     # tensor, the flat gradient's assembly; a fixed part and a part per MiB of the unit's
     # gathered weights (fresh buffers, their first touch, copies). Measured by plansim
     # calibrate on the runner's FSDP at one process (nothing communicated) at two layer
-    # widths (validate/compute_bench.fsdp_drawer: 89-135 us and 222-368 us/MiB over eight
+    # widths (validate/host_draws.fsdp_drawer: 89-135 us and 222-368 us/MiB over eight
     # calibrations on a 2-core CPU, 2026-12-04); 0: not measured, as for GPU runtimes,
     # whose host runs ahead of the kernels.
     fsdp_unit_us: float = 0.0
@@ -259,7 +259,7 @@ class RuntimeSettings:
     # per-op figure alone spreads it over the ops of the chain it was timed on, so a chunk
     # with fewer ops a microbatch (a pipeline stage, an interleaved chunk) was priced short.
     # Measured by plansim calibrate on the runner's overhead chain at two shapes of equal
-    # width (validate/compute_bench.microbatch_drawer: t = a x ops + F x microbatches; the
+    # width (validate/host_draws.microbatch_drawer: t = a x ops + F x microbatches; the
     # chain at five shapes fits so within 3 % where one per-op rate leaves +-10 %, 105 us a
     # microbatch on a 2-core CPU, 2026-12-06); charged half to the forward, half to the
     # backward (a split the measurement does not tell), on the host side of the chunk's
@@ -279,7 +279,7 @@ class RuntimeSettings:
     # log2(A / alive_knee_mib) where A, the MiB held when its actions start averaged over
     # its action list (sim/schedules.mean_alive), is above the knee. Measured by plansim
     # calibrate on three layers of the model, one process per core, in synthetic orders
-    # of 1-12 microbatches deep (validate/compute_bench.alive_drawer); 0: not measured, as
+    # of 1-12 microbatches deep (validate/alive_bench.alive_drawer); 0: not measured, as
     # for GPU runtimes, whose kernels stream activations from HBM either way.
     alive_knee_mib: float = 0.0
     alive_slowdown_per_doubling: float = 0.0
@@ -289,7 +289,7 @@ class RuntimeSettings:
     # the loops the rates are fitted to (2026-12-06, sessions 22 and 25, a Xeon host: the
     # runner's forwards 1.18-1.42 x their price, backwards 0.90-1.11 x). Measured by plansim
     # calibrate on the alive draws' stage (three layers of the model with both ends, one
-    # microbatch in flight: validate/compute_bench.split_drawer) and priced by
+    # microbatch in flight: validate/alive_bench.split_drawer) and priced by
     # sim/program.chunk_work itself (validate/calibrate.stage_scales); every chunk's
     # forward and backward compute is multiplied by them. Written only by plansim
     # calibrate --stage-scales (not the default: docs/validation-cpu.md, mechanism 57).

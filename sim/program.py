@@ -138,7 +138,7 @@ def fsdp_units(model: ModelSpec, layers: int, tp: int, first: bool, last: bool) 
     (validate/fsdp.py: one unit per layer, one for the weights outside the layers when the
     chunk holds any): ([parameters of each layer unit], parameters of the outer unit, 0 when
     none). What chunk_work charges RuntimeSettings.fsdp_unit_s for and what calibration
-    divides its measured FSDP cost by (validate/compute_bench.fsdp_unit_costs)."""
+    divides its measured FSDP cost by (validate/host_draws.fsdp_unit_costs)."""
     layer = mem.stage_params(model, 1, tp, False, False)
     return [layer] * layers, mem.stage_params(model, layers, tp, first, last) - layers * layer
 

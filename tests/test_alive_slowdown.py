@@ -14,7 +14,7 @@ from sim.schedules import Action, gpipe, mean_alive, one_f_one_b
 from specs.model import load_model
 from specs.plan import resolve_plan
 from specs.topology import load_topology
-from validate.compute_bench import (ALIVE_DEPTHS, ALIVE_MICROBATCHES, alive_fit, alive_model, alive_stage_bytes,
+from validate.alive_bench import (ALIVE_DEPTHS, ALIVE_MICROBATCHES, alive_fit, alive_model, alive_stage_bytes,
                                    fit_alive_law)
 from engine_fixtures import worker_profile
 
@@ -127,7 +127,8 @@ def test_a_refit_of_a_record_uses_its_own_draws():
     are fitted back to them; a record without the held MiB (written before they were kept)
     keeps its saved alive figures; the record given is not changed."""
     from validate.bench_record import MicrobenchResult
-    from validate.compute_bench import alive_held_mib, fsdp_unit_costs
+    from validate.alive_bench import alive_held_mib
+    from validate.host_draws import fsdp_unit_costs
     from validate.microbench import fit_draw_figures
     held = alive_held_mib(TINY)
     knee = held[0] * 2**0.5
@@ -211,8 +212,8 @@ def test_settled_drawer_leaves_out_the_call_after_a_switch():
     that take 80 ms right after the other one and 40 ms otherwise (longer than a window,
     so one call a window, as the alive orders), the settled drawer reports about 40 ms for
     both, where unsettled windows (every call right after a switch) report about 80."""
-    from validate.compute_bench import _interleaved_drawer
-    settled = _interleaved_drawer(_Grad, _switch_costs(0.080, 0.040), 3, None, settle=True)()
+    from validate.bench_timing import interleaved_drawer
+    settled = interleaved_drawer(_Grad, _switch_costs(0.080, 0.040), 3, None, settle=True)()
     assert all(0.039 < t < 0.065 for t in settled), settled
-    interleaved = _interleaved_drawer(_Grad, _switch_costs(0.080, 0.040), 3, None)()
+    interleaved = interleaved_drawer(_Grad, _switch_costs(0.080, 0.040), 3, None)()
     assert all(t > 0.075 for t in interleaved), interleaved

@@ -14,7 +14,7 @@ from sim.core_sharing import slowed_profile
 from sim.metrics import simulate
 from specs.plan import resolve_plan
 from specs.topology import load_topology
-from validate.compute_bench import CHAIN_MICROBATCHES, CHAIN_MODEL, checkpoint_region_us
+from validate.host_draws import CHAIN_MICROBATCHES, CHAIN_MODEL, checkpoint_region_us
 from engine_fixtures import worker_profile
 
 TINY = ModelSpec("tiny", 4, 128, 4, 64, 512, 16)

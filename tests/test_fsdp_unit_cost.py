@@ -11,7 +11,7 @@ from sim.core_sharing import slowed_profile
 from sim.program import chunk_work
 from specs.plan import resolve_plan
 from specs.topology import load_topology
-from validate.compute_bench import FSDP_MICROBATCHES, FSDP_MODELS, fsdp_unit_costs
+from validate.host_draws import FSDP_MICROBATCHES, FSDP_MODELS, fsdp_unit_costs
 from engine_fixtures import worker_profile
 
 TINY = ModelSpec("tiny", 4, 128, 4, 64, 512, 16)

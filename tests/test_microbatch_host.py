@@ -13,8 +13,8 @@ from specs.plan import resolve_plan
 from specs.topology import load_topology
 from validate.bench_record import MicrobenchResult, OverheadSample
 from validate.calibrate import per_op_overheads
-from validate.compute_bench import (CHAIN_MICROBATCHES, MICROBATCH_SHAPES, chain_op_counts, chain_ops,
-                                    microbatch_host_fit, microbatch_ops)
+from validate.host_draws import (CHAIN_MICROBATCHES, MICROBATCH_SHAPES, chain_op_counts, chain_ops,
+                                  microbatch_host_fit, microbatch_ops)
 from validate.microbench import fit_draw_figures, train_per_op_s
 from validate.profile_file import runtime_facts
 from engine_fixtures import worker_profile
@@ -135,7 +135,7 @@ def test_calibration_inverts_what_the_simulator_charges():
     the per-microbatch figure it was built with."""
     from dataclasses import replace
 
-    from validate.compute_bench import CHAIN_MODEL
+    from validate.host_draws import CHAIN_MODEL
     cluster = load_topology("localhost-cpu", gpus_per_node=1)
     prof = worker_profile(launch_blocking=True, microbatch_host_us=180.0, host_overhead_us=9.0)
     steps = []

@@ -20,7 +20,7 @@ from specs.plan import resolve_plan
 from specs.topology import load_topology
 from validate.bench_record import load_bench
 from validate.calibrate import profile_from_bench, stage_scales
-from validate.compute_bench import ALIVE_LAYERS, ALIVE_MICROBATCHES
+from validate.alive_bench import ALIVE_LAYERS, ALIVE_MICROBATCHES
 from engine_fixtures import worker_profile
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -138,7 +138,8 @@ def test_split_drawer_times_the_runners_stage():
     import torch
 
     from sim.schedules import one_f_one_b
-    from validate.compute_bench import stage_trainer, split_drawer
+    from validate.host_draws import stage_trainer
+    from validate.alive_bench import split_drawer
     torch.manual_seed(0)
     fwd, bwd, opt = split_drawer(torch, torch.device("cpu"), 1, TINY)()
     assert 0 < fwd < bwd and opt > 0

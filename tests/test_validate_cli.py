@@ -177,7 +177,7 @@ def test_calibrate_and_validate_smoke(tmp_path, capsys):
         assert o.seconds == pytest.approx(statistics.median(d[i] for d in bench.overhead_draws), rel=1e-12)
     # Activation checkpointing's region cost: two draws of the chain under recompute none,
     # full and selective in the compute worker, each step positive; the profile's figures
-    # are the record's (compute_bench.checkpoint_region_us of the draws' medians), and a
+    # are the record's (host_draws.checkpoint_region_us of the draws' medians), and a
     # checkpointed region costs the runner something on top of its recomputed ops.
     assert len(bench.recompute_draws) == 2 and min(min(d) for d in bench.recompute_draws) > 0
     rt = _load(str(prof)).runtime
@@ -185,16 +185,16 @@ def test_calibrate_and_validate_smoke(tmp_path, capsys):
         round(bench.checkpoint_region_us["full"], 1), round(bench.checkpoint_region_us["selective"], 1))
     assert rt.checkpoint_full_region_us > 0 and rt.checkpoint_selective_region_us > 0
     # FSDP's unit cost: two draws of plain and zero=3 training at the two widths, each step
-    # positive; the profile's figures are the record's (compute_bench.fsdp_unit_costs of
+    # positive; the profile's figures are the record's (host_draws.fsdp_unit_costs of
     # the draws' medians), and gathering units costs the runner something fixed.
     assert len(bench.fsdp_draws) == 2 and min(min(d) for d in bench.fsdp_draws) > 0
     assert (rt.fsdp_unit_us, rt.fsdp_unit_us_per_mib) == (
         round(bench.fsdp_unit["us"], 1), round(bench.fsdp_unit["us_per_mib"], 1))
     assert rt.fsdp_unit_us > 0
     # Compute against the activations held: two draws of the alive stage at each depth,
-    # each step positive; the profile's figures are the record's (compute_bench.alive_fit
+    # each step positive; the profile's figures are the record's (alive_bench.alive_fit
     # of the draws' medians), the knee at or above the shallowest order's figure.
-    from validate.compute_bench import ALIVE_DEPTHS, alive_fit
+    from validate.alive_bench import ALIVE_DEPTHS, alive_fit
     assert len(bench.alive_draws) == 2 and all(len(d) == len(ALIVE_DEPTHS) and min(d) > 0 for d in bench.alive_draws)
     fit = alive_fit([statistics.median(d[i] for d in bench.alive_draws) for i in range(len(ALIVE_DEPTHS))],
                     load_model("tiny"))
@@ -209,7 +209,7 @@ def test_calibrate_and_validate_smoke(tmp_path, capsys):
     # The record keeps the MiB held at each depth, so a refit of the saved record
     # (microbench.fit_draw_figures, benchmarks/repredict.py --refit) needs no model and gives
     # back exactly what the calibration wrote.
-    from validate.compute_bench import alive_held_mib
+    from validate.alive_bench import alive_held_mib
     from validate.microbench import fit_draw_figures
     assert bench.alive_held_mib == pytest.approx(alive_held_mib(load_model("tiny")), rel=1e-12)
     again = fit_draw_figures(bench)

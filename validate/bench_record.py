@@ -132,32 +132,32 @@ class MicrobenchResult:
     # written before 2026-12-03 (one draw, which ``overhead`` holds).
     overhead_draws: list = field(default_factory=list)
     # Each draw of the chain's training step under recompute none, full and selective,
-    # [seconds] in that order (compute_bench.recompute_drawer; median over the compute
+    # [seconds] in that order (host_draws.recompute_drawer; median over the compute
     # processes), and what one checkpointed region adds from their median
-    # (compute_bench.checkpoint_region_us: {'full': us, 'selective': us}). Empty in records
+    # (host_draws.checkpoint_region_us: {'full': us, 'selective': us}). Empty in records
     # written before 2026-12-04 (then not measured: 0 in the profile).
     recompute_draws: list = field(default_factory=list)
     checkpoint_region_us: dict = field(default_factory=dict)
     # Each draw of the runner's FSDP against plain training, [plain s, zero=3 s] for each of
-    # compute_bench.FSDP_MODELS (median over the compute processes), and what taking one
-    # unit into use adds from their median (compute_bench.fsdp_unit_costs: {'us': us,
+    # host_draws.FSDP_MODELS (median over the compute processes), and what taking one
+    # unit into use adds from their median (host_draws.fsdp_unit_costs: {'us': us,
     # 'us_per_mib': us}). Empty in records written before 2026-12-04 (session 13).
     fsdp_draws: list = field(default_factory=list)
     fsdp_unit: dict = field(default_factory=dict)
-    # Each draw of the alive stage's step at each of compute_bench.ALIVE_DEPTHS (seconds,
+    # Each draw of the alive stage's step at each of alive_bench.ALIVE_DEPTHS (seconds,
     # median over the compute processes), and what their median fits
-    # (compute_bench.alive_fit: {'knee_mib': MiB, 'per_doubling': share}). Empty where not
+    # (alive_bench.alive_fit: {'knee_mib': MiB, 'per_doubling': share}). Empty where not
     # measured (GPU workers, a model too large for the draws, records before session 14).
     alive_draws: list = field(default_factory=list)
     alive: dict = field(default_factory=dict)
-    # The MiB the alive stage holds on average at each depth (compute_bench.alive_held_mib),
+    # The MiB the alive stage holds on average at each depth (alive_bench.alive_held_mib),
     # what the fit set the draws against, so that a refit needs no model; [] in records
     # written before session 16 (a refit then keeps ``alive`` as it was).
     alive_held_mib: list = field(default_factory=list)
-    # Each draw of the overhead chain's training step at compute_bench.MICROBATCH_SHAPES,
+    # Each draw of the overhead chain's training step at host_draws.MICROBATCH_SHAPES,
     # [seconds, seconds] (median over the compute processes), the ops the cost model counts
-    # for each shape's step (compute_bench.microbatch_ops, so that a refit needs no
-    # runtime), and what their medians fit (compute_bench.microbatch_host_fit: {'us': us a
+    # for each shape's step (host_draws.microbatch_ops, so that a refit needs no
+    # runtime), and what their medians fit (host_draws.microbatch_host_fit: {'us': us a
     # microbatch, 'per_op_us': us an op}). Empty in records written before session 21
     # (then not measured: 0 in the profile, and the per-op figures as before).
     microbatch_draws: list = field(default_factory=list)
@@ -165,7 +165,7 @@ class MicrobenchResult:
     microbatch_host: dict = field(default_factory=dict)
     # Each draw of the alive stage's forward and backward in its shallowest order and the
     # Adam closing each of its steps, [forward s, backward s] a microbatch and [optimizer s]
-    # a step (compute_bench.split_drawer; median over the compute processes), and the model it trained (costmodel.shapes.ModelSpec's fields), so that a
+    # a step (alive_bench.split_drawer; median over the compute processes), and the model it trained (costmodel.shapes.ModelSpec's fields), so that a
     # refit prices that stage again (calibrate.stage_scales). Empty in records written
     # before session 26 and where the alive draws were not taken (then 1 in the profile).
     split_draws: list = field(default_factory=list)
@@ -291,7 +291,7 @@ def format_compute(res: MicrobenchResult) -> str:
         each = f"  (median of {len(draws)} draws: {', '.join(f'{x:.2f}' for x in draws)})" if len(draws) > 1 else ""
         lines.append(f"{o.what:>10} {o.model_ops:>4} ops {o.per_op_s * 1e6:>8.2f} us/op{each}")
     if res.microbatch_host:
-        from validate.compute_bench import MICROBATCH_SHAPES
+        from validate.host_draws import MICROBATCH_SHAPES
         shapes = " and ".join(f"{L} layer(s) x {mb} microbatches ({n} ops)"
                               for (L, mb), n in zip(MICROBATCH_SHAPES, res.microbatch_ops or [0, 0]))
         each = "; ".join(f"{a * 1e3:.3f}, {b * 1e3:.3f} ms" for a, b in res.microbatch_draws)

@@ -13,7 +13,7 @@ Parameters and what fixes each (few, global, physical):
   (costmodel.efficiency.ops_time_s).
 - ``microbatch_host_us``: what each microbatch of a chunk costs besides its ops, solved
   from the 'train' chain timed at two shapes of different ops a microbatch
-  (validate/compute_bench.microbatch_host_fit).
+  (validate/host_draws.microbatch_host_fit).
 - ``hbm_eff``, ``vector_flops_eff``, ``cache_bw_eff``, ``cache_mib``: least squares over the
   element-wise sweep (add, GELU, layer norm, softmax, 4 Ki to 1 Mi elements),
   t = max(bytes/(bw x share), flops/(peak x vector_flops_eff)) + kernel overhead, the
@@ -464,7 +464,7 @@ def calibrate(cluster, model, world: int, *, tps: list[int] | None = None, repea
     # The record is read here and checked by run_microbenchmarks (reused_compute) before
     # anything is measured.
     reuse = (load_bench(compute_from), compute_from) if compute_from is not None else None
-    from validate.compute_bench import alive_model
+    from validate.alive_bench import alive_model
     res = run_microbenchmarks(world, shapes, mem, coll, attn_shapes=attn, topk=topk, runtime=runtime,
                               repeats=repeats, backend=be_name, progress=progress, timeout_s=timeout_s,
                               compute_from=reuse, alive_model=alive_model(model) if kind == "cpu" else None)
@@ -508,20 +508,20 @@ def profile_from_bench(cluster, res, where: str, memory_model: str = "bandwidth"
         mapping["runtime"]["source"] += (
             " forward_scale, backward_scale, optimizer_scale: the runner's forward and backward of three "
             "layers of the model with both ends, one microbatch in flight, and its Adam closing each step "
-            "(validate/compute_bench.split_drawer), over what the simulator prices for them with the fitted "
+            "(validate/alive_bench.split_drawer), over what the simulator prices for them with the fitted "
             "figures above (validate/calibrate.stage_scales).")
     return fit, mapping
 
 
 # The profile's runtime fields stage_scales fits, in the order of the split draws' spans
-# (validate/compute_bench.SPLIT_SPANS: forward, backward, optimizer).
+# (validate/alive_bench.SPLIT_SPANS: forward, backward, optimizer).
 SCALE_FIELDS = ("forward_scale", "backward_scale", "optimizer_scale")
 
 
 def stage_scales(cluster, res, mapping: dict, where: str) -> dict[str, float]:
     """{'forward_scale': f, 'backward_scale': b, 'optimizer_scale': o}: the median over
     ``res``'s split draws of the alive stage's forward and backward a microbatch and its
-    Adam a step (validate/compute_bench.split_drawer), each over what the simulator prices
+    Adam a step (validate/alive_bench.split_drawer), each over what the simulator prices
     for that stage (ALIVE_LAYERS layers of the record's split_model with both ends, a
     one-device fp32 plan, one sequence a microbatch: sim/program.chunk_work and
     costmodel/efficiency.optimizer_time_s of its weights) under ``mapping``'s profile with
@@ -532,7 +532,7 @@ def stage_scales(cluster, res, mapping: dict, where: str) -> dict[str, float]:
     from costmodel.profile import allowed_range
     from sim.program import chunk_work
     from specs.plan import resolve_plan
-    from validate.compute_bench import ALIVE_LAYERS
+    from validate.alive_bench import ALIVE_LAYERS
     from validate.microbench import split_model
     model = split_model(res, where)
     if model is None or not res.split_draws:

@@ -92,7 +92,7 @@ class CollectiveConfig:
     # pre-posted ping-pong that the validator's handoffs cost.
     posted_busy_idle: bool = True
     probe: bool = False  # first, validate/probe.py's probe (a PROBE_OP row): one more draw of the host's speed
-    # ... then one draw of the per-op overhead chain (compute_bench.chain_drawer; rows
+    # ... then one draw of the per-op overhead chain (host_draws.chain_drawer; rows
     # OVERHEAD_PLAIN_OP and OVERHEAD_TRAIN_OP): one more moment of the figure that tiny
     # plans' compute depends on most.
     overhead_chain: bool = False
@@ -150,7 +150,7 @@ def collective_worker(rank: int, world: int, cfg: CollectiveConfig) -> list:
 
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    from validate.compute_bench import worker_device
+    from validate.bench_timing import worker_device
     dev, dsync = worker_device(cfg.backend)
     rows = []
 
@@ -167,7 +167,7 @@ def collective_worker(rank: int, world: int, cfg: CollectiveConfig) -> list:
         from validate.probe import probe_in_rounds
         tail.append([PROBE_OP, world, 0, median_over_ranks([probe_in_rounds(world, kind, dev, dsync)])[0]])
     if cfg.overhead_chain:  # in rounds, as calibration's compute worker runs it
-        from validate.compute_bench import chain_drawer
+        from validate.host_draws import chain_drawer
         from validate.probe import in_rounds
         got = median_over_ranks(in_rounds(world, kind, lambda: chain_drawer(torch, dev, dsync, cfg.repeats)()))
         tail += [[op, world, 0, x] for op, x in zip((OVERHEAD_PLAIN_OP, OVERHEAD_TRAIN_OP), got)]
@@ -300,12 +300,12 @@ AFTER_COMPUTE_SUFFIX = "_after_compute"
 
 def gap_layers(gap_s: float, dev, dsync):
     """A no-argument function running about ``gap_s`` of the runner's own layer code (the
-    width-8 GPT's forward, validate/compute_bench.chain_functions: embedding, layer norms,
+    width-8 GPT's forward, validate/host_draws.chain_functions: embedding, layer norms,
     attention, MLP, logits; dozens of small ops), the same number of forwards on every
     rank (units_in_gap)."""
     import torch
 
-    from validate.compute_bench import chain_functions
+    from validate.host_draws import chain_functions
     plain, _ = chain_functions(torch, dev)
     j = units_in_gap(plain, gap_s, dev, dsync)
 

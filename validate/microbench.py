@@ -267,7 +267,7 @@ def checked_compute(src: MicrobenchResult, source: str) -> dict:
     fdraws = check_draws(source, src.fsdp_draws, "fsdp_draws", 4, "[plain, zero=3, plain, zero=3] seconds", figures)
     regions = check_figures(source, src.checkpoint_region_us, "checkpoint_region_us", {"full": US, "selective": US})
     unit = check_figures(source, src.fsdp_unit, "fsdp_unit", {"us": US, "us_per_mib": US})
-    from validate.compute_bench import ALIVE_DEPTHS, SPLIT_SPANS
+    from validate.alive_bench import ALIVE_DEPTHS, SPLIT_SPANS
     adraws = check_draws(source, src.alive_draws, "alive_draws", len(ALIVE_DEPTHS),
                         f"[seconds at each of {len(ALIVE_DEPTHS)} depths]", figures)
     alive = check_figures(source, src.alive, "alive", {"knee_mib": ("MiB", 1e6), "per_doubling": ("shares", 1.0)})
@@ -359,7 +359,7 @@ def run_microbenchmarks(world: int, gemm_shapes, mem_sizes, coll_sizes, *, attn_
     ``compute_from``: (MicrobenchResult, its file name) whose compute families to take
     instead of measuring them again (reused_compute); the collectives are measured.
     ``alive_model``: the model whose layers the compute workers time against the
-    activations held (compute_bench.alive_drawer); None: not measured."""
+    activations held (alive_bench.alive_drawer); None: not measured."""
     from validate.backend import pick_backend
 
     t_wall = time.perf_counter()
@@ -385,8 +385,9 @@ def _measure_compute(world: int, gemm_shapes, mem_sizes, attn_shapes, topk, runt
     """(a)-(c'), the speed probe and the harness figures, in compute_processes(world)
     processes at once; each figure the median over the ranks."""
     from costmodel.profile import RuntimeSettings
-    from validate.compute_bench import ALIVE_DEPTHS, ComputeConfig, alive_held_mib, chain_op_counts, \
-        SPLIT_SPANS, checkpoint_region_us, compute_worker, microbatch_ops
+    from validate.alive_bench import ALIVE_DEPTHS, SPLIT_SPANS, alive_held_mib
+    from validate.compute_bench import ComputeConfig, compute_worker
+    from validate.host_draws import chain_op_counts, checkpoint_region_us, microbatch_ops
     from validate.launch import launch
 
     cw = compute_processes(world, "cuda" if be_name == "nccl" else "cpu")
@@ -455,7 +456,7 @@ def train_per_op_s(res: MicrobenchResult) -> float:
     simulator charges an op, which is priced apart from the microbatch
     (RuntimeSettings.microbatch_host_us). calibrate.per_op_overheads and the checkpoint
     regions' fit both take it from here."""
-    from validate.compute_bench import CHAIN_MICROBATCHES
+    from validate.host_draws import CHAIN_MICROBATCHES
     train = next((o for o in res.overhead if o.what == "train"), None)
     if train is None:
         return res.overhead[0].per_op_s if res.overhead else 0.0
@@ -464,9 +465,9 @@ def train_per_op_s(res: MicrobenchResult) -> float:
 
 
 def microbatch_figure(res: MicrobenchResult) -> dict:
-    """compute_bench.microbatch_host_fit of the medians of ``res``'s microbatch draws, or
+    """host_draws.microbatch_host_fit of the medians of ``res``'s microbatch draws, or
     what ``res`` holds where it lacks the draws or their op counts."""
-    from validate.compute_bench import microbatch_host_fit
+    from validate.host_draws import microbatch_host_fit
     if not res.microbatch_draws or len(res.microbatch_ops) != 2:
         return res.microbatch_host
     return microbatch_host_fit([statistics.median(d[i] for d in res.microbatch_draws) for i in range(2)],
@@ -475,12 +476,13 @@ def microbatch_figure(res: MicrobenchResult) -> dict:
 
 def fit_draw_figures(res: MicrobenchResult) -> MicrobenchResult:
     """``res`` with the figures fitted to its own draws: FSDP's unit cost from the medians
-    of its fsdp_draws (compute_bench.fsdp_unit_costs) and the alive law from the medians of
-    its alive_draws against the MiB held (compute_bench.fit_alive_law) and the per-microbatch
-    host cost from the medians of its microbatch_draws (compute_bench.microbatch_host_fit), each where the
+    of its fsdp_draws (host_draws.fsdp_unit_costs) and the alive law from the medians of
+    its alive_draws against the MiB held (alive_bench.fit_alive_law) and the per-microbatch
+    host cost from the medians of its microbatch_draws (host_draws.microbatch_host_fit), each where the
     record has what it needs, else as it was. What calibration does once the draws are
     taken, and what a refit of a saved record does (benchmarks/repredict.py --refit)."""
-    from validate.compute_bench import ALIVE_DEPTHS, fit_alive_law, fsdp_unit_costs
+    from validate.alive_bench import ALIVE_DEPTHS, fit_alive_law
+    from validate.host_draws import fsdp_unit_costs
     out = replace(res)
     out.microbatch_host = microbatch_figure(res)
     if res.fsdp_draws:

@@ -15,7 +15,7 @@ every rate divided, every per-op cost multiplied), prints it, and can be told no
 (``plansim validate --no-drift-correction``).
 
 The probe is the two things a small plan's compute is made of: the runner's own training
-code on a model of width 8 (the per-op host cost, validate/compute_bench.CHAIN_MODEL) and
+code on a model of width 8 (the per-op host cost, validate/host_draws.CHAIN_MODEL) and
 GEMMs at a transformer layer's shape (64 tokens, 128 -> 512) cycled through operands
 beyond L2, each a fixed amount of work; its time is the median of PROBE_REPEATS repeats.
 It never runs the plan's model, so the prediction stays a prediction.
@@ -56,7 +56,7 @@ def probe_s(dev=None, dsync=None) -> float:
     PROBE_GEMM_SETS GEMMs) over PROBE_REPEATS repeats, after two unmeasured ones."""
     import torch
 
-    from validate.compute_bench import chain_functions
+    from validate.host_draws import chain_functions
     dev = dev if dev is not None else torch.device("cpu")
     _, train = chain_functions(torch, dev)
     m, n, k = PROBE_GEMM

@@ -122,15 +122,15 @@ def profile_mapping(fit: FitResult, res: MicrobenchResult, gpu_name: str, link_k
                                f"straggler_us: the extra wait of a 32 KiB all-reduce closing about 50 ms of "
                                f"GEMMs over one closing 1 ms (validate/collective_bench.straggler_row). "
                                f"checkpoint_*_region_us: what one checkpointed region adds to the runner's layer "
-                               f"chain at width 8 beyond its recomputed ops (validate/compute_bench.recompute_drawer). "
+                               f"chain at width 8 beyond its recomputed ops (validate/host_draws.recompute_drawer). "
                                f"fsdp_unit_us, fsdp_unit_us_per_mib: what taking one ZeRO-3 unit into use adds, "
-                               f"from the runner's FSDP at one process at widths 8 and 64 (validate/compute_bench.fsdp_drawer). "
+                               f"from the runner's FSDP at one process at widths 8 and 64 (validate/host_draws.fsdp_drawer). "
                                f"microbatch_host_us: what each microbatch of a chunk costs besides its ops, from the "
                                f"runner's overhead chain trained at two shapes, a x ops + F x microbatches "
-                               f"(validate/compute_bench.microbatch_drawer); host_overhead_us is then per op without it. "
+                               f"(validate/host_draws.microbatch_drawer); host_overhead_us is then per op without it. "
                                f"alive_knee_mib, alive_slowdown_per_doubling: three layers of the model trained in orders "
                                f"1-12 microbatches deep, each step timed after one of the same order, step time against "
-                               f"the activations held (validate/compute_bench.alive_drawer). "
+                               f"the activations held (validate/alive_bench.alive_drawer). "
                                f"Other fields: how validate/'s eager torch runner drives the device.")},
     }
     if fit.fabric is not None and link_kind:
