@@ -124,7 +124,7 @@ class FabricEfficiency:
     # transport thread must answer): its whole cost to the receiver, us, while the sender
     # computes (busy) and while it is blocked or done (idle); each replaces send_recv's
     # call cost and the two message steps. None: those. Measured, not fitted
-    # (validate/collective_bench.posted_rows: a stream of such receives in pairs of ranks).
+    # (validate/handoff_bench.posted_rows: a stream of such receives in pairs of ranks).
     # A computing sender's thread waits for a core: 0.92-1.12 ms against 0.22-0.27 ms for a
     # blocked sender, with 2 gloo processes on 2 cores; with 4 processes on 2 cores
     # 1.37-1.49 against 1.49-2.13 ms (a blocked sender's core goes to another process).
@@ -137,14 +137,14 @@ class FabricEfficiency:
     # computing again, as much as the handoff adds to a ping-pong of compute rounds between
     # two ranks, us; it replaces send_recv's call cost and the message step of a pipeline
     # send (the bytes still share the links). None: those. Measured, not fitted
-    # (validate/collective_bench.posted_rows, the pre-posted ping-pong).
+    # (validate/handoff_bench.posted_rows, the pre-posted ping-pong).
     send_recv_preposted_us: float | None = None
     # The sender's own share of send_recv_preposted_us: its isend call, which with the
     # receive already posted writes the bytes from the calling thread (gloo/transport/tcp/
     # pair.cc), so the sender's compute stream is busy for it and the message arrives
     # send_recv_preposted_us after the call began, as in the ping-pong it was measured in.
     # Where the sender is the slower stage (GPipe's last stage in backward) this is what
-    # the handoff adds to the step. Measured, not fitted (collective_bench.
+    # the handoff adds to the step. Measured, not fitted (handoff_bench.
     # preposted_handoff_s, the isend calls of the same ping-pong), us; None: 0. Used only
     # with send_recv_preposted_us, and at most it.
     send_recv_preposted_call_us: float | None = None
@@ -220,7 +220,7 @@ class RuntimeSettings:
     speed_probe_us: float = 0.0
     # What a 32 KiB 2-rank all-reduce added to a round of about 1 ms of the runner's layer
     # code when the profile was calibrated, us (the median over the calibration's launches
-    # of that after-compute stream, validate/collective_bench.after_compute_rows); 0: not
+    # of that after-compute stream, validate/contention_bench.after_compute_rows); 0: not
     # measured. The validator times the same stream before and after each plan's steps
     # (validate/probe.call_probe_s) and scales the fabric's call costs by the ratio
     # (sim/core_sharing.slowed_calls), as speed_probe_us does the compute.
@@ -228,7 +228,7 @@ class RuntimeSettings:
     # How much longer the gradient reduction that closes each backward waits than the same
     # collective after a short compute, us: replicas given the same work drift apart over
     # a long phase where processes time-share cores (the scheduler is fair over its period,
-    # not within it), and the reduction waits for the last (validate/collective_bench.
+    # not within it), and the reduction waits for the last (validate/contention_bench.
     # straggler_row: 1.1-1.4 ms with 2 gloo processes on 2 cores, 6.4-9.9 ms with 4; 2026-11-30).
     # 0: replicas stay in step (a device each, no sharing measured).
     straggler_us: float = 0.0

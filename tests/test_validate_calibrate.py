@@ -462,7 +462,8 @@ def test_after_compute_stream_rounds_fill_the_time_budget():
     rounds take the floor of 40 (0.4 / 15e-3 = 26); a cap below the floor wins over it;
     an unmeasured round (0 s) keeps the cap."""
     from dataclasses import replace as _replace
-    from validate.collective_bench import CollectiveConfig, stream_calls
+    from validate.collective_bench import CollectiveConfig
+    from validate.contention_bench import stream_calls
     cfg = CollectiveConfig(sizes=())
     assert stream_calls(3e-3, cfg) == 100
     assert stream_calls(8e-3, cfg) == 50
@@ -482,7 +483,7 @@ def test_launch_aggregate_remerges_the_same_measurements():
     from validate.bench_record import MicrobenchResult
     from validate.microbench import (POSTED_BUSY_OP, STRAGGLER_OP, _apply_collective_rows, _over_launches,
                                      with_launch_aggregate)
-    from validate.collective_bench import BUSY_OP
+    from validate.contention_bench import BUSY_OP
     ms = 1e-3
     first = [["all_reduce", 2, 4096, 1 * ms], ["all_reduce_after_compute", 2, 32768, 0.47 * ms],
              [STRAGGLER_OP, 2, 32768, 1.0 * ms], [STRAGGLER_OP, 4, 32768, 3.0 * ms],

@@ -106,21 +106,21 @@ class MicrobenchResult:
     # Seconds of each family's smallest call in the timing harness ('gemm', 'bmm',
     # 'memory:<op>', 'attention'), median over the compute workers; {} in older records
     harness: dict = field(default_factory=dict)
-    # CPU time per wall second in a stream of small all-reduces (collective_bench.busy_fraction_row); 0: not measured
+    # CPU time per wall second in a stream of small all-reduces (contention_bench.busy_fraction_row); 0: not measured
     comm_busy_fraction: float = 0.0
-    # Extra wait of a collective closing a long compute phase (collective_bench.straggler_row),
+    # Extra wait of a collective closing a long compute phase (contention_bench.straggler_row),
     # seconds, mean over the group sizes of the median over launches; 0: not measured
     straggler_s: float = 0.0
     # What receiving a message its sender posted earlier adds to a round of compute while
-    # the sender computes, and while it is blocked (collective_bench.posted_rows), seconds,
-    # mean over the pairs, first launch only (collective_bench.posted_rows); 0: not measured
+    # the sender computes, and while it is blocked (handoff_bench.posted_rows), seconds,
+    # mean over the pairs, first launch only (handoff_bench.posted_rows); 0: not measured
     posted_busy_s: float = 0.0
     posted_idle_s: float = 0.0
     # What one pipeline handoff into a receive posted before its send adds to a ping-pong
-    # of compute rounds (collective_bench.preposted_handoff_s), seconds, mean over the
+    # of compute rounds (handoff_bench.preposted_handoff_s), seconds, mean over the
     # pairs, median over the launches; 0: not measured
     preposted_s: float = 0.0
-    # Of that, the sender's own isend call (collective_bench.preposted_handoff_s), seconds,
+    # Of that, the sender's own isend call (handoff_bench.preposted_handoff_s), seconds,
     # mean over the pairs, median over the launches; 0: not measured
     preposted_call_s: float = 0.0
     # Every launch's figure of the rows timed in several launches: [op, n, nbytes,

@@ -30,7 +30,7 @@ Parameters and what fixes each (few, global, physical):
   generic figure, for any other collective: their median): then, with bw_eff and
   hop_latency_us fixed, least squares over each collective's own calls issued in a stream
   of (about 1 ms of the runner's layer code, call) rounds on every rank, as a plan issues them
-  (validate/collective_bench.after_compute_rows: the mean cost a call adds to a round).
+  (validate/contention_bench.after_compute_rows: the mean cost a call adds to a round).
 
 Residuals are relative (log of predicted / measured), so small and large sizes weigh the
 same. Efficiencies are fractions of the GPU catalog's peaks (costmodel/gpus.py); for the
@@ -348,7 +348,7 @@ def fit_collectives(samples: list[CollectiveSample], bw_Bps: float, latency_s: f
 def fit_call_latency(samples: list[CollectiveSample], bw_Bps: float, latency_s: float,
                      fab: FabricEfficiency) -> FabricEfficiency:
     """Each collective's call cost from its calls timed in a stream of compute rounds
-    (validate/collective_bench.after_compute_rows), bw_eff and hop_latency_us fixed from
+    (validate/contention_bench.after_compute_rows), bw_eff and hop_latency_us fixed from
     the back-to-back sweep: the per-call cost a plan's collectives pay, all of which are
     issued right after compute (thread wake-ups on busy cores included). Timed in more
     than one group size, the per-step latency and call_us_per_rank are fitted with them

@@ -40,9 +40,10 @@ from costmodel.limits import number_problem
 from costmodel.shapes import ModelSpec
 from validate.bench_record import (US, AttentionSample, GemmSample, MemorySample, MicrobenchResult, OverheadSample,
                                    TopkSample, check_draws, check_figures)
-from validate.collective_bench import (BUSY_OP, COLLECTIVES, KIB, MIB, OVERHEAD_PLAIN_OP, OVERHEAD_TRAIN_OP,
-                                       POSTED_BUSY_OP, POSTED_IDLE_OP, PREPOSTED_CALL_OP, PREPOSTED_OP, PROBE_OP,
-                                       STRAGGLER_OP, CollectiveConfig, CollectiveSample, collective_worker)
+from validate.collective_bench import (COLLECTIVES, KIB, MIB, OVERHEAD_PLAIN_OP, OVERHEAD_TRAIN_OP, PROBE_OP,
+                                       CollectiveConfig, CollectiveSample, collective_worker)
+from validate.contention_bench import BUSY_OP, STRAGGLER_OP
+from validate.handoff_bench import POSTED_BUSY_OP, POSTED_IDLE_OP, PREPOSTED_CALL_OP, PREPOSTED_OP
 
 MEMORY_OPS = ("add", "gelu", "layernorm", "softmax")
 # ------------------------------------------------------------------------ shapes
@@ -151,7 +152,7 @@ def compute_processes(world: int, kind: str) -> int:
     return world if kind == "cuda" else max(1, min(world, host_cores()))
 
 
-# Sizes of the collectives timed right after compute (collective_bench.after_compute_rows):
+# Sizes of the collectives timed right after compute (contention_bench.after_compute_rows):
 # from a small tensor-parallel activation to a gradient bucket of a small model.
 AFTER_COMPUTE_SIZES = (4 * KIB, 32 * KIB, 256 * KIB, 2 * MIB)
 # Separate launches the after-compute calls are timed in, merged by their median. Within one
@@ -165,7 +166,7 @@ AFTER_COMPUTE_SIZES = (4 * KIB, 32 * KIB, 256 * KIB, 2 * MIB)
 # at +48 %). Every launch's figure is kept in the .bench.json (launch_samples). Five launches
 # (tried 2026-12-01, mechanism 19) cost 47 s more and did not do better in four runs.
 AFTER_COMPUTE_LAUNCHES = 3
-# Launches the pipeline handoff streams are timed in (collective_bench.posted_rows), merged by their median:
+# Launches the pipeline handoff streams are timed in (handoff_bench.posted_rows), merged by their median:
 # the after-compute launches and more of their own (about 3 s each here). A receive from a
 # computing sender moved 0.4-2.6 ms between single launches; the mean over three
 # launches still moved 0.61-1.65 ms between calibrations (2026-11-30).
@@ -186,9 +187,9 @@ HANDOFF_LAUNCH_CALLS = 50
 # ops, attention and top-k, and at its end: compute_bench.compute_worker); each collective
 # launch takes one more (_pool_overhead_draws).
 WORKER_CHAIN_DRAWS = 4
-# Calls of the busy-fraction stream (collective_bench.busy_fraction_row): about 0.3-1 s here.
+# Calls of the busy-fraction stream (contention_bench.busy_fraction_row): about 0.3-1 s here.
 BUSY_CALLS = 300
-# Long compute phases per group size and launch (collective_bench.straggler_row): about 0.6 s.
+# Long compute phases per group size and launch (contention_bench.straggler_row): about 0.6 s.
 STRAGGLER_REPS = 12
 
 
@@ -518,7 +519,7 @@ def _measure_collectives(res: MicrobenchResult, world: int, coll_sizes, repeats:
                                 straggler_reps=STRAGGLER_REPS if after else 0, posted=bool(after) and world % 2 == 0,
                                 probe=True, overhead_chain=True)
         # The first launch times everything; the busy- and idle-sender streams there only
-        # (collective_bench.posted_rows): the validator's runtime has no rendezvous to price with them.
+        # (handoff_bench.posted_rows): the validator's runtime has no rendezvous to price with them.
         more = []
         if after:
             more = [("after-compute streams", replace(kcfg, sizes=(), ops=(), busy_calls=0, posted_busy_idle=False))

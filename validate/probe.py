@@ -112,7 +112,7 @@ def in_rounds(world: int, kind: str, fn):
 
 # The call probe: what a 2-rank all-reduce of tiny's tensor-parallel activation (mbs 1 x
 # seq 64 x hidden 128 fp32 = 32 KiB) adds to a round of about 1 ms of the runner's layer
-# code, as calibration times it (collective_bench.after_compute_rows; the row its handoff
+# code, as calibration times it (contention_bench.after_compute_rows; the row its handoff
 # launches repeat, microbench.HANDOFF_LAUNCH_CALLS rounds a stream). Taken right before and
 # after a plan's steps, beside the speed probe, in every pair of consecutive ranks at once.
 CALL_PROBE_BYTES = 32 * 1024
@@ -126,7 +126,8 @@ def call_probe_s(rank: int, world: int, dev=None, dsync=None, groups=None) -> fl
     the world is odd. Every rank of the world must call it."""
     if world < 2 or world % 2:
         return 0.0
-    from validate.collective_bench import CollectiveConfig, after_compute_rows
+    from validate.collective_bench import CollectiveConfig
+    from validate.contention_bench import after_compute_rows
     group = None if world == 2 else groups[rank // 2]
     first = rank // 2 * 2
     cfg = CollectiveConfig(sizes=(), ops=(), group_sizes=(2,), after_compute_sizes=(CALL_PROBE_BYTES,),
