@@ -146,7 +146,7 @@ def test_calibrate_and_validate_smoke(tmp_path, capsys):
     prof = tmp_path / "w2.yaml"
     assert main(["calibrate", "localhost-cpu", "--world", "2", "--quick", "--model", "tiny", "--out", str(prof)]) == 0
     capsys.readouterr()
-    # The pipeline handoff streams ran (collective_bench.posted_rows): both figures finite, the
+    # The pipeline handoff streams ran (handoff_bench.posted_rows): both figures finite, the
     # busy sender's > 0 (its receiver waits for a computing process), the blocked sender's
     # >= 0 (a message already there may cost the round nothing more: measured 0 us here once).
     from costmodel.profile import load_profile as _load
