@@ -5,34 +5,21 @@
 For each run: dp=2's measured step (the host's speed at the time), dp=2's error, and the
 1F1B and GPipe errors less dp=2's (how much further below its price a pipeline stage ran
 than a data-parallel rank did in the same run); sorted by dp=2's step, then the Spearman
-rank correlation of that step with each gap (statistics.correlation on ranks; ties take
-the order they come in, which the millisecond figures make rare). Reads the records only.
+rank correlation of that step with each gap (validate.accuracy.spearman, mean ranks for
+ties). Reads the records only.
 """
 from __future__ import annotations
 
 import json
-import statistics
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from validate.accuracy import spearman  # noqa: E402
 from validate.compare import short_plan  # noqa: E402
 
 PLANS = ("dp=2", "pp=2,schedule=1f1b", "pp=2,schedule=gpipe")
-
-
-def ranks(xs: list[float]) -> list[int]:
-    """Each value's rank (0 = smallest)."""
-    order = sorted(range(len(xs)), key=lambda i: xs[i])
-    out = [0] * len(xs)
-    for r, i in enumerate(order):
-        out[i] = r
-    return out
-
-
-def spearman(a: list[float], b: list[float]) -> float:
-    return statistics.correlation(ranks(a), ranks(b))
 
 
 def main(dirs: list[str]) -> int:

@@ -1,4 +1,5 @@
-"""benchmarks/pipeline_gap.py's rank correlation, against Spearman's formula worked by hand."""
+"""benchmarks/pipeline_gap.py: the rank correlation it reports (validate.accuracy.spearman),
+against Spearman's formula worked by hand, and its refusal of too few runs."""
 import sys
 from pathlib import Path
 

@@ -25,8 +25,6 @@ KIB, MIB = 1024, 1024 * 1024
 # The suffix of a collective's op name in the rows timed right after compute
 # (validate/contention_bench.after_compute_rows): the same bytes as the op.
 AFTER_COMPUTE_SUFFIX = "_after_compute"
-
-
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "send_recv")
 # nccl-tests' sendrecv: every rank sends S to its successor and receives S from its
 # predecessor; its bus factor is 1 (NVIDIA/nccl-tests, src/sendrecv.cu, SendRecvGetBw).
