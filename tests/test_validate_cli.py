@@ -191,11 +191,11 @@ def test_calibrate_and_validate_smoke(tmp_path, capsys):
     assert (rt.fsdp_unit_us, rt.fsdp_unit_us_per_mib) == (
         round(bench.fsdp_unit["us"], 1), round(bench.fsdp_unit["us_per_mib"], 1))
     assert rt.fsdp_unit_us > 0
-    # Compute against the activations held: two draws of the alive stage at each depth,
+    # Compute against the activations held: one draw of the alive stage at each depth,
     # each step positive; the profile's figures are the record's (alive_bench.alive_fit
     # of the draws' medians), the knee at or above the shallowest order's figure.
     from validate.alive_bench import ALIVE_DEPTHS, alive_fit
-    assert len(bench.alive_draws) == 2 and all(len(d) == len(ALIVE_DEPTHS) and min(d) > 0 for d in bench.alive_draws)
+    assert len(bench.alive_draws) == 1 and all(len(d) == len(ALIVE_DEPTHS) and min(d) > 0 for d in bench.alive_draws)
     fit = alive_fit([statistics.median(d[i] for d in bench.alive_draws) for i in range(len(ALIVE_DEPTHS))],
                     load_model("tiny"))
     assert fit == pytest.approx(bench.alive)

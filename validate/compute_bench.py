@@ -87,21 +87,26 @@ def compute_worker(rank: int, world: int, cfg: ComputeConfig) -> dict:
     mdraw = microbatch_drawer(torch, dev, dsync, cfg.repeats)
     mdraws = []
 
-    def chain_draw(with_regions: bool = False):
+    def chain_draw(with_regions: bool = False, with_stage: bool = False):
         sync()
         draws.append(draw())
-        if with_regions:  # checkpoint regions, FSDP units and the alive stage, twice per worker (after the memory ops and at the end)
+        if with_regions:  # checkpoint regions, FSDP units, microbatches: twice per worker (after the memory ops and at the end)
             sync()
             rdraws.append(rdraw())
             sync()
             fdraws.append(fdraw())
             sync()
             mdraws.append(mdraw())
-            if adraw is not None:
-                sync()
-                adraws.append(adraw())
-                sync()
-                sdraws.append(sdraw())
+        if with_stage and adraw is not None:
+            # The alive stage and its split, once per worker (after the memory ops; twice
+            # until session 31): 5.5 s and 1.5 s a draw in 2 processes here, a third of
+            # the worker's time. A second draw bought nothing measurable: the 34 saved
+            # runs of sessions 26-30 refitted with each worker's first alive draw only met
+            # the six in 17 of 34, as with both (docs/validation-cpu.md mechanism 60).
+            sync()
+            adraws.append(adraw())
+            sync()
+            sdraws.append(sdraw())
 
     out = {"gemm": [], "memory": [], "attention": [], "topk": [], "harness": []}
     # The speed probe (validate/probe.py), every rank at once, first: the runner probes its
@@ -154,7 +159,7 @@ def compute_worker(rank: int, world: int, cfg: ComputeConfig) -> dict:
                     "softmax": lambda: torch.softmax(x, -1),
                 }[op]
                 out["memory"].append([op, elems, memory_op_bytes(op, elems, 4, row), timed(f)])
-        chain_draw(with_regions=True)
+        chain_draw(with_regions=True, with_stage=True)
         for (bh, sq, d) in cfg.attn_shapes:
             q, k, v = (torch.randn(1, bh, sq, d, device=dev) for _ in range(3))
             f = lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)  # noqa: E731
