@@ -222,6 +222,34 @@ def test_sizes_cover_4kib_to_64mib():
     assert (len(s), s[0], s[-1]) == (15, 4096, 64 * 2**20)
 
 
+def test_compute_floor_by_hand():
+    """The least time timing GEMMs can take: a 1000^3 GEMM (2 GFLOP) at the CPU device's
+    0.5 TFLOP/s ceiling is 4 ms a call, and with 5 repeats a shape is called at least 7
+    times: 28 ms; a batch of 3 and a second shape add up linearly (28 x 3 + 28 = 112 ms).
+    A causal attention of 8 heads over 1000 tokens of head dim 125: QK^T and PV are
+    2 x 2 x 8 x 1000^2 x 125 = 4 GFLOP, half of it under the mask: 2 GFLOP, 28 ms more."""
+    from costmodel.gpus import get_gpu
+    from validate.calibrate import compute_floor_s
+    cpu = get_gpu("CPU")
+    assert compute_floor_s([(1000, 1000, 1000, 1)], cpu, 5) == pytest.approx(0.028)
+    assert compute_floor_s([(1000, 1000, 1000, 3), (1000, 1000, 1000, 1)], cpu, 5) == pytest.approx(0.112)
+    assert compute_floor_s([(1000, 1000, 1000, 1)], cpu, 5, [(8, 1000, 125)]) == pytest.approx(0.056)
+
+
+def test_model_sizes_are_capped_for_large_models():
+    """The memory-bound and top-k sweeps take a model's own sizes (tiny: its 867,072
+    weights, 433,536 a rank at tp=2, its activations 64 x 128 and 64 x 512 / tp) but never
+    more than MAX_MODEL_ELEMS elements: gpt3-175b's 175 G weights would be a 700 GB tensor
+    in every process."""
+    from validate.microbench import MAX_MODEL_ELEMS, memory_sizes, topk_sizes
+    tiny = load_model("tiny")
+    assert {867_072, 433_536} <= set(topk_sizes(tiny, [1, 2]))
+    assert {867_072, 433_536, 64 * 128, 64 * 512, 64 * 256} <= set(memory_sizes(tiny, [1, 2]))
+    big = load_model("gpt3-175b")
+    for sizes in (topk_sizes(big, [1, 2, 4, 8]), memory_sizes(big, [1, 2, 4, 8])):
+        assert max(sizes) == MAX_MODEL_ELEMS == 1 << 26
+
+
 def test_gemm_shapes_are_the_cost_models_tp_slices():
     """tiny (h=128, 4 heads, ffn 512, s=64, V=512) at tp=2, microbatch 1: QKV is 64 x (3*128/2
     = 192) x 128, MLP-up 64 x 256 x 128, MLP-down 64 x 128 x 256, logits 64 x 256 x 128, and
@@ -713,8 +741,9 @@ def test_compute_from_refused_before_any_measurement(tmp_path, monkeypatch, caps
     (["--compute-from", "deep.json"], "deep", "deep.json: --compute-from: JSON nested too deeply"),
     (["--quick", "--repeats", "9"], None, "--quick: sets its own repeats (3) and largest size (1 MiB)"),
     (["--quick", "--max-bytes", "8192"], None, "--quick: sets its own repeats (3) and largest size (1 MiB)"),
+    (["--model", "llama3-70b"], None, "--model: llama3-70b: timing its 36 GEMM shapes and its attention takes at least"),
 ], ids=["repeats-1e9", "max-bytes-1e20", "max-bytes-4095", "bench-record-is-a-folder", "bench-record-is-a-fifo",
-        "compute-from-deeply-nested", "quick-with-repeats", "quick-with-max-bytes"])
+        "compute-from-deeply-nested", "quick-with-repeats", "quick-with-max-bytes", "model-too-large-to-time"])
 def test_calibrate_inputs_refused_before_any_measurement(tmp_path, monkeypatch, capsys, argv, make, needle):
     """Absurd --repeats/--max-bytes, a P.bench.json beside --out P.yaml that is a folder or a
     FIFO, and a --compute-from record nested too deeply for json: one line, exit 2, nothing
@@ -723,7 +752,9 @@ def test_calibrate_inputs_refused_before_any_measurement(tmp_path, monkeypatch, 
     the measurements the profile was written and then writing the record failed (a folder:
     profile without its record) or blocked forever (a FIFO); the nested record raised a
     RecursionError traceback. --quick beside --repeats or --max-bytes is refused too (before:
-    the user's figures were silently replaced by the smoke test's)."""
+    the user's figures were silently replaced by the smoke test's). A model whose GEMMs
+    cannot be timed within a launch's limit even at the device's peak is refused (before:
+    llama3-70b on the CPU host ran until the launch's 600 s timeout)."""
     import os
 
     import validate.microbench as mb

@@ -46,6 +46,7 @@ import numpy as np
 
 from costmodel import collectives as cc
 from costmodel.dtypes import DTYPE_BYTES
+from costmodel.errors import InputError
 from costmodel.efficiency import causal_fraction, op_time_s, topk_compress_time_s
 from costmodel.flops import ELEMENTWISE_FLOPS_PER_ELEM, Op
 from costmodel.gpus import GpuSpec
@@ -456,6 +457,14 @@ def calibrate(cluster, model, world: int, *, tps: list[int] | None = None, repea
     kind = "cuda" if be_name == "nccl" else "cpu"
     tps = tps or [t for t in (1, 2, 4, 8) if world % t == 0 and model.num_attention_heads % t == 0]
     shapes = sorted(set(model_gemm_shapes(model, tps)) | set(sweep_gemm_shapes(max_gemm_dim)))
+    gpu = cluster.devices[0].gpu
+    floor_s = compute_floor_s(shapes, gpu, repeats, model_attention_shapes(model, tps))
+    if floor_s > timeout_s:  # certain to time out: say so now, not after timeout_s
+        raise InputError("--model", None, f"{model.name}: timing its {len(shapes)} GEMM shapes and its attention "
+                         f"takes at least {floor_s:.0f} s on {gpu.name} even at its peak ({max(gpu.peak_tflops.values()):g} "
+                         f"TFLOP/s), over the {timeout_s:.0f} s a calibration launch may take; calibrate with "
+                         "a smaller model (the efficiency curve is fitted against shape), e.g. --model tiny, or "
+                         "on the devices the model trains on")
     mem = memory_sizes(model, tps)
     coll = sizes_bytes(4 * 1024, max_bytes)
     runtime = RuntimeSettings(**runtime_facts(kind))
@@ -474,6 +483,19 @@ def calibrate(cluster, model, world: int, *, tps: list[int] | None = None, repea
         where += f"; compute samples and speed probe reused from {compute_from} (same conditions)"
     fit, mapping = profile_from_bench(cluster, res, where, memory_model, stage_scales)
     return Calibration(res, fit, mapping)
+
+
+def compute_floor_s(shapes, gpu, repeats: int, attn_shapes=()) -> float:
+    """Seconds the compute worker needs at least to time ``shapes`` ((m, n, k, batch)) and
+    ``attn_shapes`` ((batch x heads, s, head dim)) on ``gpu``: each is called at least
+    repeats + 2 times (compute_bench.compute_worker: one warm-up call, one to size the
+    window, then ``repeats`` windows of one call or more), a GEMM 2mnk x batch FLOPs, a
+    causal attention its two matmuls' 4 s^2 d x batch FLOPs halved by the mask, at the
+    device's highest catalog peak of any precision, which no call beats: a lower bound,
+    so a calibration refused on it could not have finished."""
+    peak = max(gpu.peak_tflops.values()) * 1e12
+    flops = sum(2.0 * m * n * k * b for m, n, k, b in shapes) + sum(2.0 * bh * sq * sq * d for bh, sq, d in attn_shapes)
+    return (repeats + 2) * flops / peak
 
 
 def fitted_profile(cluster, mapping: dict, where: str):

@@ -79,22 +79,31 @@ def sweep_gemm_shapes(max_dim: int = 1024) -> list[tuple[int, int, int, int]]:
     return sorted(set(out))
 
 
+# The largest element count a model may add to the memory-bound and top-k sweeps: 64 Mi
+# fp32 elements (256 MiB), far beyond every cache the figures must leave (32 MiB of L3 on
+# the CPU hosts here; 50 MB of L2 on an H100, NVIDIA H100 Tensor Core GPU Architecture
+# whitepaper), so a larger buffer streams at the same rate per byte and the cost model
+# scales it. Uncapped, a large model's parameter-sized operands would be allocated whole
+# in every process (gpt3-1.3b: 1.3 G elements, 5.3 GB a tensor, four of them for top-k).
+MAX_MODEL_ELEMS = 1 << 26
+
+
 def memory_sizes(model: ModelSpec | None, tps: list[int], lo: int = 4 * KIB, hi: int = MIB) -> list[int]:
     """Element counts for the memory-bound sweep: powers of 4 from lo to hi plus the
     sizes a step streams: the model's activations (b*s*h and b*s*ffn/t per TP degree,
     microbatch 1) and the optimizer's parameter-sized operands (its parameters per TP
     rank, rounded down to whole 128-wide rows): eager Adam's element-wise ops run over the
     whole flat parameter and gradient buffers, larger than a core's L2 cache, where the
-    activations stay inside it."""
+    activations stay inside it. A model's sizes are capped at MAX_MODEL_ELEMS."""
     out, s = set(), lo
     while s <= hi:
         out.add(s)
         s *= 4
     if model is not None:
         for tp in tps:
-            out.add(model.seq_length * model.hidden_size)
-            out.add(model.seq_length * model.ffn // tp)
-            out.add(max(128, model.total_params // tp // 128 * 128))
+            out.add(min(MAX_MODEL_ELEMS, model.seq_length * model.hidden_size))
+            out.add(min(MAX_MODEL_ELEMS, model.seq_length * model.ffn // tp))
+            out.add(max(128, min(MAX_MODEL_ELEMS, model.total_params // tp) // 128 * 128))
     return sorted(out)
 
 
@@ -116,13 +125,14 @@ TOPK_FRACTIONS = (0.01, 0.1, 0.3)
 
 def topk_sizes(model: ModelSpec | None, tps: list[int], lo: int = 64 * KIB, hi: int = MIB) -> list[int]:
     """Bucket sizes (elements) for the top-k sweep: powers of 4 from lo to hi plus the
-    model's gradient elements per rank at each TP degree (tiny models fit one bucket)."""
+    model's gradient elements per rank at each TP degree (tiny models fit one bucket),
+    capped at MAX_MODEL_ELEMS."""
     out, s = set(), lo
     while s <= hi:
         out.add(s)
         s *= 4
     if model is not None:
-        out.update(model.total_params // tp for tp in tps)
+        out.update(min(MAX_MODEL_ELEMS, model.total_params // tp) for tp in tps)
     return sorted(out)
 
 
