@@ -754,7 +754,8 @@ def test_calibrate_inputs_refused_before_any_measurement(tmp_path, monkeypatch, 
     RecursionError traceback. --quick beside --repeats or --max-bytes is refused too (before:
     the user's figures were silently replaced by the smoke test's). A model whose GEMMs
     cannot be timed within a launch's limit even at the device's peak is refused (before:
-    llama3-70b on the CPU host ran until the launch's 600 s timeout)."""
+    llama3-70b on the CPU host started timing GEMMs that need at least 1346 s, past the
+    launch's 600 s limit)."""
     import os
 
     import validate.microbench as mb
