@@ -459,7 +459,7 @@ def calibrate(cluster, model, world: int, *, tps: list[int] | None = None, repea
     shapes = sorted(set(model_gemm_shapes(model, tps)) | set(sweep_gemm_shapes(max_gemm_dim)))
     gpu = cluster.devices[0].gpu
     floor_s = compute_floor_s(shapes, gpu, repeats, model_attention_shapes(model, tps))
-    if floor_s > timeout_s:  # certain to time out: say so now, not after timeout_s
+    if floor_s > timeout_s and compute_from is None:  # certain to time out: say so now, not after timeout_s
         raise InputError("--model", None, f"{model.name}: timing its {len(shapes)} GEMM shapes and its attention "
                          f"takes at least {floor_s:.0f} s on {gpu.name} even at its peak ({max(gpu.peak_tflops.values()):g} "
                          f"TFLOP/s), over the {timeout_s:.0f} s a calibration launch may take; calibrate with "
