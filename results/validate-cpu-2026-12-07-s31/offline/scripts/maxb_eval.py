@@ -1,0 +1,18 @@
+"""Offline: refit saved runs with the collective sweep cut at MAX bytes (rows above dropped)."""
+import sys
+from dataclasses import replace
+sys.path.insert(0, '/work/main')
+import benchmarks.repredict as rp
+from validate.bench_record import load_bench
+MAX = int(sys.argv[1])
+orig_load = rp.__dict__.get('load_bench')
+import validate.bench_record as br
+_lb = br.load_bench
+def lb(*a, **k):
+    r = _lb(*a, **k)
+    r = replace(r)
+    r.collectives = [c for c in r.collectives if c.nbytes <= MAX]
+    r.launch_samples = [s for s in r.launch_samples if s[2] <= MAX]
+    return r
+br.load_bench = lb
+rp.main(["--refit", "--pool"] + sys.argv[2:])
