@@ -11,7 +11,10 @@
 #    (plansim calibrate --compute-from; on a 2-core host both time compute in 2 processes
 #    at once), about 12 s less. Six runs so (2026-12-01, 253-266 s) met the target in 3,
 #    with the 2-process plans predicted 2-5 points lower than by the default order
-#    (GPipe -11.4 % on average against -6.4 %), so it is not the default.
+#    (GPipe -11.4 % on average against -6.4 %), so it is not the default. Since the two
+#    calibrations' compute is pooled (mechanism 58) reuse costs more: about 40 s less on the
+#    seventh host type, but the 34 saved runs of sessions 26-30 refitted as if reused met
+#    the six in 13 of 34 against 17 (mechanism 60).
 # 2. Run eight plans of the tiny model (three of them in 4 processes) for real and predict each with the profile calibrated
 #    at its process count: measured vs predicted median step time, error, Spearman rank
 #    correlation. Writes OUT_DIR/{cpu-w2,cpu-w4}.yaml (+ .bench.json), calibrate-w*.txt,
