@@ -236,6 +236,32 @@ def test_compute_floor_by_hand():
     assert compute_floor_s([(1000, 1000, 1000, 1)], cpu, 5, [(8, 1000, 125)]) == pytest.approx(0.056)
 
 
+def test_compute_floor_skipped_when_compute_is_reused(tmp_path, monkeypatch):
+    """--compute-from times no GEMMs, so the up-front floor does not refuse it: llama3-70b
+    without a record is refused before any measurement, with one it reaches the
+    measurements (stubbed here to stop at once)."""
+    import json
+
+    import validate.calibrate as vc
+    import validate.microbench as mb
+    reached = []
+
+    def stop(*a, **k):
+        reached.append(k.get("compute_from"))
+        raise RuntimeError("measurements reached")
+    monkeypatch.setattr(mb, "run_microbenchmarks", stop)
+    cluster = load_topology("localhost-cpu", nodes=1, gpus_per_node=2)
+    big = load_model("llama3-70b")
+    with pytest.raises(InputError, match="takes at least"):
+        vc.calibrate(cluster, big, 2, backend="gloo")
+    assert reached == []
+    record = tmp_path / "w4.bench.json"
+    record.write_text(json.dumps(synthetic_bench(2).to_dict()))
+    with pytest.raises(RuntimeError, match="measurements reached"):
+        vc.calibrate(cluster, big, 2, backend="gloo", compute_from=str(record))
+    assert len(reached) == 1 and reached[0] is not None
+
+
 def test_model_sizes_are_capped_for_large_models():
     """The memory-bound and top-k sweeps take a model's own sizes (tiny: its 867,072
     weights, 433,536 a rank at tp=2, its activations 64 x 128 and 64 x 512 / tp) but never
