@@ -72,9 +72,9 @@ if [ "${STAGE_SCALES:-0}" = 1 ]; then SCALES=(--stage-scales); fi
 # The collective sweep ends at MAX_BYTES (default 4 MiB, not calibrate's 64 MiB): tiny's
 # largest message is its whole fp32 gradient, 867,072 weights = 3.31 MiB (costmodel/
 # memory.stage_params), so 8..64 MiB price nothing these plans send; at 4 processes the
-# 2..64 MiB sizes took about 14 s of a calibration on the seventh host type (timed alone). The 34 saved runs of sessions 26-30
-# refitted without their rows above 4 MiB met the six in 18 of 34, against 17 with them
-# (docs/validation-cpu.md mechanism 60). MAX_BYTES=67108864: the full sweep.
+# 2..64 MiB sizes took about 14 s of a calibration on the seventh host type (timed alone).
+# The 34 saved runs of sessions 26-30 refitted without their rows above 4 MiB met the six
+# in 18 of 34, against 17 with them (docs/validation-cpu.md mechanism 60). MAX_BYTES=67108864: the full sweep.
 MAX_BYTES="${MAX_BYTES:-4194304}"
 for W in "${WORLDS[@]}"; do
     REUSE=()
