@@ -1,6 +1,6 @@
 """Re-predict saved CPU validation runs with this tree's model: the measurements stay fixed.
 
-    python3 benchmarks/repredict.py [--launch-aggregate mean|median | --refit] [--memory-model cache] [--stage-scales] [--pool] [--no-drift] [--no-call-drift] RESULTS_DIR [RESULTS_DIR ...]
+    python3 benchmarks/repredict.py [--launch-aggregate mean|median | --refit] [--memory-model cache] [--stage-scales] [--pool] [--no-drift] [--no-call-drift] [--no-call-anchor] RESULTS_DIR [RESULTS_DIR ...]
 
 Each RESULTS_DIR is what benchmarks/validate_cpu.sh wrote: validation.json (the measured
 steps, the plans, the host-speed probe of each run) and cpu-w<N>.yaml (the profile
@@ -42,6 +42,9 @@ calibration records first, as `plansim calibrate --pool` does (validate/pool.py)
 calibrated, where the run was saved with call probes and the profile has their calibrated
 figure (call_probe_us; from session 28 on, or any record with --refit): what the validator
 predicted before the call probe (docs/validation-cpu.md mechanism 59).
+--no-call-anchor scales the call costs by the probes' ratio to the calibrated figure, not
+to the profile's own price of that row (validate/probe.anchored_call_factor; mechanism
+61): what the validator predicted in sessions 28-31.
 --no-drift predicts every plan with its profile as calibrated, ignoring the speed probe's
 drift factor the run applied (what `plansim validate --no-drift-correction` would have
 predicted): whether the probe's correction helped those runs.
@@ -157,16 +160,19 @@ def refit_profile(path: Path, world: int, aggregate: str | None, cluster, memory
 def repredict(path: Path, aggregate: str | None = None, drift: bool = True,
               refit: bool = False, memory_model: str = "bandwidth",
               scales: bool = False, pool: bool = False,
-              call_drift: bool = True) -> list[tuple[str, int, float, float, float]]:
+              call_drift: bool = True, call_anchor: bool = True) -> list[tuple[str, int, float, float, float]]:
     """(plan, processes, measured s, saved prediction s, new prediction s) per plan;
     ``refit`` or ``aggregate``: refit each profile (refit_profile) first, ``aggregate``
     merging its launches; ``drift`` False: the profile unscaled by the run's speed probe;
     ``call_drift`` False: its call costs unscaled by the run's call probes (a run saved
     with them and a profile with call_probe_us: validate/probe.call_drift, as the
-    validator applies it)."""
+    validator applies it); ``call_anchor`` False: that factor not anchored to the profile's
+    price of the probe's row (validate/probe.anchored_call_factor), as the validator
+    predicted before session 32."""
     from costmodel.profile import load_profile
     from plansim.cmd_calibrate import resolve_world
     from sim.core_sharing import slowed_calls, slowed_profile
+    from validate.probe import anchored_call_factor, call_probe_price_s
     from validate.probe import call_drift as call_factors
     from sim.metrics import simulate
     from specs.model import load_model
@@ -193,6 +199,9 @@ def repredict(path: Path, aggregate: str | None = None, drift: bool = True,
         prepared.append((plan, cluster, profiles[world]))
     calls = call_factors([((p.get("call_probe") or {}).get("launches_s") or [], profile.runtime.call_probe_us)
                           for p, (_, _, profile) in zip(rows, prepared)])
+    if call_anchor:
+        calls = [anchored_call_factor(f, profile.runtime.call_probe_us, *call_probe_price_s(profile, cluster))
+                 for f, (_, cluster, profile) in zip(calls, prepared)]
     for i, (p, (plan, cluster, profile), call_f) in enumerate(zip(rows, prepared, calls)):
         factor = run_drift(rows, i) if drift else None
         profile = slowed_profile(profile, factor) if factor else profile
@@ -224,7 +233,8 @@ def main(argv: list[str]) -> int:
     if "--no-drift" in argv:
         drift, argv = False, [a for a in argv if a != "--no-drift"]
     call_drift = "--no-call-drift" not in argv
-    argv = [a for a in argv if a != "--no-call-drift"]
+    call_anchor = "--no-call-anchor" not in argv
+    argv = [a for a in argv if a not in ("--no-call-drift", "--no-call-anchor")]
     if "--refit" in argv:
         refit, argv = True, [a for a in argv if a != "--refit"]
     from costmodel.profile import MEMORY_MODELS
@@ -257,7 +267,8 @@ def main(argv: list[str]) -> int:
     errors: dict[str, list[float]] = {}
     if not argv:
         raise InputError("repredict", "RESULTS_DIR", "give at least one results directory")
-    runs = [(d, repredict(d, aggregate, drift, refit, memory_model, scales, pool, call_drift)) for d in map(Path, argv)]  # every input checked before printing
+    runs = [(d, repredict(d, aggregate, drift, refit, memory_model, scales, pool, call_drift, call_anchor))
+            for d in map(Path, argv)]  # every input checked before printing
     print(f"{'run':24s} {'plan':26s} {'procs':>5} {'measured ms':>11} {'saved':>8} {'now':>8}")
     for d, rows in runs:
         for plan, world, measured, saved, now in rows:

@@ -267,14 +267,25 @@ def test_calibrate_and_validate_smoke(tmp_path, capsys):
     plan = resolve_plan({"dp": 2, "precision": "fp32"}, model, 2)
     used = slowed_profile(profile, f) if f is not None else profile
     # The call probe likewise: timed at calibration (call_probe_us) and beside the run, the
-    # fabric's call costs scaled by the ratio (validate/probe.call_drift, sim/core_sharing.slowed_calls).
+    # fabric's call costs scaled so that the profile prices the probe's row at what the probes
+    # read (validate/probe.call_drift, anchored_call_factor, sim/core_sharing.slowed_calls).
     from sim.core_sharing import slowed_calls
-    from validate.probe import call_drift
+    from validate.calibrate import collective_time_s
+    from validate.probe import CALL_PROBE_BYTES, anchored_call_factor, call_drift
     calls = d["call_probe"]
     assert calls["calibrated_s"] == pytest.approx(profile.runtime.call_probe_us * 1e-6) and calls["calibrated_s"] > 0
     assert len(calls["launches_s"]) == 2 and all(x > 0 for pair in calls["launches_s"] for x in pair)
-    cf = call_drift([(calls["launches_s"], profile.runtime.call_probe_us)])[0]
+    node = cluster.nodes[0]
+
+    def row_s(p):  # the probe's row as calibration's fit prices it
+        return collective_time_s("all_reduce", CALL_PROBE_BYTES, 2, node.intra_bw_Bps, node.intra_latency_s,
+                                 p.fabric(node.intra_kind))
+    assert calls["priced_s"] == pytest.approx(row_s(profile), rel=1e-9) and calls["priced_s"] > 0
+    ratio = call_drift([(calls["launches_s"], profile.runtime.call_probe_us)])[0]
+    cf = anchored_call_factor(ratio, profile.runtime.call_probe_us, row_s(profile), row_s(slowed_calls(profile, 0.0)))
     assert calls["drift_factor"] == (None if cf is None else pytest.approx(cf)) and calls["applied"] == (cf is not None)
+    if cf is not None and cf != ratio:  # anchored: the row priced at the probes' median
+        assert row_s(slowed_calls(profile, cf)) == pytest.approx(ratio * profile.runtime.call_probe_us * 1e-6)
     used = slowed_calls(used, cf) if cf is not None else used
     assert d["predicted_step_time_s"] == pytest.approx(simulate(model, plan, cluster, used).step_time_s, rel=1e-9)
 

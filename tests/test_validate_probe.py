@@ -116,8 +116,9 @@ def test_record_keeps_each_launchs_call_probes():
 
 
 def test_comparison_reports_the_call_drift():
-    """The text and the JSON say what the call probe read, against what, and whether the
-    prediction's call costs were scaled."""
+    """The text and the JSON say what the call probe read, against what calibration timed
+    and what the profile prices that row at, and whether the prediction's call costs were
+    scaled."""
     from types import SimpleNamespace
     ws = [_worker(r, [4e-3, 4e-3]) for r in range(2)]
     for w in ws:
@@ -125,10 +126,12 @@ def test_comparison_reports_the_call_drift():
     rec = RunRecord.from_workers(ws, model="tiny", plan="tp=2", backend="gloo", device="cpu",
                                  steps=1, warmup=0, seed=0)
     sim = SimpleNamespace(step_time_s=1.0, breakdown={"compute": 1.0})
-    c = compare(rec, sim, call_drift=1.25, call_drift_applied=True, calibrated_call_probe_s=2e-3)
-    assert ("call probe: 2.50 ms a 2-rank all-reduce after compute during the run, 2.00 ms at calibration "
-            "(call costs predicted x1.250, the median over the probes of the plans of 2 processes)") in format_comparison(c)
-    assert c.to_dict()["call_probe"] == {"launches_s": [[2.4e-3, 2.6e-3]], "calibrated_s": 2e-3,
+    c = compare(rec, sim, call_drift=1.25, call_drift_applied=True, calibrated_call_probe_s=2e-3,
+                priced_call_probe_s=2.2e-3)
+    assert ("call probe: 2.50 ms a 2-rank all-reduce after compute during the run, 2.00 ms at calibration, "
+            "2.20 ms as the profile prices it (call costs predicted x1.250, from the median over the probes of "
+            "the plans of 2 processes)") in format_comparison(c)
+    assert c.to_dict()["call_probe"] == {"launches_s": [[2.4e-3, 2.6e-3]], "calibrated_s": 2e-3, "priced_s": 2.2e-3,
                                          "drift_factor": 1.25, "applied": True}
     off = compare(rec, sim, call_drift=None, calibrated_call_probe_s=2e-3)
     assert f"(outside {DRIFT_MIN:g}..{DRIFT_MAX:g}, not applied)" in format_comparison(off)
@@ -154,3 +157,69 @@ def test_slowed_calls_scales_call_costs_and_nothing_else():
     assert got.all_gather_call_us is None and got.bw_eff == 0.3 and got.send_recv_preposted_us == 300.0
     assert slowed_calls(prof, 1.5).gpus == prof.gpus and slowed_calls(prof, 1.5).runtime == prof.runtime
     assert slowed_calls(prof, 1.0) is prof
+
+
+def _anchor_case():
+    """localhost-cpu at 2 processes with session 32 `a-1`'s fitted loopback fabric (bw_eff
+    0.061, hop 153.309 us, all-reduce call 1,562.196 us) and its calibrated call probe
+    (1,659.5 us)."""
+    from dataclasses import replace
+
+    from costmodel.profile import FabricEfficiency, load_profile
+    from plansim.cmd_calibrate import resolve_world
+    cluster, _ = resolve_world("localhost-cpu", 2, "--world", "")
+    base = load_profile(None, bundled=cluster.profiles)
+    fab = FabricEfficiency(bw_eff=0.061, call_latency_us=1127.405, hop_latency_us=153.309,
+                           all_reduce_call_us=1562.196)
+    profile = replace(base, fabrics={**base.fabrics, "loopback": fab},
+                      runtime=replace(base.runtime, call_probe_us=1659.5))
+    return cluster, profile
+
+
+def test_call_probe_price_by_hand():
+    """The profile prices the probe's row (32 KiB, 2 ranks, ring all-reduce on loopback at
+    10 GB/s x 0.061) at 2(n-1)/n x 32,768 B / 0.61 GB/s = 53.72 us of bandwidth, plus
+    2(n-1) x 153.309 us of steps, plus the 1,562.196 us call: 1,922.53 us, the fitted
+    figure `a-1`'s calibration printed for that row (1,922.5). The part slowed_calls does not
+    scale is the bandwidth term alone. A profile without a calibrated probe has no price."""
+    from dataclasses import replace
+
+    from validate.probe import call_probe_price_s
+    cluster, profile = _anchor_case()
+    priced, fixed = call_probe_price_s(profile, cluster)
+    bw_us = 32768 / (10e9 * 0.061) * 1e6
+    assert fixed * 1e6 == pytest.approx(bw_us, rel=1e-9) and bw_us == pytest.approx(53.72, abs=0.01)
+    assert priced * 1e6 == pytest.approx(bw_us + 2 * 153.309 + 1562.196, rel=1e-9)
+    assert priced * 1e6 == pytest.approx(1922.53, abs=0.01)
+    bare = replace(profile, runtime=replace(profile.runtime, call_probe_us=0.0))
+    assert call_probe_price_s(bare, cluster) == (0.0, 0.0)
+
+
+def test_anchored_factor_prices_the_row_at_what_the_probes_read():
+    """The probes read 1.82 ms against 1,659.5 us at calibration (call_drift: 1.0967). The
+    anchored factor is (1,820 - 53.72) / (1,922.53 - 53.72) = 0.9451 by hand, and the
+    profile slowed by it (sim/core_sharing.slowed_calls) prices the row, through the
+    calibration's own formula, at 1,820 us: what the probes read, where the unanchored
+    factor prices it at 1.0967 x 1,868.81 + 53.72 = 2,103.3 us. None stays None, a missing
+    price leaves the factor as it is, and so does an anchor outside [DRIFT_MIN,
+    DRIFT_MAX] (a fit that prices the row 4x what calibration timed)."""
+    from sim.core_sharing import slowed_calls
+    from validate.calibrate import collective_time_s
+    from validate.probe import CALL_PROBE_BYTES, anchored_call_factor, call_drift, call_probe_price_s
+    cluster, profile = _anchor_case()
+    f = call_drift([([[1.82e-3, 1.82e-3]], 1659.5)])[0]
+    assert f == pytest.approx(1.82 / 1.6595)
+    priced, fixed = call_probe_price_s(profile, cluster)
+    got = anchored_call_factor(f, 1659.5, priced, fixed)
+    assert got == pytest.approx((1820 - 53.72) / (1922.53 - 53.72), rel=1e-4)
+    assert got == pytest.approx(0.9451, abs=1e-4)
+    node = cluster.nodes[0]
+
+    def row_us(p):
+        return collective_time_s("all_reduce", CALL_PROBE_BYTES, 2, node.intra_bw_Bps, node.intra_latency_s,
+                                 p.fabric(node.intra_kind)) * 1e6
+    assert row_us(slowed_calls(profile, got)) == pytest.approx(1820.0, rel=1e-9)
+    assert row_us(slowed_calls(profile, f)) == pytest.approx(2103.3, abs=0.1)
+    assert anchored_call_factor(None, 1659.5, priced, fixed) is None
+    assert anchored_call_factor(f, 1659.5, 0.0, 0.0) == f
+    assert anchored_call_factor(f, 1659.5, 4 * 1659.5e-6, fixed) == f

@@ -32,12 +32,14 @@ class Comparison:
     drift_applied: bool = False
     calibrated_probe_s: float = 0.0
     drift_plans: int = 1  # plans whose probes the factor pools (probe.validation_drift)
-    # validate/probe.call_probe_s: the collectives' call cost during the run over at
-    # calibration (probe.call_drift; None: not both measured, or out of bounds), whether the
-    # prediction used it, the calibrated figure
+    # validate/probe.call_probe_s: the factor on the collectives' call costs that prices the
+    # probe's row at what the probes read during the run (probe.call_drift anchored by
+    # probe.anchored_call_factor; None: not both measured, or out of bounds), whether the
+    # prediction used it, the calibrated figure, the profile's own price of that row
     call_drift: float | None = None
     call_drift_applied: bool = False
     calibrated_call_probe_s: float = 0.0
+    priced_call_probe_s: float = 0.0
     # Activations kept for backward, measured on the first step (validate/saved_bytes.py)
     # and predicted by the cost model's memory (costmodel/device_memory.py), per rank.
     saved: dict = field(default_factory=dict)
@@ -72,8 +74,8 @@ class Comparison:
                 # all-reduce adds to a round of layer code (validate/probe.call_probe_s)
                 "call_probe": {"launches_s": [[float(x) for x in p]
                                               for p in self.record.get("launch_call_probes_s", [])],
-                               "calibrated_s": self.calibrated_call_probe_s, "drift_factor": self.call_drift,
-                               "applied": self.call_drift_applied},
+                               "calibrated_s": self.calibrated_call_probe_s, "priced_s": self.priced_call_probe_s,
+                               "drift_factor": self.call_drift, "applied": self.call_drift_applied},
                 "activation_memory": self.saved,
                 "phases_by_stage": {str(s): v for s, v in self.stages.items()}}
 
@@ -154,7 +156,7 @@ def phases_by_stage(per_rank: list[dict], sim: StepResult) -> dict[int, dict[str
 def compare(record, sim: StepResult, *, drift: float | None = None, drift_applied: bool = False,
             calibrated_probe_s: float = 0.0, saved: dict | None = None, drift_plans: int = 1,
             call_drift: float | None = None, call_drift_applied: bool = False,
-            calibrated_call_probe_s: float = 0.0) -> Comparison:
+            calibrated_call_probe_s: float = 0.0, priced_call_probe_s: float = 0.0) -> Comparison:
     """Pair a run record with the simulated step of the same plan (simulated with the
     profile slowed by ``drift`` when ``drift_applied``, its call costs by ``call_drift``
     when ``call_drift_applied``); ``saved``: saved_activations'."""
@@ -168,7 +170,7 @@ def compare(record, sim: StepResult, *, drift: float | None = None, drift_applie
                       phases=phases, record=record.to_dict(), sim=sim, drift=drift, drift_applied=drift_applied,
                       calibrated_probe_s=calibrated_probe_s, saved=saved or {}, drift_plans=drift_plans,
                       call_drift=call_drift, call_drift_applied=call_drift_applied,
-                      calibrated_call_probe_s=calibrated_call_probe_s,
+                      calibrated_call_probe_s=calibrated_call_probe_s, priced_call_probe_s=priced_call_probe_s,
                       stages=phases_by_stage(record.per_rank, sim))
 
 
@@ -303,11 +305,12 @@ def format_comparison(c: Comparison) -> str:
                      f"at calibration ({how})")
     calls = [x for pair in c.record.get("launch_call_probes_s", []) for x in pair if x > 0]
     if calls and c.calibrated_call_probe_s > 0:
-        how = (f"call costs predicted x{c.call_drift:.3f}, the median over the probes of the plans of "
+        how = (f"call costs predicted x{c.call_drift:.3f}, from the median over the probes of the plans of "
                f"{c.world} processes" if c.call_drift_applied else
                "not applied" if c.call_drift is not None else f"outside {DRIFT_MIN:g}..{DRIFT_MAX:g}, not applied")
+        priced = f", {c.priced_call_probe_s * 1e3:.2f} ms as the profile prices it" if c.priced_call_probe_s > 0 else ""
         lines.append(f"  call probe: {median(calls) * 1e3:.2f} ms a 2-rank all-reduce after compute during the run, "
-                     f"{c.calibrated_call_probe_s * 1e3:.2f} ms at calibration ({how})")
+                     f"{c.calibrated_call_probe_s * 1e3:.2f} ms at calibration{priced} ({how})")
     if c.saved:
         sv = c.saved
         lines.append(f"  activations kept for backward (first step, busiest rank {sv['rank']}): measured "

@@ -191,6 +191,42 @@ def call_drift(plans: list) -> list[float | None]:
     return out
 
 
+def call_probe_price_s(profile, cluster) -> tuple[float, float]:
+    """(the profile's price of the call probe's row, the part of it that
+    sim/core_sharing.slowed_calls leaves unscaled), seconds: one CALL_PROBE_BYTES 2-rank
+    all-reduce on the first node's own fabric as the cost model gives it
+    (validate/calibrate.collective_time_s: the simulator's ring formula plus the call), and
+    the same with every per-call cost at 0 (its bandwidth term). (0.0, 0.0) where the
+    profile was calibrated without the probe's row (call_probe_us 0)."""
+    if profile.runtime.call_probe_us <= 0:
+        return 0.0, 0.0
+    from sim.core_sharing import slowed_calls
+    from validate.calibrate import collective_time_s
+    node = cluster.nodes[0]
+
+    def price(p) -> float:
+        return collective_time_s("all_reduce", CALL_PROBE_BYTES, 2, node.intra_bw_Bps, node.intra_latency_s,
+                                 p.fabric(node.intra_kind))
+    return price(profile), price(slowed_calls(profile, 0.0))
+
+
+def anchored_call_factor(f: float | None, calibrated_us: float, priced_s: float, fixed_s: float) -> float | None:
+    """The factor slowed_calls takes so that the model prices the call probe's row at what
+    the probes read during the run (f x the calibrated figure, f from call_drift): (f x
+    calibrated - fixed) / (priced - fixed), ``priced_s`` and ``fixed_s`` from
+    call_probe_price_s. Why not f itself (docs/validation-cpu.md mechanism 61): the
+    profile's call costs are one least-squares fit over four sizes, and on the seventh host
+    type it priced this very row 16 % above what calibration timed (1,922 us against 1,660
+    in session 32's `a-1`): scaling that fit by the drift carried the fit's miss into every
+    tensor-parallel call, and tp=2's calls are this row. ``f`` unchanged where there is no
+    price, and where the anchor alone (the factor over f) would be outside [DRIFT_MIN,
+    DRIFT_MAX]: a fit that far off its own row is not one this can mend. None stays None."""
+    if f is None or calibrated_us <= 0 or priced_s <= fixed_s:
+        return f
+    got = (f * calibrated_us * 1e-6 - fixed_s) / (priced_s - fixed_s)
+    return got if got > 0 and DRIFT_MIN <= got / f <= DRIFT_MAX else f
+
+
 def validation_drift(plans: list) -> float | None:
     """One drift factor for every plan of a validation: the median, over all the probes
     every plan's launches took (before and after their steps), of probe over the
