@@ -1,7 +1,9 @@
 """Throwaway: what a 32 KiB 2-rank all-reduce adds to a round of layer code of about G
-seconds, for G in GAPS, interleaved in one launch (several launches)."""
-import sys, json, statistics
-sys.path.insert(0, "/work/main")
+seconds, for G in GAPS, interleaved in one launch (several launches). Run from the
+repository root with torch installed: python3 results/validate-cpu-2026-12-07-s32/offline/gapexp.py 6"""
+import sys
+from pathlib import Path
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the repository root
 GAPS = (0.25e-3, 1e-3, 0.25e-3, 1e-3, 0.25e-3, 1e-3)
 
 def worker(rank, world):
@@ -21,11 +23,9 @@ def worker(rank, world):
 if __name__ == "__main__":
     from validate.launch import launch
     from validate.microbench import worker_threads_env
-    res = []
     for k in range(int(sys.argv[1])):
         with worker_threads_env(2):
             got = launch(worker, 2, (), timeout_s=120, backend="gloo")
-        res.append(got[0])
         by = {}
         for g, s in got[0]:
             by.setdefault(g, []).append(s * 1e3)
