@@ -172,8 +172,7 @@ def repredict(path: Path, aggregate: str | None = None, drift: bool = True,
     from costmodel.profile import load_profile
     from plansim.cmd_calibrate import resolve_world
     from sim.core_sharing import slowed_calls, slowed_profile
-    from validate.probe import anchored_call_factor, call_probe_price_s
-    from validate.probe import call_drift as call_factors
+    from validate.probe import call_factors
     from sim.metrics import simulate
     from specs.model import load_model
     from specs.plan import resolve_plan
@@ -197,11 +196,8 @@ def repredict(path: Path, aggregate: str | None = None, drift: bool = True,
             profiles[world] = (refit_profile(path, world, aggregate, cluster, memory_model, scales, pool)
                                if aggregate or refit else load_profile(str(prof_file), bundled=cluster.profiles))
         prepared.append((plan, cluster, profiles[world]))
-    calls = call_factors([((p.get("call_probe") or {}).get("launches_s") or [], profile.runtime.call_probe_us)
-                          for p, (_, _, profile) in zip(rows, prepared)])
-    if call_anchor:
-        calls = [anchored_call_factor(f, profile.runtime.call_probe_us, *call_probe_price_s(profile, cluster))
-                 for f, (_, cluster, profile) in zip(calls, prepared)]
+    calls = [f for f, _ in call_factors([((p.get("call_probe") or {}).get("launches_s") or [], profile, cluster)
+                                         for p, (_, cluster, profile) in zip(rows, prepared)], call_anchor)]
     for i, (p, (plan, cluster, profile), call_f) in enumerate(zip(rows, prepared, calls)):
         factor = run_drift(rows, i) if drift else None
         profile = slowed_profile(profile, factor) if factor else profile

@@ -98,8 +98,7 @@ def validate_plans(topology: str, model_name: str, plans: list[str], profiles: d
     from sim.core_sharing import slowed_calls, slowed_profile
     from validate.compare import compare, predicted_saved_bytes, saved_activations
     from validate.profile_file import runtime_facts
-    from validate.probe import (anchored_call_factor, call_drift, call_probe_price_s, drift_factor,
-                                validation_drift)
+    from validate.probe import call_factors, drift_factor, validation_drift
 
     model = load_model(model_name)
     if prepared is None:
@@ -153,14 +152,11 @@ def validate_plans(topology: str, model_name: str, plans: list[str], profiles: d
     # a plan's own otherwise.
     pooled = validation_drift([(rec.launch_probes_s, profile.runtime.speed_probe_us)
                                for rec, (_, _, profile, _) in zip(records, prepared)])
-    # The collectives' call costs: one factor for the plans of each profile (probe.call_drift).
-    # Each anchored to the profile's own price of the probe's row (probe.anchored_call_factor).
-    calls = call_drift([(rec.launch_call_probes_s, profile.runtime.call_probe_us)
-                        for rec, (_, _, profile, _) in zip(records, prepared)])
-    prices = [call_probe_price_s(profile, cluster) for _, cluster, profile, _ in prepared]
-    calls = [anchored_call_factor(f, profile.runtime.call_probe_us, *price)
-             for f, (_, _, profile, _), price in zip(calls, prepared, prices)]
-    for (plan, cluster, profile, prof_path), rec, call_f, price in zip(prepared, records, calls, prices):
+    # The collectives' call costs: one factor for the plans of each profile, anchored to the
+    # profile's own price of the probe's row (probe.call_factors).
+    calls = call_factors([(rec.launch_call_probes_s, profile, cluster)
+                          for rec, (_, cluster, profile, _) in zip(records, prepared)])
+    for (plan, cluster, profile, prof_path), rec, (call_f, priced) in zip(prepared, records, calls):
         drift = pooled if pooled is not None else drift_factor(rec.speed_probe_s, profile.runtime.speed_probe_us)
         applied = drift_correction and drift is not None
         call_applied = drift_correction and call_f is not None
@@ -176,7 +172,7 @@ def validate_plans(topology: str, model_name: str, plans: list[str], profiles: d
                            drift_plans=len(prepared) if pooled is not None else 1, call_drift=call_f,
                            call_drift_applied=call_applied,
                            calibrated_call_probe_s=profile.runtime.call_probe_us * 1e-6,
-                           priced_call_probe_s=price[0]))
+                           priced_call_probe_s=priced))
     return out
 
 

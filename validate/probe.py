@@ -227,6 +227,21 @@ def anchored_call_factor(f: float | None, calibrated_us: float, priced_s: float,
     return got if got > 0 and DRIFT_MIN <= got / f <= DRIFT_MAX else f
 
 
+def call_factors(plans: list, anchor: bool = True) -> list[tuple[float | None, float]]:
+    """(factor, price) per plan: the factor the validator scales the plan's call costs by
+    (call_drift over the plans of its profile, anchored by anchored_call_factor unless
+    ``anchor`` is False) and its profile's price of the probe's row in seconds
+    (call_probe_price_s; 0.0 without one); ``plans`` is [(launch call probes [[before,
+    after], ...], profile, cluster)]. The one place plansim validate and
+    benchmarks/repredict.py take them from."""
+    ratios = call_drift([(launches, profile.runtime.call_probe_us) for launches, profile, _ in plans])
+    out = []
+    for f, (_, profile, cluster) in zip(ratios, plans):
+        priced, fixed = call_probe_price_s(profile, cluster)
+        out.append((anchored_call_factor(f, profile.runtime.call_probe_us, priced, fixed) if anchor else f, priced))
+    return out
+
+
 def validation_drift(plans: list) -> float | None:
     """One drift factor for every plan of a validation: the median, over all the probes
     every plan's launches took (before and after their steps), of probe over the
