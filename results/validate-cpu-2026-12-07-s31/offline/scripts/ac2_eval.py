@@ -2,7 +2,8 @@
 optionally with the collective sweep cut at MAX bytes."""
 import sys, statistics
 from dataclasses import replace
-sys.path.insert(0, '/work/main')
+from pathlib import Path
+sys.path.insert(0, str(Path(__file__).resolve().parents[4]))  # the repository root
 import benchmarks.repredict as rp
 import validate.bench_record as br
 from validate.microbench import with_launch_aggregate

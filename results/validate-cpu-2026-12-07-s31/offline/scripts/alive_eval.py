@@ -2,7 +2,8 @@
 (records hold 2 per worker); combined with the after-compute 2-launch and 4 MiB emulation if ARG2."""
 import sys, statistics
 from dataclasses import replace
-sys.path.insert(0, '/work/main')
+from pathlib import Path
+sys.path.insert(0, str(Path(__file__).resolve().parents[4]))  # the repository root
 import benchmarks.repredict as rp
 import validate.bench_record as br
 from validate.microbench import with_launch_aggregate

@@ -1,6 +1,7 @@
 """Offline: the call factor applied as f**ALPHA (ALPHA=1: mechanism 59 as is; 0: off)."""
-import sys, re, statistics
-sys.path.insert(0, '/work/main')
+import sys
+from pathlib import Path
+sys.path.insert(0, str(Path(__file__).resolve().parents[4]))  # the repository root
 import benchmarks.repredict as rp
 import validate.probe as pr
 ALPHA = float(sys.argv[1])

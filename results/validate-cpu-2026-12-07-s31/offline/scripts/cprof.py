@@ -1,5 +1,6 @@
 import sys, time
-sys.path.insert(0, '/work/main')
+from pathlib import Path
+sys.path.insert(0, str(Path(__file__).resolve().parents[4]))  # the repository root
 from validate.compute_bench import ComputeConfig, compute_worker
 from validate.microbench import (TOPK_FRACTIONS, memory_sizes, model_attention_shapes, model_gemm_shapes,
                                  sweep_gemm_shapes, topk_sizes, worker_threads_env, worker_threads)

@@ -1,8 +1,9 @@
 import sys, time
-sys.path.insert(0, '/work/main')
+from pathlib import Path
+sys.path.insert(0, str(Path(__file__).resolve().parents[4]))  # the repository root
 from validate.host_draws import chain_drawer, recompute_drawer, fsdp_drawer, microbatch_drawer
 from validate.alive_bench import alive_drawer, split_drawer, alive_model
-from validate.microbench import worker_threads_env, worker_threads
+from validate.microbench import worker_threads_env
 from specs.model import load_model
 from validate.launch import launch
 def w(rank, world):

@@ -1,7 +1,8 @@
 """Offline: probes taken once per shared launch (the first plan's before, the last plan's after)
 instead of before and after every plan."""
 import sys, statistics
-sys.path.insert(0, '/work/main')
+from pathlib import Path
+sys.path.insert(0, str(Path(__file__).resolve().parents[4]))  # the repository root
 import benchmarks.repredict as rp
 from validate.probe import DRIFT_MIN, DRIFT_MAX
 MODE = sys.argv[1]

@@ -1,11 +1,10 @@
 """Offline: refit saved runs with the collective sweep cut at MAX bytes (rows above dropped)."""
 import sys
 from dataclasses import replace
-sys.path.insert(0, '/work/main')
+from pathlib import Path
+sys.path.insert(0, str(Path(__file__).resolve().parents[4]))  # the repository root
 import benchmarks.repredict as rp
-from validate.bench_record import load_bench
 MAX = int(sys.argv[1])
-orig_load = rp.__dict__.get('load_bench')
 import validate.bench_record as br
 _lb = br.load_bench
 def lb(*a, **k):

@@ -1,6 +1,7 @@
 """Offline: the saved runs re-predicted with only one of each launch's two call probes (before: index 0)."""
 import sys
-sys.path.insert(0, '/work/main')
+from pathlib import Path
+sys.path.insert(0, str(Path(__file__).resolve().parents[4]))  # the repository root
 import benchmarks.repredict as rp
 WHICH = sys.argv[1]
 _lr = rp.load_run

@@ -1,7 +1,8 @@
 """Time pieces of the world-4 collective launch 1, each in its own launch."""
 import sys, time
 from dataclasses import replace
-sys.path.insert(0, '/work/main')
+from pathlib import Path
+sys.path.insert(0, str(Path(__file__).resolve().parents[4]))  # the repository root
 from validate.collective_bench import CollectiveConfig, collective_worker, sizes_bytes, COLLECTIVES
 from validate.microbench import AFTER_COMPUTE_SIZES, BUSY_CALLS, STRAGGLER_REPS, worker_threads_env, worker_threads
 from validate.launch import launch

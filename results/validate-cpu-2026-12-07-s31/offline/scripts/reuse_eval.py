@@ -3,7 +3,7 @@ from world 4's record; each profile then pooled as validate_cpu.sh does)."""
 import sys
 from dataclasses import replace
 from pathlib import Path
-sys.path.insert(0, '/work/main')
+sys.path.insert(0, str(Path(__file__).resolve().parents[4]))  # the repository root
 import benchmarks.repredict as rp
 from validate.bench_record import bench_record_path, load_bench
 from validate.microbench import fit_draw_figures, WORKER_CHAIN_DRAWS

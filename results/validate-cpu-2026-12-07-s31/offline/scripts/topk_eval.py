@@ -1,7 +1,8 @@
 """Offline: refit with the top-k samples at the model's own sizes only (power-of-4 sizes dropped)."""
 import sys
 from dataclasses import replace
-sys.path.insert(0, '/work/main')
+from pathlib import Path
+sys.path.insert(0, str(Path(__file__).resolve().parents[4]))  # the repository root
 import benchmarks.repredict as rp
 import validate.bench_record as br
 KEEP = {216768, 433536, 867072}
