@@ -107,7 +107,9 @@ def _controller(units, cfg: AdaptiveConfig, model) -> Rebalancer:
 def _gather(values: list[float], world: int) -> list[list[float]]:
     import torch
     import torch.distributed as dist
-    t = torch.tensor(values, dtype=torch.float64)
+    # NCCL gathers device tensors only
+    dev = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else None
+    t = torch.tensor(values, dtype=torch.float64, device=dev)
     parts = [torch.zeros_like(t) for _ in range(world)]
     dist.all_gather(parts, t)
     return [p.tolist() for p in parts]

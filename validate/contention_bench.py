@@ -41,7 +41,7 @@ def busy_fraction_row(cfg: CollectiveConfig, n: int, group, first: int, nxt: int
         return r.ru_utime + r.ru_stime
     active_groups = world // n if cfg.backend == "nccl" else max(1, host_cores() // n)
     active = first // n < active_groups
-    frac = torch.zeros(2, dtype=torch.float64)
+    frac = torch.zeros(2, dtype=torch.float64, device=dev)  # NCCL reduces device tensors only
     if active:
         call = collective_call("all_reduce", BUSY_BYTES // 4 // n * n, n, group, first, nxt, prv, dev)
         for _ in range(10):
@@ -223,6 +223,8 @@ def straggler_row(cfg: CollectiveConfig, n: int, group, dev, dsync, world: int) 
                 dsync()
             t = time.perf_counter()
             dist.all_reduce(buf, group=group)
+            if dsync:  # NCCL returns once the call is queued: the wait is over when the stream is
+                dsync()
             if i:  # the first phase warms up
                 got.append(time.perf_counter() - t)
         return statistics.fmean(got)
@@ -230,6 +232,6 @@ def straggler_row(cfg: CollectiveConfig, n: int, group, dev, dsync, world: int) 
     short = waits(1, 4 * STRAGGLER_ROUNDS)
     dist.barrier()
     long = waits(STRAGGLER_ROUNDS, cfg.straggler_reps)
-    extra = torch.tensor([long - short], dtype=torch.float64)
+    extra = torch.tensor([long - short], dtype=torch.float64, device=dev)
     dist.all_reduce(extra)
     return [STRAGGLER_OP, n, STRAGGLER_BYTES, max(0.0, float(extra[0]) / world)]

@@ -66,7 +66,7 @@ def posted_rows(cfg: CollectiveConfig, dev, dsync, world: int) -> list:
 
     dist.barrier()
     base = mean_round(lambda r: None) if cfg.posted_busy_idle else 0.0
-    got = torch.zeros(2, dtype=torch.float64)
+    got = torch.zeros(2, dtype=torch.float64, device=dev)  # NCCL reduces device tensors only
     for i, busy in enumerate((True, False) if cfg.posted_busy_idle else ()):
         tag0 = i * rounds
         dist.barrier()
@@ -85,7 +85,7 @@ def posted_rows(cfg: CollectiveConfig, dev, dsync, world: int) -> list:
             for _ in range(POSTED_LAG_ROUNDS):
                 compute()
             got[i] = mean_round(lambda r: dist.irecv(buf, peer, tag=tag0 + r).wait()) - base
-    got2 = torch.zeros(4, dtype=torch.float64)
+    got2 = torch.zeros(4, dtype=torch.float64, device=dev)
     got2[:2] = got
     if dist.get_backend() == "gloo":  # NCCL runs a pair's calls in order: receives posted ahead would block its sends
         pre, call = preposted_handoff_s(compute, rounds, sender, peer, tag0=2 * rounds)

@@ -155,7 +155,7 @@ class PipelineStage:
         return loss_sum
 
 
-def pipeline_groups(pipelines: list[list[int]], rank: int, interleaved: bool = False) -> dict | None:
+def pipeline_groups(pipelines: list[list[int]], rank: int, interleaved: bool = False, device=None) -> dict | None:
     """{group name: process group} of the pipeline holding ``rank`` (None if none): a
     two-rank group for every edge and direction of each pipeline (validate/p2p_order:
     pipeline_edges names them, group_of picks one for a message), activations from stage r
@@ -177,12 +177,28 @@ def pipeline_groups(pipelines: list[list[int]], rank: int, interleaved: bool = F
     as two NCCL peers' send and receive proceed without each other's host. (A two-stage
     interleaved pipeline of tiny: 81-82 ms a step with its wrap-around messages apart,
     86 ms with them on the same groups, 2026-12-04.)"""
+    import torch
     import torch.distributed as dist
     from validate.p2p_order import pipeline_edges
     mine = None
+    made = []
     for ranks in pipelines:
         gs = {name: dist.new_group(sorted((ranks[a], ranks[b]))) for name, a, b in
               pipeline_edges(len(ranks), interleaved)}
+        made.append((ranks, gs))
         if rank in ranks:
             mine = gs
+    # One blocking message on every group before any step, every rank taking the groups in
+    # the same order (so the first unfinished one always has both its ranks at it). NCCL
+    # sets a group's communicator up at its first call, with both ranks inside it; the
+    # step's first calls are receives posted on different groups by the two neighbours
+    # (stage 0 on the gradients', stage 1 on the activations'), each waiting in a set-up
+    # the other never joins. On gloo it is one small message per group.
+    token = torch.zeros(1, device=device)
+    for ranks, gs in made:
+        for name, a, b in pipeline_edges(len(ranks), interleaved):
+            if rank == ranks[a]:
+                dist.send(token, ranks[b], group=gs[name])
+            elif rank == ranks[b]:
+                dist.recv(token, ranks[a], group=gs[name])
     return mine

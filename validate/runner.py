@@ -204,7 +204,8 @@ def _worker(rank: int, world: int, model: ModelSpec, plan: Plan, cfg: RunConfig)
     seq = model.seq_length // plan.cp
     seq = seq // plan.tp if sp else seq
     pp_groups = (pipeline_groups([[plan.rank(dd, ss, tt, cc) for ss in range(p)] for dd in range(plan.dp)
-                                  for tt in range(plan.tp) for cc in range(plan.cp)], rank, v > 1) if p > 1 else None)
+                                  for tt in range(plan.tp) for cc in range(plan.cp)], rank, v > 1, device)
+                 if p > 1 else None)
     stage = PipelineStage(s, p, v, chunks, lambda st: plan.rank(d, st, t, c_idx),
                           (plan.mbs, seq, model.hidden_size), rec, reducer, device, pp_groups)
     m = plan.mb_shares[d]

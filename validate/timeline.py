@@ -27,7 +27,15 @@ class Recorder:
         self._sync = None
         if cuda:
             import torch
-            self._sync = torch.cuda.synchronize  # host timers see device work only after a sync
+            # Host timers see device work only after a sync, and only this stream's: a
+            # device-wide torch.cuda.synchronize would also wait for NCCL's own streams, where
+            # validate/pp.py has posted every receive of the step before its first action,
+            # so stage 0's first span would wait for a gradient that stage 1 sends only after
+            # stage 0's activation (a deadlock), and an overlapped gradient all-reduce would
+            # be timed as finished inside the span that launched it. Collectives join this
+            # stream through their work's wait() (or a blocking call), so a span that
+            # waits for one still times it.
+            self._sync = lambda: torch.cuda.current_stream().synchronize()
         self._stack: list[list[float]] = []
         self.begin_step()
 
