@@ -128,6 +128,38 @@ def test_calibration_takes_the_microbatches_out_of_the_per_op_cost():
     assert old.microbatch_host == {} and per_op_overheads(old)[1] == pytest.approx(3300 / 236 - 8.0)
 
 
+def test_cuda_calibration_gives_the_host_its_whole_per_op_cost():
+    """On a CUDA device (the record's device_kernel_s measured) the host issues kernels
+    asynchronously and the cost model takes the longer of device and host time
+    (costmodel/efficiency.ops_time_s), so the host's per-op figure is the training chain's
+    whole per-op cost and the device's the kernel time it measured. By hand, the record of
+    test_calibration_takes_the_microbatches_out_of_the_per_op_cost with a 3 us kernel:
+    kernel 3 us, host (3,300 - 200) / 236 = 13.136 us an op. Priced back, 100 work-free
+    ops cost 1,313.6 us on the GPU's asynchronous runtime, the same as on the CPU's
+    blocking one with the CPU record's split (8 us + 5.136 us): the chain costs what the
+    host measured either way."""
+    from dataclasses import replace
+
+    from costmodel.efficiency import GpuEfficiency, ops_time_s
+    from costmodel.flops import Op
+    from costmodel.gpus import GPU_CATALOG
+    n_a, n_b = microbatch_ops(CPU_RT)
+    draws = [[n_a * 12e-6 + 2 * 100e-6, n_b * 12e-6 + 8 * 100e-6]] * 3
+    cpu = fit_draw_figures(_record(3300e-6, 46 * 8e-6, draws))
+    cuda = replace(cpu, backend="nccl", device_kernel_s=3e-6)
+    kern, host = per_op_overheads(cuda)
+    assert kern == pytest.approx(3.0) and host == pytest.approx((3300 - 200) / 236)
+    ops = [Op("tiny", "memory", 0.0, 0.0)] * 100
+    gpu = GPU_CATALOG["H100-SXM5-80GB"]
+    priced = {}
+    for name, rec in (("cpu", cpu), ("cuda", cuda)):
+        k, h = per_op_overheads(rec)
+        rt = RuntimeSettings(**{**runtime_facts(name), "host_overhead_us": h})
+        priced[name] = ops_time_s(ops, gpu, GpuEfficiency(kernel_overhead_us=k), "fp32", rt)
+    assert priced["cuda"] == pytest.approx(100 * (3300 - 200) / 236 * 1e-6)
+    assert priced["cpu"] == pytest.approx(priced["cuda"])
+
+
 def test_calibration_inverts_what_the_simulator_charges():
     """Two independent computations agree: the simulator's step for the chain's two
     shapes on one launch-blocking device, with a per-op cost and a per-microbatch cost

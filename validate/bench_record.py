@@ -106,6 +106,9 @@ class MicrobenchResult:
     # Seconds of each family's smallest call in the timing harness ('gemm', 'bmm',
     # 'memory:<op>', 'attention'), median over the compute workers; {} in older records
     harness: dict = field(default_factory=dict)
+    # Seconds a tiny kernel takes on a CUDA device itself, back to back
+    # (compute_bench.device_kernel_s); 0: not measured (a CPU, or a record before it was)
+    device_kernel_s: float = 0.0
     # CPU time per wall second in a stream of small all-reduces (contention_bench.busy_fraction_row); 0: not measured
     comm_busy_fraction: float = 0.0
     # Extra wait of a collective closing a long compute phase (contention_bench.straggler_row),
@@ -186,7 +189,8 @@ class MicrobenchResult:
                    wall_s=d.get("wall_s", 0.0), compute_world=d.get("compute_world", 0),
                    host_cores=d.get("host_cores", 0), probe_s=d.get("probe_s", 0.0),
                    probe_draws_s=list(d.get("probe_draws_s", [])),
-                   harness=dict(d.get("harness", {})), comm_busy_fraction=d.get("comm_busy_fraction", 0.0),
+                   harness=dict(d.get("harness", {})), device_kernel_s=d.get("device_kernel_s", 0.0),
+                   comm_busy_fraction=d.get("comm_busy_fraction", 0.0),
                    straggler_s=d.get("straggler_s", 0.0), posted_busy_s=d.get("posted_busy_s", 0.0),
                    posted_idle_s=d.get("posted_idle_s", 0.0), preposted_s=d.get("preposted_s", 0.0),
                    preposted_call_s=d.get("preposted_call_s", 0.0), launch_samples=list(d.get("launch_samples", [])),
@@ -285,6 +289,8 @@ def format_compute(res: MicrobenchResult) -> str:
     if res.harness:
         lines.append("# timing harness per call (smallest call of each family; taken out before fitting rates)")
         lines.append("  " + ", ".join(f"{k} {v * 1e6:.2f} us" for k, v in res.harness.items()))
+    if res.device_kernel_s > 0:
+        lines.append(f"# device time per tiny kernel, back to back (CUDA events): {res.device_kernel_s * 1e6:.2f} us")
     lines.append("# per-op overhead (GPT layer chain at width 8, per op as the cost model counts them)")
     for i, o in enumerate(res.overhead):  # ("plain", "train"), as each draw's pair
         draws = [d[i] / o.model_ops * 1e6 for d in res.overhead_draws]

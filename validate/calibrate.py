@@ -115,11 +115,23 @@ def _robust_cost(resid: list[float]) -> float:
 def per_op_overheads(res: MicrobenchResult) -> tuple[float, float]:
     """(kernel_overhead_us, host_overhead_us) from the tiny-op chains (see module doc); the
     training chain's per-microbatch share, where measured, is not in the per-op figure
-    (validate/microbench.train_per_op_s; RuntimeSettings.microbatch_host_us holds it)."""
+    (validate/microbench.train_per_op_s; RuntimeSettings.microbatch_host_us holds it).
+
+    On a CPU an op runs in the thread that issues it (runtime.launch_blocking), and the
+    cost model adds its device and host parts: the plain chain's per-op time is the
+    device part, the training chain's excess over it (autograd's bookkeeping) the host's.
+    On a CUDA device (res.device_kernel_s measured) the host queues kernels and the device
+    runs them meanwhile, and the cost model takes the longer of the two
+    (costmodel/efficiency.ops_time_s): the whole training chain's per-op time is then the
+    host's, and the device's per-kernel part is what it measured itself. Split as on a CPU,
+    the host's share under the max would be the autograd excess alone, and a plan of small
+    ops, whose step is all host time, would be priced at the plain chain's cost an op."""
     from validate.microbench import train_per_op_s
     by = {o.what: o.per_op_s for o in res.overhead}
     plain = by.get("plain", 0.0) * 1e6
     train = train_per_op_s(res) * 1e6 if "train" in by else plain
+    if res.device_kernel_s > 0:
+        return res.device_kernel_s * 1e6, train
     return plain, max(0.0, train - plain)
 
 

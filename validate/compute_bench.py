@@ -37,6 +37,40 @@ def _cycling(sets: int, call):
     return f
 
 
+# A CUDA device's own time per tiny kernel (device_kernel_s): this many element-wise adds on
+# one element, queued behind a device-side sleep of DEVICE_SLEEP_CYCLES clock cycles (about
+# 50 ms at an H100's 1.98 GHz boost clock, NVIDIA H100 datasheet), far longer than the host
+# takes to queue them (a few microseconds each), so the device runs them back to back.
+DEVICE_KERNELS = 400
+DEVICE_SLEEP_CYCLES = 100_000_000
+DEVICE_KERNEL_REPEATS = 5
+
+
+def device_kernel_s(torch, dev) -> float:
+    """Seconds one tiny kernel takes on a CUDA device itself, back to back (between two
+    CUDA events around DEVICE_KERNELS adds queued behind torch.cuda._sleep), median of
+    DEVICE_KERNEL_REPEATS after one unmeasured. The runner's per-op host cost (the overhead
+    chain) is the host's: on a GPU the host queues kernels asynchronously and the device
+    runs each in about this long, so the cost model prices an op at the longer of the two
+    sums (costmodel/efficiency.ops_time_s), with this as the device's per-kernel overhead
+    (calibrate.per_op_overheads)."""
+    import statistics
+    x = torch.zeros(1, device=dev)
+    times = []
+    for i in range(DEVICE_KERNEL_REPEATS + 1):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize(dev)
+        torch.cuda._sleep(DEVICE_SLEEP_CYCLES)
+        start.record()
+        for _ in range(DEVICE_KERNELS):
+            x.add_(1.0)
+        end.record()
+        end.synchronize()
+        if i:
+            times.append(start.elapsed_time(end) * 1e-3 / DEVICE_KERNELS)  # elapsed_time: milliseconds
+    return statistics.median(times)
+
+
 @dataclass(frozen=True)
 class ComputeConfig:
     gemm_shapes: tuple
@@ -118,6 +152,7 @@ def compute_worker(rank: int, world: int, cfg: ComputeConfig) -> dict:
     from validate.probe import probe_s
     sync()
     out["probe"] = probe_s(dev, dsync)
+    out["device_kernel"] = device_kernel_s(torch, dev) if dev.type == "cuda" else 0.0
     with torch.no_grad():
         # Each family's smallest call through the same timing harness: what a call costs
         # besides its work here (dispatch, the harness's Python), which the fits take out

@@ -272,6 +272,7 @@ def checked_compute(src: MicrobenchResult, source: str) -> dict:
     records (validate/pool.py) both read."""
     compute_draw = src.probe_draws_s[0] if src.probe_draws_s else src.probe_s  # the compute worker's
     figures = ([("probe_s", src.probe_s), ("probe_draws_s[0]", compute_draw)]
+               + ([("device_kernel_s", src.device_kernel_s)] if src.device_kernel_s != 0 else [])
                + [(f"overhead.{o.what}", o.per_op_s) for o in src.overhead]
                + [(f"gemm.{i}", g.seconds) for i, g in enumerate(src.gemm)]
                + [(f"memory.{i}", x.seconds) for i, x in enumerate(src.memory)]
@@ -363,7 +364,7 @@ def reused_compute(src: MicrobenchResult, source: str, world: int, backend: str,
                             microbatch_host=dict(mhost),
                             split_draws=[list(d) for d in sdraws], split_model=asdict(smodel) if smodel else {},
                             probe_s=compute_draw, probe_draws_s=[compute_draw],
-                            harness=dict(src.harness))
+                            harness=dict(src.harness), device_kernel_s=src.device_kernel_s)
 
 
 def run_microbenchmarks(world: int, gemm_shapes, mem_sizes, coll_sizes, *, attn_shapes=(), topk=(), runtime=None,
@@ -428,6 +429,7 @@ def _measure_compute(world: int, gemm_shapes, mem_sizes, attn_shapes, topk, runt
         res.topk.append(topk_sample(elems, frac, [t for r in per_rank for t in r["topk"][i][2]]))
     res.probe_s = statistics.median(r["probe"] for r in per_rank)
     res.probe_draws_s = [res.probe_s]
+    res.device_kernel_s = statistics.median(r.get("device_kernel", 0.0) for r in per_rank)
     res.harness = {kind: statistics.median(r["harness"][i][1] for r in per_rank)
                    for i, (kind, _) in enumerate(per_rank[0]["harness"])}
     n_fwd, n_train = chain_op_counts(runtime or RuntimeSettings())
