@@ -28,23 +28,21 @@ except ImportError:
 if not torch.cuda.is_available():
     print("calibrate_cuda.sh: no CUDA device visible to torch; this script is for a GPU machine", file=sys.stderr)
     sys.exit(2)
-from costmodel.gpus import GPU_CATALOG
+from costmodel.gpus import GPU_CATALOG, catalog_name_for_product
 out, topo = pathlib.Path(sys.argv[1]), sys.argv[2]
 name = torch.cuda.get_device_name(0)
 n = torch.cuda.device_count()
-# Catalog entry from the product name ("NVIDIA H100 80GB HBM3" -> H100-SXM5-80GB, ...).
-rules = [("H200", "H200"), ("H100 PCIe", "H100-PCIe"), ("H100", "H100-SXM5-80GB"), ("A100-SXM4-40GB", "A100-SXM4-40GB"),
-         ("A100 80GB PCIe", "A100-SXM4-80GB"), ("A100", "A100-SXM4-80GB"), ("L40S", "L40S"), ("V100", "V100-SXM2-32GB"),
-         ("MI300X", "MI300X"), ("MI250X", "MI250X")]
-cat = next((c for key, c in rules if key in name), None)
+cat = catalog_name_for_product(name)  # "NVIDIA H100 80GB HBM3" -> H100-SXM5-80GB, ...
 if cat is None or cat not in GPU_CATALOG:
     sys.exit(f"calibrate_cuda.sh: no catalog entry for {name!r}; add one to costmodel/gpus.py or pass a TOPOLOGY")
 if not topo:
     # Line rates per GPU and direction: NVLink 4 (H100/H200 SXM) 18 links x 25 GB/s = 450 GB/s;
     # NVLink 3 (A100 SXM) 12 x 25 = 300 GB/s; V100 SXM2 NVLink 2: 6 x 25 = 150 GB/s;
+    # H800 SXM: NVLink 400 GB/s both directions together (NVIDIA H800 datasheet), 200 each way;
     # otherwise PCIe Gen4 x16, 31.5 GB/s.
-    nv = {"H200": 450, "H100-SXM5-80GB": 450, "A100-SXM4-80GB": 300, "A100-SXM4-40GB": 300, "V100-SXM2-32GB": 150}
-    pcie = "PCIe" in name or cat not in nv
+    nv = {"H200": 450, "H100-SXM5-80GB": 450, "H800": 200, "A100-SXM4-80GB": 300, "A100-SXM4-40GB": 300,
+          "V100-SXM2-32GB": 150}
+    pcie = "pcie" in name.lower() or cat not in nv  # "A100-PCIE-40GB" is upper case
     intra = {"kind": "pcie", "bw_GBps": 31.5, "latency_us": 2.0} if pcie else \
             {"kind": "nvswitch", "bw_GBps": nv[cat], "latency_us": 1.0}
     host = {"name": "cuda-host", "description": f"this machine: {n} x {name}",

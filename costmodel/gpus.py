@@ -167,3 +167,21 @@ def get_gpu(name: str, source: str | None = None, field: str = "gpu") -> GpuSpec
         return GPU_CATALOG[name]
     except (KeyError, TypeError):
         raise InputError(source, field, f"unknown GPU {name!r}; allowed: {', '.join(GPU_CATALOG)}") from None
+
+
+# The catalog entry of a device by the product name its driver reports
+# (torch.cuda.get_device_name: "NVIDIA H100 80GB HBM3", "NVIDIA H200", "NVIDIA A100-PCIE-40GB",
+# ...), first matching rule, case ignored. The NVL boards (H100 NVL, H200 NVL) have clocks and
+# memory of their own and no entry: naming them after the SXM parts would price them at
+# another part's peak. An A100 PCIe board has the SXM4 part's tensor peaks (NVIDIA A100
+# datasheet, one column for both) and its memory size.
+_PRODUCT_RULES = (("NVL", None), ("H200", "H200"), ("H800", "H800"), ("H100 PCIe", "H100-PCIe"),
+                  ("H100", "H100-SXM5-80GB"), ("A100-SXM4-40GB", "A100-SXM4-40GB"), ("A100-PCIE-40GB", "A100-SXM4-40GB"),
+                  ("A100", "A100-SXM4-80GB"), ("L40S", "L40S"), ("V100", "V100-SXM2-32GB"), ("MI300X", "MI300X"),
+                  ("MI250X", "MI250X"))
+
+
+def catalog_name_for_product(product: str) -> str | None:
+    """The GPU_CATALOG name for a driver's product name, or None where no entry fits."""
+    low = str(product).lower()
+    return next((c for key, c in _PRODUCT_RULES if key.lower() in low), None)

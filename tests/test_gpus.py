@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from costmodel.errors import InputError
-from costmodel.gpus import GPU_CATALOG, PRECISIONS, get_gpu
+from costmodel.gpus import GPU_CATALOG, PRECISIONS, catalog_name_for_product, get_gpu
 
 
 def test_catalog_has_the_required_entries_with_sources():
@@ -115,3 +115,26 @@ def test_h800_is_the_h100_sxm_chip_with_its_efficiencies():
     assert (h800.mem_gib, h800.mem_bw_GBps) == (80, 3350)
     prof = load_profile(None)
     assert prof.gpu("H800") == prof.gpu("H100-SXM5-80GB")
+
+
+@pytest.mark.parametrize("product, entry", [
+    ("NVIDIA H100 80GB HBM3", "H100-SXM5-80GB"),
+    ("NVIDIA H200", "H200"),
+    ("NVIDIA H800", "H800"),
+    ("NVIDIA H100 PCIe", "H100-PCIe"),
+    ("NVIDIA A100-SXM4-80GB", "A100-SXM4-80GB"),
+    ("NVIDIA A100-SXM4-40GB", "A100-SXM4-40GB"),
+    ("NVIDIA A100-PCIE-40GB", "A100-SXM4-40GB"),
+    ("NVIDIA A100 80GB PCIe", "A100-SXM4-80GB"),
+    ("Tesla V100-SXM2-32GB", "V100-SXM2-32GB"),
+    ("NVIDIA H100 NVL", None),
+    ("NVIDIA H200 NVL", None),
+    ("NVIDIA GeForce RTX 4090", None),
+])
+def test_catalog_name_for_product(product, entry):
+    """The names CUDA drivers report (torch.cuda.get_device_name) map to the catalog entry
+    of that part, upper or lower case alike; the NVL boards and parts the catalog lacks map
+    to none (benchmarks/calibrate_cuda.sh then asks for a catalog entry or a topology)."""
+    assert catalog_name_for_product(product) == entry
+    assert catalog_name_for_product(product.upper()) == entry
+    assert entry is None or entry in GPU_CATALOG
