@@ -290,6 +290,48 @@ def test_calibrate_and_validate_smoke(tmp_path, capsys):
     assert d["predicted_step_time_s"] == pytest.approx(simulate(model, plan, cluster, used).step_time_s, rel=1e-9)
 
 
+def test_calibrate_and_validate_one_process_smoke(tmp_path, capsys):
+    """The one-device path, which benchmarks/calibrate_cuda.sh takes on a machine with one
+    GPU: calibrate at world 1 (no collectives to time) and validate two one-process plans
+    with that profile. Each plan's activations kept for backward are the hand-worked
+    figures of tiny at microbatch 1 (64 tokens x 128 hidden, fp32): without recomputation 4
+    layers x 525,312 B + the output end's 196,608 B = 2,297,856 B (the same as a dp=2 rank's,
+    test_calibrate_and_validate_smoke), with full recomputation each layer keeps only its
+    input, 4 x 64 x 128 x 4 B + 196,608 B = 327,680 B; the prediction is the simulation with
+    the profile slowed by the speed probe's factor, recomputed here."""
+    pytest.importorskip("torch")
+    pytest.importorskip("validate.runner")
+    prof = tmp_path / "w1.yaml"
+    assert main(["calibrate", "localhost-cpu", "--world", "1", "--quick", "--model", "tiny", "--out", str(prof)]) == 0
+    capsys.readouterr()
+    from costmodel.profile import load_profile
+    from plansim.cmd_calibrate import resolve_world
+    from sim.core_sharing import slowed_profile
+    from sim.metrics import simulate
+    from specs.plan import resolve_plan
+    from validate.probe import validation_drift
+    cluster, _ = resolve_world("localhost-cpu", 1, "--plan", "")
+    profile = load_profile(str(prof), bundled=cluster.profiles)
+    assert profile.runtime.speed_probe_us > 0 and "in 1 process(es) at once" in profile.runtime.source
+    assert main(["validate", "localhost-cpu", "--model", "tiny", "--plans", "mbs=1", "recompute=full",
+                 "--profile", str(prof), "--steps", "2", "--warmup", "1", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert [p["world"] for p in d["plans"]] == [1, 1]
+    model = load_model("tiny")
+    # one speed factor for the validation: the median over both plans' probes
+    f = validation_drift([(p["speed_probe"]["launches_s"], profile.runtime.speed_probe_us) for p in d["plans"]])
+    used = slowed_profile(profile, f) if f is not None else profile
+    # 4 x 525,312 + 196,608 B; 4 x (64 x 128 x 4 B) + 196,608 B (the docstring)
+    kept = {"mbs=1": 2_297_856, "recompute=full": 327_680}
+    for p, (text, saved) in zip(d["plans"], kept.items()):
+        assert p["measured_step_time_s"] > 0 and math.isfinite(p["error_pct"])
+        assert p["activation_memory"]["predicted_bytes"] == saved
+        assert p["call_probe"]["drift_factor"] is None  # one process: no call to probe
+        assert p["speed_probe"]["drift_factor"] == (None if f is None else pytest.approx(f))
+        plan = resolve_plan(with_runner_precision(text), model, 1)
+        assert p["predicted_step_time_s"] == pytest.approx(simulate(model, plan, cluster, used).step_time_s, rel=1e-9)
+
+
 def _cuda() -> bool:
     try:
         import torch
