@@ -223,7 +223,7 @@ def straggler_row(cfg: CollectiveConfig, n: int, group, dev, dsync, world: int) 
                 dsync()
             t = time.perf_counter()
             dist.all_reduce(buf, group=group)
-            if dsync:  # NCCL returns once the call is queued: the wait is over when the stream is
+            if dsync:  # NCCL returns once the call is queued; the wait ends when the device has run it
                 dsync()
             if i:  # the first phase warms up
                 got.append(time.perf_counter() - t)
