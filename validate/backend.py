@@ -19,6 +19,7 @@ BACKENDS = ("gloo", "nccl")
 ENV_BACKEND = "PLANSIM_BACKEND"
 ENV_THREADS = "PLANSIM_THREADS"
 ENV_KEEP_HEAP = "PLANSIM_KEEP_HEAP"
+ENV_PIN_CORES = "PLANSIM_PIN_CORES"
 # glibc's mallopt(3) parameters (malloc.h): M_TRIM_THRESHOLD -1, M_MMAP_THRESHOLD -3.
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
 # The largest mmap threshold glibc accepts on 64-bit hosts (DEFAULT_MMAP_THRESHOLD_MAX,
@@ -28,6 +29,12 @@ HEAP_MMAP_THRESHOLD_BYTES = 32 * 1024 * 1024
 # Free memory at the top of the heap that is kept instead of returned to the kernel: more
 # than any CPU run here holds (tiny's GPipe stage: 20 MiB of activations).
 HEAP_TRIM_THRESHOLD_BYTES = 1024 * 1024 * 1024
+# Whether CPU workers that outnumber the cores are pinned to them (configure_cpu_placement).
+# Off by default: in two runs of benchmarks/validate_cpu.sh with it on (2026-12-07, session
+# 34, p-2 and p-3) tp=2 x dp=2 ran steadier and faster (232-238 ms a step, its three launch
+# medians within 3 %, against 292-379 ms and 6.6-29.1 % apart in the session's 13 runs left
+# free), but was predicted as far low (-16 %); two runs do not make a default.
+PIN_CORES_DEFAULT = "0"
 
 
 @dataclass(frozen=True)
@@ -122,12 +129,57 @@ def keep_heap_setting() -> bool:
     return raw == "1"
 
 
+def pin_cores_setting() -> bool:
+    """$PLANSIM_PIN_CORES as a bool ('0', the default, or '1'); InputError naming it otherwise."""
+    raw = os.environ.get(ENV_PIN_CORES, PIN_CORES_DEFAULT)
+    if raw not in ("0", "1"):
+        raise InputError(ENV_PIN_CORES, "pin cores", f"must be 0 or 1, got {raw!r}")
+    return raw == "1"
+
+
 def check_worker_env() -> None:
     """Read the workers' settings from the environment once, in the process that starts
     them, so that a bad one is refused at the edge (InputError, exit 2) rather than by
     every worker as it joins."""
     cpu_threads_setting()
     keep_heap_setting()
+    pin_cores_setting()
+
+
+def core_for_rank(local_rank: int, local_world: int, cores: list[int]) -> int | None:
+    """The core a CPU worker of ``local_rank`` (of ``local_world`` on this host) is pinned
+    to, from the ``cores`` the host gives the workers (in order), where the workers
+    outnumber the cores and divide evenly over them: consecutive ranks share a core,
+    ``local_world / len(cores)`` to a core. None (left to the scheduler) otherwise.
+
+    Consecutive ranks are the innermost group of a plan (tensor parallelism varies
+    fastest, validate/runner.py), as on a GPU node whose NVLink joins a TP group. Measured
+    on a 2-vCPU host (2026-12-07, results/validate-cpu-2026-12-07-s34/ab/pairs3.txt; 4
+    gloo processes, a 32 KiB 2-rank all-reduce after ~0.8 ms of small-op compute, four
+    launches each): each pair on one core 0.41-0.59 ms a call with the other pair in
+    step and 0.34-0.44 with it computing; each pair across the cores 0.76-0.96 and
+    1.98-2.05; left to the scheduler 1.35-1.77 and 1.56-2.87, and in two modes from launch
+    to launch (ab/pairs2.txt). With one process per core nothing is pinned: pinned so,
+    tp=2's two ranks ran 566 ms a step against 444-486 ms left free (run p-1 there), their
+    gloo threads then sharing their own rank's core."""
+    n = len(cores)
+    if n < 1 or local_world <= n or local_world % n or not 0 <= local_rank < local_world:
+        return None
+    return cores[local_rank // (local_world // n)]
+
+
+def configure_cpu_placement(local_rank: int, local_world: int) -> int | None:
+    """Pin this CPU worker (and the threads it starts after, gloo's among them) to its
+    core_for_rank; the core, or None where it is left to the scheduler ($PLANSIM_PIN_CORES=0,
+    an uneven split, or a platform without sched_setaffinity). Workers of calibration and
+    of the runner both call this before joining their group (validate/launch.py), so a
+    profile is measured under the placement the plans run with."""
+    if not pin_cores_setting() or not hasattr(os, "sched_setaffinity"):
+        return None
+    core = core_for_rank(local_rank, local_world, sorted(os.sched_getaffinity(0)))
+    if core is not None:
+        os.sched_setaffinity(0, {core})
+    return core
 
 
 def configure_cpu_heap() -> bool:

@@ -50,7 +50,8 @@ from datetime import timedelta
 from typing import Any, Callable
 
 from costmodel.errors import InputError, RunError
-from validate.backend import check_worker_env, configure_cpu_heap, configure_cpu_threads, pick_backend, require_torch
+from validate.backend import (check_worker_env, configure_cpu_heap, configure_cpu_placement, configure_cpu_threads,
+                              pick_backend, require_torch)
 
 TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
 # Seconds a worker gets to exit after being asked (SIGTERM) before SIGKILL.
@@ -80,6 +81,12 @@ def local_rank() -> int:
     return int(os.environ.get("LOCAL_RANK", "0"))
 
 
+def local_world_size(world: int) -> int:
+    """Workers on this machine: LOCAL_WORLD_SIZE where torchrun set it, else ``world``
+    (launch starts every rank on this machine)."""
+    return int(os.environ.get("LOCAL_WORLD_SIZE", world))
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that was free a moment ago (the kernel picks it)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -105,6 +112,7 @@ def _init_group(backend_name: str | None, rank: int, world: int, init_method: st
     else:
         configure_cpu_threads()
         configure_cpu_heap()
+        configure_cpu_placement(local_rank(), local_world_size(world))
     if not dist.is_initialized():
         dist.init_process_group(be.name, init_method=init_method, rank=rank, world_size=world,
                                 timeout=timedelta(seconds=max(1.0, timeout_s)))
