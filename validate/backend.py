@@ -160,7 +160,7 @@ def core_for_rank(local_rank: int, local_world: int, cores: list[int]) -> int | 
     step and 0.34-0.44 with it computing; each pair across the cores 0.76-0.96 and
     1.98-2.05; left to the scheduler 1.35-1.77 and 1.56-2.87, and in two modes from launch
     to launch (ab/pairs2.txt). With one process per core nothing is pinned: pinned so,
-    tp=2's two ranks ran 566 ms a step against 444-486 ms left free (run p-1 there), their
+    tp=2's two ranks ran 566 ms a step against 442-486 ms left free (run p-1 there), their
     gloo threads then sharing their own rank's core."""
     n = len(cores)
     if n < 1 or local_world <= n or local_world % n or not 0 <= local_rank < local_world:
