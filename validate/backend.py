@@ -30,10 +30,11 @@ HEAP_MMAP_THRESHOLD_BYTES = 32 * 1024 * 1024
 # than any CPU run here holds (tiny's GPipe stage: 20 MiB of activations).
 HEAP_TRIM_THRESHOLD_BYTES = 1024 * 1024 * 1024
 # Whether CPU workers that outnumber the cores are pinned to them (configure_cpu_placement).
-# Off by default: in two runs of benchmarks/validate_cpu.sh with it on (2026-12-07, session
-# 34, p-2 and p-3) tp=2 x dp=2 ran steadier and faster (232-238 ms a step, its three launch
-# medians within 3 %, against 292-379 ms and 6.6-29.1 % apart in the session's 13 runs left
-# free), but was predicted as far low (-16 %); two runs do not make a default.
+# Off by default: in five runs of benchmarks/validate_cpu.sh with it on (2026-12-07, session
+# 34, p-2, p-3, q-1..q-3) tp=2 x dp=2 ran faster and mostly steadier (227-239 ms a step, its
+# three launch medians 0.7-14.0 % apart, against 292-379 ms and 6.6-29.1 % in the session's
+# 13 runs left free) and was predicted -7.2 to -16.4 % (-15.2 % on average left free);
+# five runs do not make a default.
 PIN_CORES_DEFAULT = "0"
 
 
