@@ -104,12 +104,11 @@ def _controller(units, cfg: AdaptiveConfig, model) -> Rebalancer:
                       contiguous=cfg.mode == "pp", median_of=cfg.median_of)
 
 
-def _gather(values: list[float], world: int) -> list[list[float]]:
+def _gather(values: list[float], world: int, device) -> list[list[float]]:
     import torch
     import torch.distributed as dist
-    # NCCL gathers device tensors only
-    dev = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else None
-    t = torch.tensor(values, dtype=torch.float64, device=dev)
+    # On the worker's own device (backend.device_for): NCCL gathers device tensors only
+    t = torch.tensor(values, dtype=torch.float64, device=device)
     parts = [torch.zeros_like(t) for _ in range(world)]
     dist.all_gather(parts, t)
     return [p.tolist() for p in parts]
@@ -186,7 +185,7 @@ def _dp_steps(rank: int, world: int, model, cfg: AdaptiveConfig):
         reducer.finish()
         reducer.step(step + 1)
         wall = rec.end_step()["wall_s"]
-        _step_log(cfg, step, units, _gather([busy, wall, loss], world), ctl, log)
+        _step_log(cfg, step, units, _gather([busy, wall, loss], world, device), ctl, log)
         units = ctl.units
         yield
     if cfg.capture:
@@ -257,14 +256,14 @@ def _pp_steps(rank: int, world: int, model, cfg: AdaptiveConfig):
         reducer.step(step + 1)
         meas = rec.end_step()
         busy = sum(meas["detail_s"].get(k, 0.0) for k in ("forward", "backward"))
-        _step_log(cfg, step, units, _gather([busy, meas["wall_s"], loss], world), ctl, log)
+        _step_log(cfg, step, units, _gather([busy, meas["wall_s"], loss], world, device), ctl, log)
         if ctl.units != tuple(units):  # the controller acted: move the layers now
             t0 = rec.now()
             state, sent = move_layers(model, reducer_state(reducer), units, ctl.units, s,
                                       lambda st: plan.rank(0, st, 0))
             plan = plan_for(ctl.units)
             chunk, reducer, stage = build(plan, state, True)
-            moved = _gather([rec.now() - t0, float(sent)], world)
+            moved = _gather([rec.now() - t0, float(sent)], world, device)
             log["migrations"].append({"step": step - cfg.warmup, "from": list(units), "to": list(ctl.units),
                                       "seconds": max(r[0] for r in moved), "bytes": sum(r[1] for r in moved)})
             units = ctl.units
