@@ -28,7 +28,7 @@ except ImportError:
 if not torch.cuda.is_available():
     print("calibrate_cuda.sh: no CUDA device visible to torch; this script is for a GPU machine", file=sys.stderr)
     sys.exit(2)
-from costmodel.gpus import GPU_CATALOG, catalog_name_for_product
+from costmodel.gpus import GPU_CATALOG, catalog_name_for_product, intra_link_for_product
 out, topo = pathlib.Path(sys.argv[1]), sys.argv[2]
 name = torch.cuda.get_device_name(0)
 n = torch.cuda.device_count()
@@ -36,15 +36,7 @@ cat = catalog_name_for_product(name)  # "NVIDIA H100 80GB HBM3" -> H100-SXM5-80G
 if cat is None or cat not in GPU_CATALOG:
     sys.exit(f"calibrate_cuda.sh: no catalog entry for {name!r}; add one to costmodel/gpus.py or pass a TOPOLOGY")
 if not topo:
-    # Line rates per GPU and direction: NVLink 4 (H100/H200 SXM) 18 links x 25 GB/s = 450 GB/s;
-    # NVLink 3 (A100 SXM) 12 x 25 = 300 GB/s; V100 SXM2 NVLink 2: 6 x 25 = 150 GB/s;
-    # H800 SXM: NVLink 400 GB/s both directions together (NVIDIA H800 datasheet), 200 each way;
-    # otherwise PCIe Gen4 x16, 31.5 GB/s.
-    nv = {"H200": 450, "H100-SXM5-80GB": 450, "H800": 200, "A100-SXM4-80GB": 300, "A100-SXM4-40GB": 300,
-          "V100-SXM2-32GB": 150}
-    pcie = "pcie" in name.lower() or cat not in nv  # "A100-PCIE-40GB" is upper case
-    intra = {"kind": "pcie", "bw_GBps": 31.5, "latency_us": 2.0} if pcie else \
-            {"kind": "nvswitch", "bw_GBps": nv[cat], "latency_us": 1.0}
+    intra = intra_link_for_product(name)  # NVSwitch at the part's NVLink rate, or PCIe
     host = {"name": "cuda-host", "description": f"this machine: {n} x {name}",
             "node_types": {"host": {"gpu": cat, "gpus_per_node": n, "intra": intra}},
             "groups": [{"name": "host", "node_type": "host", "nodes": 1}]}

@@ -185,3 +185,29 @@ def catalog_name_for_product(product: str) -> str | None:
     """The GPU_CATALOG name for a driver's product name, or None where no entry fits."""
     low = str(product).lower()
     return next((c for key, c in _PRODUCT_RULES if key.lower() in low), None)
+
+
+# NVLink line rate per GPU and direction, GB/s, of the SXM parts, used where a host's fabric
+# must be guessed from the GPU alone (benchmarks/calibrate_cuda.sh without a topology):
+# NVLink 4 (H100/H200 SXM): 18 links x 25 GB/s = 450 (NVIDIA H100 and H200 datasheets,
+# 900 GB/s both directions); NVLink 3 (A100 SXM4): 12 x 25 = 300 (A100 datasheet, 600 GB/s);
+# NVLink 2 (V100 SXM2): 6 x 25 = 150 (V100 datasheet, 300 GB/s); H800 SXM: 400 GB/s both
+# directions together (H800 datasheet), 200 each way. PCIe boards and parts not listed get
+# PCIe Gen4 x16's 31.5 GB/s a direction (PCI-SIG: 16 GT/s x 16 lanes x 128/130).
+_NVLINK_GBPS = {"H200": 450.0, "H100-SXM5-80GB": 450.0, "H800": 200.0, "A100-SXM4-80GB": 300.0,
+                "A100-SXM4-40GB": 300.0, "V100-SXM2-32GB": 150.0}
+PCIE4_X16_GBPS = 31.5
+
+
+def intra_link_for_product(product: str) -> dict | None:
+    """The intra-node link (topology file's ``intra`` mapping) of one node of ``product`` GPUs:
+    NVSwitch at the part's NVLink rate for SXM parts, PCIe Gen4 x16 otherwise; None where the
+    product has no catalog entry."""
+    cat = catalog_name_for_product(product)
+    if cat is None:
+        return None
+    # "A100-PCIE-40GB" maps to the SXM4 entry for its peaks, but its GPUs talk over PCIe.
+    if "pcie" in str(product).lower() or cat not in _NVLINK_GBPS:
+        return {"kind": "pcie", "bw_GBps": PCIE4_X16_GBPS, "latency_us": 2.0}
+    return {"kind": "nvswitch", "bw_GBps": _NVLINK_GBPS[cat], "latency_us": 1.0}
+

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from costmodel.errors import InputError
-from costmodel.gpus import GPU_CATALOG, PRECISIONS, catalog_name_for_product, get_gpu
+from costmodel.gpus import GPU_CATALOG, PRECISIONS, catalog_name_for_product, get_gpu, intra_link_for_product
 
 
 def test_catalog_has_the_required_entries_with_sources():
@@ -138,3 +138,40 @@ def test_catalog_name_for_product(product, entry):
     assert catalog_name_for_product(product) == entry
     assert catalog_name_for_product(product.upper()) == entry
     assert entry is None or entry in GPU_CATALOG
+
+
+@pytest.mark.parametrize("product, kind, bw", [
+    # NVLink 4: 18 links x 25 GB/s a direction (H100/H200 datasheets: 900 GB/s both ways).
+    ("NVIDIA H100 80GB HBM3", "nvswitch", 18 * 25.0),
+    ("NVIDIA H200", "nvswitch", 18 * 25.0),
+    # NVLink 3: 12 x 25 (A100 datasheet: 600 GB/s both ways); NVLink 2: 6 x 25 (V100: 300).
+    ("NVIDIA A100-SXM4-80GB", "nvswitch", 12 * 25.0),
+    ("Tesla V100-SXM2-32GB", "nvswitch", 6 * 25.0),
+    # H800 SXM: 400 GB/s both directions together.
+    ("NVIDIA H800", "nvswitch", 400 / 2),
+    # PCIe boards talk over PCIe Gen4 x16: 16 GT/s x 16 lanes x 128/130 / 8 bits = 31.5 GB/s.
+    ("NVIDIA A100-PCIE-40GB", "pcie", round(16 * 16 * 128 / 130 / 8, 1)),
+    ("NVIDIA H100 PCIe", "pcie", round(16 * 16 * 128 / 130 / 8, 1)),
+    ("NVIDIA L40S", "pcie", round(16 * 16 * 128 / 130 / 8, 1)),
+])
+def test_intra_link_for_product(product, kind, bw):
+    """benchmarks/calibrate_cuda.sh's guessed fabric: SXM parts get NVSwitch at their NVLink
+    rate per direction (links x 25 GB/s, worked from the datasheets), PCIe boards PCIe Gen4
+    x16; a part without a catalog entry gets none."""
+    link = intra_link_for_product(product)
+    assert link["kind"] == kind
+    assert link["bw_GBps"] == pytest.approx(bw)
+    assert intra_link_for_product("NVIDIA GeForce RTX 4090") is None
+
+
+def test_intra_link_matches_the_bundled_dgx_topologies():
+    """The guessed fabric of an H100 or A100 SXM node equals the intra link the bundled
+    dgx-h100 and dgx-a100 topology files give (written separately from the same datasheets)."""
+    from pathlib import Path
+    import yaml
+    root = Path(__file__).resolve().parent.parent / "topologies"
+    for product, fname in (("NVIDIA H100 80GB HBM3", "dgx-h100.yaml"), ("NVIDIA A100-SXM4-80GB", "dgx-a100.yaml")):
+        topo = yaml.safe_load((root / fname).read_text())
+        (node,) = topo["node_types"].values()
+        assert intra_link_for_product(product) == {k: float(v) if k != "kind" else v
+                                                    for k, v in node["intra"].items()}
