@@ -33,8 +33,10 @@ HEAP_TRIM_THRESHOLD_BYTES = 1024 * 1024 * 1024
 # Off by default: in five runs of benchmarks/validate_cpu.sh with it on (2026-12-07, session
 # 34, p-2, p-3, q-1..q-3) tp=2 x dp=2 ran faster and mostly steadier (227-239 ms a step, its
 # three launch medians 0.7-14.0 % apart, against 292-379 ms and 6.6-29.1 % in the session's
-# 13 runs left free) and was predicted -7.2 to -16.4 % (-15.2 % on average left free);
-# five runs do not make a default.
+# 13 runs left free) and was predicted -7.2 to -16.4 % (-15.2 % on average left free).
+# On the same host type in a slow state (session 35, four runs each way, alternated) the six
+# plans met the target in 0 of 4 runs pinned against 4 of 4 free, pinned runs taking 20-40 s
+# longer (docs/validation-cpu.md mechanism 62).
 PIN_CORES_DEFAULT = "0"
 
 
