@@ -48,7 +48,7 @@
 # STAGE_SCALES=1: plansim calibrate --stage-scales (docs/validation-cpu.md, mechanism 57).
 # PLANSIM_PIN_CORES=1: pin the workers of the 4-process calibration and plans, two
 # consecutive ranks to a core (docs/validation-cpu.md mechanism 62; not the default: on a
-# slow host, session 35, four runs so missed the six in all four, four left free met it).
+# slow host, session 35, four runs so missed the six in all four; five of seven left free met it).
 # MEMORY_MODEL=cache: plansim calibrate --memory-model cache (docs/validation-cpu.md
 # mechanism 52; not the default).
 set -euo pipefail

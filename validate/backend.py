@@ -35,7 +35,7 @@ HEAP_TRIM_THRESHOLD_BYTES = 1024 * 1024 * 1024
 # three launch medians 0.7-14.0 % apart, against 292-379 ms and 6.6-29.1 % in the session's
 # 13 runs left free) and was predicted -7.2 to -16.4 % (-15.2 % on average left free).
 # On the same host type in a slow state (session 35, four runs each way, alternated) the six
-# plans met the target in 0 of 4 runs pinned against 4 of 4 free, pinned runs taking 20-40 s
+# plans met the target in 0 of 4 runs pinned against 5 of 7 free, pinned runs taking 20-40 s
 # longer (docs/validation-cpu.md mechanism 62).
 PIN_CORES_DEFAULT = "0"
 
