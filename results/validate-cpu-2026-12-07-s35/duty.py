@@ -4,7 +4,7 @@ computes (or spins) back to back? Two processes at once (as calibration times co
 12 times; between bursts the process either goes straight on ('busy'), sleeps 2x the
 burst ('sleep'), or spins 2x the burst ('spin'). Prints each mode's median burst (ms) per
 round, process 0's and 1's."""
-import multiprocessing as mp, os, statistics, sys, time
+import multiprocessing as mp, statistics, sys, time
 
 def worker(rank, rounds, q):
     import torch
