@@ -157,10 +157,15 @@ def test_catalog_name_for_product(product, entry):
 def test_intra_link_for_product(product, kind, bw):
     """benchmarks/calibrate_cuda.sh's guessed fabric: SXM parts get NVSwitch at their NVLink
     rate per direction (links x 25 GB/s, worked from the datasheets), PCIe boards PCIe Gen4
-    x16; a part without a catalog entry gets none."""
+    x16."""
     link = intra_link_for_product(product)
     assert link["kind"] == kind
     assert link["bw_GBps"] == pytest.approx(bw)
+
+
+def test_intra_link_for_a_product_without_an_entry():
+    """A part the catalog lacks gets no guessed fabric (calibrate_cuda.sh then asks for a
+    topology)."""
     assert intra_link_for_product("NVIDIA GeForce RTX 4090") is None
 
 

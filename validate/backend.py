@@ -124,20 +124,23 @@ def cpu_threads_setting() -> int:
     return n
 
 
+def _flag_setting(env: str, default: str, field: str) -> bool:
+    """The 0/1 environment variable ``env`` (``default`` where unset) as a bool; InputError
+    naming it otherwise."""
+    raw = os.environ.get(env, default)
+    if raw not in ("0", "1"):
+        raise InputError(env, field, f"must be 0 or 1, got {raw!r}")
+    return raw == "1"
+
+
 def keep_heap_setting() -> bool:
     """$PLANSIM_KEEP_HEAP as a bool ('1', the default, or '0'); InputError naming it otherwise."""
-    raw = os.environ.get(ENV_KEEP_HEAP, "1")
-    if raw not in ("0", "1"):
-        raise InputError(ENV_KEEP_HEAP, "keep heap", f"must be 0 or 1, got {raw!r}")
-    return raw == "1"
+    return _flag_setting(ENV_KEEP_HEAP, "1", "keep heap")
 
 
 def pin_cores_setting() -> bool:
     """$PLANSIM_PIN_CORES as a bool ('0', the default, or '1'); InputError naming it otherwise."""
-    raw = os.environ.get(ENV_PIN_CORES, PIN_CORES_DEFAULT)
-    if raw not in ("0", "1"):
-        raise InputError(ENV_PIN_CORES, "pin cores", f"must be 0 or 1, got {raw!r}")
-    return raw == "1"
+    return _flag_setting(ENV_PIN_CORES, PIN_CORES_DEFAULT, "pin cores")
 
 
 def check_worker_env() -> None:
