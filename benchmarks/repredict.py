@@ -1,6 +1,6 @@
 """Re-predict saved CPU validation runs with this tree's model: the measurements stay fixed.
 
-    python3 benchmarks/repredict.py [--launch-aggregate mean|median | --refit] [--memory-model cache] [--stage-scales] [--pool] [--no-drift] [--no-call-drift] [--no-call-anchor] RESULTS_DIR [RESULTS_DIR ...]
+    python3 benchmarks/repredict.py [--launch-aggregate mean|median | --refit] [--memory-model cache] [--stage-scales] [--pool] [--first-launches K | --draw-launches K] [--no-drift] [--no-call-drift] [--no-call-anchor] RESULTS_DIR [RESULTS_DIR ...]
 
 Each RESULTS_DIR is what benchmarks/validate_cpu.sh wrote: validation.json (the measured
 steps, the plans, the host-speed probe of each run) and cpu-w<N>.yaml (the profile
@@ -38,6 +38,11 @@ session 16 on; older ones keep their saved alive figures). --memory-model cache 
 --pool (with --refit) pools each profile's compute samples with the run's other
 calibration records first, as `plansim calibrate --pool` does (validate/pool.py).
 
+--first-launches K (with --refit) refits as if each calibration had run only its first K
+collective launches (validate/microbench.with_first_launches): the rows timed in more
+launches merged over their first K, the speed-probe and overhead-chain draws of the later
+launches dropped; --draw-launches K drops only those draws, every row kept as timed. What a
+shorter calibration would have predicted, tried on the runs already measured.
 --no-call-drift predicts every plan with its profile's collective call costs as
 calibrated, where the run was saved with call probes and the profile has their calibrated
 figure (call_probe_us; from session 28 on, or any record with --refit): what the validator
@@ -128,22 +133,30 @@ AGGREGATES = ("mean", "median")
 
 
 def refit_profile(path: Path, world: int, aggregate: str | None, cluster, memory_model: str = "bandwidth",
-                  scales: bool = False, pool: bool = False):
+                  scales: bool = False, pool: bool = False, first: tuple[int, bool] | None = None):
     """The profile of ``path``'s cpu-w<world>.bench.json, refitted by this tree's
     calibration (element-wise ops by ``memory_model``, validate/calibrate.fit_memory), with
     its launches merged by ``aggregate`` (AGGREGATES) when given; ``pool``: its compute
     samples pooled with those of the run's other cpu-w<N>.bench.json (validate/pool.py,
-    as `plansim calibrate --pool` does)."""
+    as `plansim calibrate --pool` does); ``first`` (K, rows): every record cut to its first K
+    collective launches first (validate/microbench.with_first_launches; rows False: only
+    the speed-probe and overhead-chain draws)."""
     from validate.calibrate import fitted_profile, profile_from_bench
     from validate.bench_record import bench_record_path, load_bench
-    from validate.microbench import fit_draw_figures, with_launch_aggregate
+    from validate.microbench import fit_draw_figures, with_first_launches, with_launch_aggregate
+
+    def read(f):
+        got = load_bench(f, "file")
+        return with_first_launches(got, first[0], first[1]) if first else got
 
     bench_file = bench_record_path(path / f"cpu-w{world}.yaml")
-    res = fit_draw_figures(load_bench(bench_file, "file"))  # this tree's fits of the record's own draws
+    res = fit_draw_figures(read(bench_file))  # this tree's fits of the record's own draws
     where = f"refit of {bench_file}"
+    if first:
+        where += f", its first {first[0]} collective launches" + ("" if first[1] else "' draws")
     if pool:
         from validate.pool import pooled_compute
-        others = [(load_bench(f, "file"), str(f)) for f in sorted(path.glob("cpu-w*.bench.json")) if f != bench_file]
+        others = [(read(f), str(f)) for f in sorted(path.glob("cpu-w*.bench.json")) if f != bench_file]
         if not others:
             raise InputError(str(path), "--pool", "needs a second calibration record (cpu-w<N>.bench.json) to pool with")
         res = pooled_compute(res, str(bench_file), others)
@@ -160,7 +173,8 @@ def refit_profile(path: Path, world: int, aggregate: str | None, cluster, memory
 def repredict(path: Path, aggregate: str | None = None, drift: bool = True,
               refit: bool = False, memory_model: str = "bandwidth",
               scales: bool = False, pool: bool = False,
-              call_drift: bool = True, call_anchor: bool = True) -> list[tuple[str, int, float, float, float]]:
+              call_drift: bool = True, call_anchor: bool = True,
+              first: tuple[int, bool] | None = None) -> list[tuple[str, int, float, float, float]]:
     """(plan, processes, measured s, saved prediction s, new prediction s) per plan;
     ``refit`` or ``aggregate``: refit each profile (refit_profile) first, ``aggregate``
     merging its launches; ``drift`` False: the profile unscaled by the run's speed probe;
@@ -193,7 +207,7 @@ def repredict(path: Path, aggregate: str | None = None, drift: bool = True,
         except InputError as e:  # name the saved file, not --plan
             raise InputError(str(path / "validation.json"), f"plans[{i}].plan", f"{e.field or ''} {e.message}".strip()) from None
         if world not in profiles:
-            profiles[world] = (refit_profile(path, world, aggregate, cluster, memory_model, scales, pool)
+            profiles[world] = (refit_profile(path, world, aggregate, cluster, memory_model, scales, pool, first)
                                if aggregate or refit else load_profile(str(prof_file), bundled=cluster.profiles))
         prepared.append((plan, cluster, profiles[world]))
     calls = [f for f, _ in call_factors([((p.get("call_probe") or {}).get("launches_s") or [], profile, cluster)
@@ -253,6 +267,16 @@ def main(argv: list[str]) -> int:
         if not refit:
             raise InputError("--pool", None, "needs --refit (the saved profiles were fitted already)")
         argv = [a for a in argv if a != "--pool"]
+    first = None
+    for flag, rows_too in (("--first-launches", True), ("--draw-launches", False)):
+        if flag in argv:
+            i = argv.index(flag)
+            value = argv[i + 1] if i + 1 < len(argv) else ""
+            if not value.isdigit() or int(value) < 1:
+                raise InputError(flag, None, f"{value[:40]!r}: a whole number of launches, at least 1")
+            if not refit or first:
+                raise InputError(flag, None, "needs --refit, and only one of --first-launches, --draw-launches")
+            first, argv = (int(value), rows_too), argv[:i] + argv[i + 2:]
     if argv and argv[0].startswith("--launch-aggregate"):
         _, _, value = argv[0].partition("=")
         if not value:
@@ -263,7 +287,7 @@ def main(argv: list[str]) -> int:
     errors: dict[str, list[float]] = {}
     if not argv:
         raise InputError("repredict", "RESULTS_DIR", "give at least one results directory")
-    runs = [(d, repredict(d, aggregate, drift, refit, memory_model, scales, pool, call_drift, call_anchor))
+    runs = [(d, repredict(d, aggregate, drift, refit, memory_model, scales, pool, call_drift, call_anchor, first))
             for d in map(Path, argv)]  # every input checked before printing
     print(f"{'run':24s} {'plan':26s} {'procs':>5} {'measured ms':>11} {'saved':>8} {'now':>8}")
     for d, rows in runs:

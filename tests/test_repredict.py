@@ -242,3 +242,26 @@ def test_repredict_gives_back_a_saved_run_with_call_probes_exactly():
     assert all(abs(now / saved[plan] - 1) < 1e-3 for (plan, w), now in anchored.items() if w == 2)
     tp_dp = next(p for p in saved if p.startswith("tp=2,pp=1,dp=2"))
     assert anchored[(tp_dp, 4)] / saved[tp_dp] - 1 == pytest.approx(-0.031, abs=0.002)
+
+
+def test_first_launches_refit_keeps_a_whole_record_and_cuts_a_shorter_one():
+    """--first-launches / --draw-launches (validate/microbench.with_first_launches) on a
+    saved run of session 35 whose calibrations ran eight collective launches: cut to its
+    first eight, each prediction is the plain refit's exactly; with the probe and chain
+    draws of its first two launches only, the predictions move (the drift factor and the
+    per-op cost come from fewer draws) but stay within 10 % of the plain refit's. A bad
+    count or either flag without --refit is one line naming the flag, exit 2."""
+    rep = _load()
+    d = ROOT / "results" / "validate-cpu-2026-12-07-s35" / "b-2"
+    plain = rep.repredict(d, refit=True, pool=True)
+    whole = rep.repredict(d, refit=True, pool=True, first=(8, True))
+    assert [r[4] for r in whole] == [r[4] for r in plain]
+    cut = rep.repredict(d, refit=True, pool=True, first=(2, False))
+    ratios = [c[4] / p[4] for c, p in zip(cut, plain)]
+    assert any(abs(r - 1) > 1e-6 for r in ratios) and all(abs(r - 1) < 0.10 for r in ratios)
+    for args in (["--refit", "--draw-launches", "0"], ["--refit", "--first-launches", "x"],
+                 ["--first-launches", "2"], ["--refit", "--first-launches", "2", "--draw-launches", "2"]):
+        p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "repredict.py"), *args, str(d)],
+                           capture_output=True, text=True, timeout=60)
+        assert p.returncode == 2 and p.stdout == "" and "Traceback" not in p.stderr, args
+        assert len(p.stderr.strip().splitlines()) == 1 and "-launches" in p.stderr, args

@@ -646,6 +646,53 @@ def test_probe_draws_pool_into_their_median():
     assert [c.op for c in one.collectives] == ["all_reduce"]
 
 
+def test_first_launches_refits_as_if_the_later_launches_never_ran():
+    """with_first_launches(res, 2) (benchmarks/repredict.py --first-launches): a record of
+    three collective launches cut to its first two. By hand: the after-compute all-reduce
+    timed (0.47, 1.90, 1.30 ms) becomes the median of 0.47 and 1.90 = 1.185 ms; the
+    once-timed sweep row stays 1 ms; the probe draws (compute worker 10 ms, launches 12,
+    20, 14 ms) keep 10, 12, 20 -> 12 ms (all four: 13 ms); the overhead draws (worker
+    [1, 2] and [3, 4] ms, launches plain 5, 0.5, 6 and train 1, 7, 8 ms) keep four,
+    plain median of 1, 3, 5, 0.5 = 2 ms, train of 2, 4, 1, 7 = 3 ms. rows=False keeps
+    every row as merged over all three launches and cuts the draws alike; three or more
+    launches give back the record's own figures; the input is left as it was."""
+    import validate.microbench as mb
+    from validate.collective_bench import OVERHEAD_PLAIN_OP as P, OVERHEAD_TRAIN_OP as T, PROBE_OP
+    ms = 1e-3
+    first = [["all_reduce", 2, 4096, 1 * ms], ["all_reduce_after_compute", 2, 32768, 0.47 * ms]]
+    more = [[["all_reduce_after_compute", 2, 32768, 1.90 * ms]], [["all_reduce_after_compute", 2, 32768, 1.30 * ms]]]
+    res = mb.MicrobenchResult(world=2, backend="gloo", threads=1, probe_s=10 * ms, probe_draws_s=[10 * ms],
+                              overhead=[mb.OverheadSample("plain", 10, 2 * ms), mb.OverheadSample("train", 20, 3 * ms)],
+                              overhead_draws=[[1 * ms, 2 * ms], [3 * ms, 4 * ms]])
+    rows, res.launch_samples = mb._over_launches(first, more)
+    res.launch_samples += [[PROBE_OP, 2, 0, [12 * ms, 20 * ms, 14 * ms]], [P, 2, 0, [5 * ms, 0.5 * ms, 6 * ms]],
+                           [T, 2, 0, [1 * ms, 7 * ms, 8 * ms]]]
+    mb._apply_collective_rows(res, rows)
+    mb._pool_probe_draws(res, [])
+    mb._pool_overhead_draws(res, [])
+    assert res.probe_s == pytest.approx(13 * ms) and len(res.overhead_draws) == 5
+
+    def rows_of(r):
+        return {(c.op, c.n, c.nbytes): c.seconds for c in r.collectives}
+    cut = mb.with_first_launches(res, 2)
+    assert rows_of(cut)[("all_reduce_after_compute", 2, 32768)] == pytest.approx(1.185 * ms)
+    assert rows_of(cut)[("all_reduce", 2, 4096)] == pytest.approx(1 * ms)
+    assert cut.probe_draws_s == pytest.approx([10 * ms, 12 * ms, 20 * ms]) and cut.probe_s == pytest.approx(12 * ms)
+    assert len(cut.overhead_draws) == 4
+    assert [o.seconds for o in cut.overhead] == pytest.approx([2 * ms, 3 * ms])
+    draws_only = mb.with_first_launches(res, 2, rows=False)
+    assert rows_of(draws_only) == rows_of(res)
+    assert [draws_only.probe_s] + [o.seconds for o in draws_only.overhead] == pytest.approx([12 * ms, 2 * ms, 3 * ms])
+    for k in (3, 8):
+        same = mb.with_first_launches(res, k)
+        assert rows_of(same) == pytest.approx(rows_of(res))
+        assert [same.probe_s] + [o.seconds for o in same.overhead] == pytest.approx(
+            [res.probe_s] + [o.seconds for o in res.overhead])
+    assert res.probe_s == pytest.approx(13 * ms) and len(res.overhead_draws) == 5
+    with pytest.raises(ValueError):
+        mb.with_first_launches(res, 0)
+
+
 def test_overhead_draws_pool_into_their_median():
     """The overhead figures are medians over every draw of the chain: the compute worker's
     [1.0, 2.0] and [3.0, 4.0] ms (plain, train per chain) and three collective launches'

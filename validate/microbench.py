@@ -622,6 +622,34 @@ def _apply_collective_rows(res: MicrobenchResult, rows: list) -> None:
     res.collectives = [CollectiveSample(op, nbytes, n, s) for op, n, nbytes, s in rows if op not in _SCALAR_OPS]
 
 
+def with_first_launches(res: MicrobenchResult, launches: int, rows: bool = True) -> MicrobenchResult:
+    """A copy of ``res`` as if its collective calibration had stopped after its first
+    ``launches`` launches (benchmarks/repredict.py --first-launches, --draw-launches): the
+    speed-probe and overhead-chain draws of the later launches dropped (the compute
+    worker's own draws, which come first, kept), and with ``rows`` every row timed in more
+    launches merged by the median of its first ``launches`` only. What fewer launches would
+    have fitted, tried on measurements already taken."""
+    if launches < 1:
+        raise ValueError(f"launches must be >= 1, got {launches}")
+    out = replace(res)
+    if rows and res.launch_samples:
+        out = with_launch_aggregate(res, lambda ss: statistics.median(ss[:launches]))
+        out.launch_samples = [[op, n, nbytes, list(ss[:launches])] for op, n, nbytes, ss in res.launch_samples]
+    several = {op: ss for op, _, _, ss in res.launch_samples if op in (PROBE_OP, OVERHEAD_PLAIN_OP)}
+    if PROBE_OP in several and res.probe_draws_s:
+        keep = len(res.probe_draws_s) - len(several[PROBE_OP]) + launches
+        out.probe_draws_s = list(res.probe_draws_s[:keep])
+        good = [d for d in out.probe_draws_s if d > 0]
+        if good:
+            out.probe_s = float(statistics.median(good))
+    if OVERHEAD_PLAIN_OP in several and res.overhead_draws and len(res.overhead) == 2:
+        keep = len(res.overhead_draws) - len(several[OVERHEAD_PLAIN_OP]) + launches
+        out.overhead_draws = [list(d) for d in res.overhead_draws[:keep]]
+        out.overhead = [replace(o, seconds=float(statistics.median(d[i] for d in out.overhead_draws)))
+                        for i, o in enumerate(res.overhead)]
+    return out
+
+
 def with_launch_aggregate(res: MicrobenchResult, aggregate) -> MicrobenchResult:
     """A copy of ``res`` whose rows timed in several launches take ``aggregate`` (a
     function of the list of each launch's seconds, e.g. statistics.fmean) of their
