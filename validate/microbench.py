@@ -199,9 +199,22 @@ POSTED_LAUNCHES = 8
 HANDOFF_LAUNCH_OPS = ("all_reduce",)
 HANDOFF_LAUNCH_CALLS = 50
 # Draws of the per-op overhead chain the compute worker takes (after the GEMMs, the memory
-# ops, attention and top-k, and at its end: compute_bench.compute_worker); each collective
-# launch takes one more (_pool_overhead_draws).
+# ops, attention and top-k, and at its end: compute_bench.compute_worker); each of the
+# first DRAW_LAUNCHES collective launches takes one more, and a speed-probe draw
+# (_pool_overhead_draws, _pool_probe_draws).
 WORKER_CHAIN_DRAWS = 4
+# Every collective launch draws the probe and the chain at its start. Drawn in the two
+# after-compute launches only (docs/validation-cpu.md mechanism 63, 2026-12-08), the draws
+# of the six handoff launches saved about 18 s a run on the seventh host type's slow state
+# (1.0-1.2 s of a handoff launch's 2.9-3.8 s at 2 processes, 2.0-2.4 s of 4.3-4.9 s at 4),
+# and the 311 saved runs of 2026-12-01..07 refitted with the first two launches' draws
+# (benchmarks/repredict.py --refit --pool --draw-launches 2) met the six in 123 of 311 as
+# with all eight. But the handoff launches then started their streams in fresh processes,
+# and at 4 processes timed the 2-rank all-reduce after compute about twice as high (each
+# run's median of six launches 2.0-3.0 ms against 1.1-1.5 ms in runs alternated with
+# them), which no refit of saved rows could show; the six met in 1 of 4 such runs against
+# 3 of 4. So each launch keeps its draw.
+DRAW_LAUNCHES = POSTED_LAUNCHES
 # Calls of the busy-fraction stream (contention_bench.busy_fraction_row): about 0.3-1 s here.
 BUSY_CALLS = 300
 # Long compute phases per group size and launch (contention_bench.straggler_row): about 0.6 s.
@@ -545,7 +558,9 @@ def _measure_collectives(res: MicrobenchResult, world: int, coll_sizes, repeats:
                 more += [("pipeline handoffs and 2-rank all-reduce after compute",
                           replace(kcfg, sizes=(), ops=(), busy_calls=0, group_sizes=(2,),
                                   after_compute_ops=HANDOFF_LAUNCH_OPS, after_compute_calls=HANDOFF_LAUNCH_CALLS,
-                                  straggler_reps=0, posted_busy_idle=False))] * (POSTED_LAUNCHES - AFTER_COMPUTE_LAUNCHES)
+                                  straggler_reps=0, posted_busy_idle=False,
+                                  probe=i < DRAW_LAUNCHES, overhead_chain=i < DRAW_LAUNCHES))
+                         for i in range(AFTER_COMPUTE_LAUNCHES, POSTED_LAUNCHES)]
         plan = [("every size back to back" + (", after compute, pipeline handoffs" if after else ""), kcfg)] + more
         got = []
         with worker_threads_env(world):
@@ -561,9 +576,10 @@ def _measure_collectives(res: MicrobenchResult, world: int, coll_sizes, repeats:
 
 
 def _pool_probe_draws(res: MicrobenchResult, rows: list) -> None:
-    """Append each collective launch's probe draw (PROBE_OP rows: one launch's is its row,
-    several launches' are in launch_samples) to res.probe_draws_s, and make res.probe_s
-    their median with the compute worker's (validate/probe.py)."""
+    """Append the probe draw of each collective launch that took one (PROBE_OP rows: the
+    first DRAW_LAUNCHES; one launch's is its row, several launches' are in launch_samples)
+    to res.probe_draws_s, and make res.probe_s their median with the compute worker's
+    (validate/probe.py)."""
     several = [ss for op, _, _, ss in res.launch_samples if op == PROBE_OP]
     draws = several[0] if several else [s for op, _, _, s in rows if op == PROBE_OP]
     res.probe_draws_s = list(res.probe_draws_s or ([res.probe_s] if res.probe_s > 0 else [])) + [float(d) for d in draws]
@@ -573,8 +589,9 @@ def _pool_probe_draws(res: MicrobenchResult, rows: list) -> None:
 
 
 def _pool_overhead_draws(res: MicrobenchResult, rows: list) -> None:
-    """Append each collective launch's draw of the overhead chain ([plain s, train s] from
-    its OVERHEAD_PLAIN_OP / OVERHEAD_TRAIN_OP rows, one launch's or each launch's in
+    """Append the overhead-chain draw of each collective launch that took one (the first
+    DRAW_LAUNCHES; [plain s, train s] from its OVERHEAD_PLAIN_OP / OVERHEAD_TRAIN_OP rows,
+    one launch's or each launch's in
     launch_samples) to res.overhead_draws, and make each res.overhead figure the median
     of all the draws. Why (docs/validation-cpu.md mechanism 39): the compute worker's
     draws span its ~20 s; on the fourth host type a whole worker could sit in a slow
