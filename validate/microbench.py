@@ -204,16 +204,17 @@ HANDOFF_LAUNCH_CALLS = 50
 # (_pool_overhead_draws, _pool_probe_draws).
 WORKER_CHAIN_DRAWS = 4
 # Every collective launch draws the probe and the chain at its start. Drawn in the two
-# after-compute launches only (docs/validation-cpu.md mechanism 63, 2026-12-08), the draws
-# of the six handoff launches saved about 18 s a run on the seventh host type's slow state
-# (1.0-1.2 s of a handoff launch's 2.9-3.8 s at 2 processes, 2.0-2.4 s of 4.3-4.9 s at 4),
-# and the 311 saved runs of 2026-12-01..07 refitted with the first two launches' draws
-# (benchmarks/repredict.py --refit --pool --draw-launches 2) met the six in 123 of 311 as
-# with all eight. But the handoff launches then started their streams in fresh processes,
-# and at 4 processes timed the 2-rank all-reduce after compute about twice as high (each
-# run's median of six launches 2.0-3.0 ms against 1.1-1.5 ms in runs alternated with
-# them), which no refit of saved rows could show; the six met in 1 of 4 such runs against
-# 3 of 4. So each launch keeps its draw.
+# after-compute launches only (docs/validation-cpu.md mechanism 63, 2026-12-08), skipping
+# the six handoff launches' draws (1.0-1.2 s of a handoff launch's 2.9-3.8 s at 2
+# processes, 2.0-2.4 s of 4.3-4.9 s at 4 on the seventh host type's slow state) took the
+# calibrations from 206-224 s to 187-203 s a run, and the 311 saved runs of 2026-12-01..07
+# refitted with the first two launches' draws (benchmarks/repredict.py --refit --pool
+# --draw-launches 2) met the six in 123 of 311 as with all eight. But the handoff launches
+# then started their streams in fresh processes, and at 4 processes timed the 2-rank
+# all-reduce after compute about twice as high (each run's median of its six launches
+# 2.0-3.0 ms against 1.1-1.5 ms in the four runs without the cut), which no refit of saved
+# rows can show; the six met in 2 of 5 runs with the cut against 3 of 4 alternated with
+# them (5 of 8 over the session's runs without it). So each launch keeps its draw.
 DRAW_LAUNCHES = POSTED_LAUNCHES
 # Calls of the busy-fraction stream (contention_bench.busy_fraction_row): about 0.3-1 s here.
 BUSY_CALLS = 300
