@@ -584,9 +584,23 @@ def _pool_probe_draws(res: MicrobenchResult, rows: list) -> None:
     several = [ss for op, _, _, ss in res.launch_samples if op == PROBE_OP]
     draws = several[0] if several else [s for op, _, _, s in rows if op == PROBE_OP]
     res.probe_draws_s = list(res.probe_draws_s or ([res.probe_s] if res.probe_s > 0 else [])) + [float(d) for d in draws]
+    probe_from_draws(res)
+
+
+def probe_from_draws(res: MicrobenchResult) -> None:
+    """res.probe_s set to the median of res.probe_draws_s's positive draws (left where there
+    are none): the calibrated probe is the median of its draws (validate/probe.py)."""
     good = [d for d in res.probe_draws_s if d > 0]
     if good:
         res.probe_s = float(statistics.median(good))
+
+
+def overhead_from_draws(res: MicrobenchResult) -> None:
+    """Each res.overhead figure (plain, train) set to the median of its res.overhead_draws
+    (left where there are no draws or the record has not both figures)."""
+    if res.overhead_draws and len(res.overhead) == 2:
+        res.overhead = [replace(o, seconds=float(statistics.median(d[i] for d in res.overhead_draws)))
+                        for i, o in enumerate(res.overhead)]
 
 
 def _pool_overhead_draws(res: MicrobenchResult, rows: list) -> None:
@@ -609,8 +623,7 @@ def _pool_overhead_draws(res: MicrobenchResult, rows: list) -> None:
     if not got or len(res.overhead) != 2:
         return
     res.overhead_draws = list(res.overhead_draws) + got
-    res.overhead = [replace(o, seconds=float(statistics.median(d[i] for d in res.overhead_draws)))
-                    for i, o in enumerate(res.overhead)]
+    overhead_from_draws(res)
 
 
 _SCALAR_OPS = (PROBE_OP, BUSY_OP, STRAGGLER_OP, POSTED_BUSY_OP, POSTED_IDLE_OP, PREPOSTED_OP, PREPOSTED_CALL_OP,
@@ -657,14 +670,11 @@ def with_first_launches(res: MicrobenchResult, launches: int, rows: bool = True)
     if PROBE_OP in several and res.probe_draws_s:
         keep = len(res.probe_draws_s) - len(several[PROBE_OP]) + launches
         out.probe_draws_s = list(res.probe_draws_s[:keep])
-        good = [d for d in out.probe_draws_s if d > 0]
-        if good:
-            out.probe_s = float(statistics.median(good))
+        probe_from_draws(out)
     if OVERHEAD_PLAIN_OP in several and res.overhead_draws and len(res.overhead) == 2:
         keep = len(res.overhead_draws) - len(several[OVERHEAD_PLAIN_OP]) + launches
         out.overhead_draws = [list(d) for d in res.overhead_draws[:keep]]
-        out.overhead = [replace(o, seconds=float(statistics.median(d[i] for d in out.overhead_draws)))
-                        for i, o in enumerate(res.overhead)]
+        overhead_from_draws(out)
     return out
 
 

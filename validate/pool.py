@@ -81,7 +81,7 @@ def pooled_compute(own: MicrobenchResult, own_source: str,
     the module docstring): its collectives, launches and world untouched. InputError
     naming the record and the field when one is malformed or measured under other
     conditions."""
-    from validate.microbench import checked_compute, fit_draw_figures
+    from validate.microbench import checked_compute, fit_draw_figures, overhead_from_draws, probe_from_draws
     records = [(own, own_source)] + list(others)
     checked = [checked_compute(r, src) for r, src in records]
     probes = [_probe_draws(r, src) for r, src in records]
@@ -101,12 +101,9 @@ def pooled_compute(own: MicrobenchResult, own_source: str,
                    for k, v in own.harness.items()}
     for name in DRAW_LISTS:
         setattr(out, name, [list(d) for c in checked for d in c[name]])
-    out.probe_draws_s = [d for ds in probes for d in ds]
-    if out.probe_draws_s:
-        out.probe_s = float(statistics.median(out.probe_draws_s))
-    if out.overhead_draws and len(own.overhead) == 2:
-        out.overhead = [replace(o, seconds=float(statistics.median(d[i] for d in out.overhead_draws)))
-                        for i, o in enumerate(own.overhead)]
+    out.probe_draws_s = [d for ds in probes for d in ds]  # each positive (_probe_draws)
+    probe_from_draws(out)
+    overhead_from_draws(out)
     out = fit_draw_figures(out)  # the per-microbatch host cost, FSDP's unit, the alive law
     # The checkpoint regions as each record's calibration priced them (against its compute
     # worker's per-op figure, microbench._measure_compute), averaged like the samples.
